@@ -1,0 +1,65 @@
+# streamrl: the two commands are `make run` and `make test`; both bootstrap the venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.streamrl-installed
+
+CONFIG ?= configs/demo_cpu.yaml
+ACTORS ?= 2
+ARGS ?=
+N ?= 1
+ROUNDS ?= 20
+PYTEST_ARGS ?=
+
+# One torch thread per process: two threads on two cores ran 35x slower here (FACTS.md).
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export DS_ACCELERATOR ?= cpu
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: run test lint bench chaos broker actors dashboard clean venv
+
+venv: $(STAMP)
+
+# torch first, pinned to the CPU wheel on this disk, so nothing pulls a multi-GB CUDA build.
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos --rounds $(ROUNDS)
+
+broker: $(STAMP)
+	$(BIN)/python -m broker --config $(CONFIG) $(ARGS)
+
+# Add N actors to a running `make run` (they find Redis through the run directory).
+actors: $(STAMP)
+	$(BIN)/python -m actors --config $(CONFIG) --count $(N) $(ARGS)
+
+dashboard: $(STAMP)
+	$(BIN)/python -m launch.dashboard
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

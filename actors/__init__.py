@@ -1,0 +1,11 @@
+"""actors: processes that generate completions, score them and publish scored groups.
+
+Owns the generation engines (``engines``: hf everywhere, vllm on GPUs), the
+prompt source shared through a Redis cursor (``prompts``), reward functions and
+the code-execution sandbox (``rewards``, ``sandbox``), the demo task
+(``demo_task``) and the actor loop (``__main__``).
+
+Talks to: Redis through ``broker`` (stream, admission, heartbeats) and the
+learner's weights through ``weightsync`` subscribers. May import: ``configs``,
+``broker``, ``weightsync``. Must not import ``learner``.
+"""

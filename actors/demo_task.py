@@ -1,0 +1,161 @@
+"""The CPU demo task, "reverse 3 digits": prompt ``"314>"``, answer ``"413"`` then end-of-sequence.
+
+Owns everything the demo needs that no model hub can give us here: a
+character-level tokenizer, a random-init tiny Qwen2 policy, the short
+format-only warm start that makes RL from a random init work (FACTS.md: pure
+RL from random init collapsed on every task tried), the generated prompt
+dataset and the verifiable reward. ``python -m actors.demo_task`` builds the
+policy and dataset folders if they are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import string
+from pathlib import Path
+
+import torch
+
+PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
+PROMPT_SUFFIX = ">"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer():
+    """Character-level fast tokenizer: every printable character is one token, no merges."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in string.printable:
+        vocab.setdefault(ch, len(vocab))
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, eos_token=EOS, additional_special_tokens=[IM_START, IM_END]
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(vocab_size: int, eos_id: int, pad_id: int, seed: int = 0):
+    """Random-init Qwen2 of ~0.5M parameters (hidden 128, 2 layers, tied embeddings)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def make_example(rng: random.Random, digits: int = 3) -> dict[str, str]:
+    number = "".join(rng.choice(string.digits) for _ in range(digits))
+    return {"prompt": number + PROMPT_SUFFIX, "answer": number[::-1]}
+
+
+def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
+    """0.9 x fraction of answer positions right + 0.1 x stopped right after the answer; exact = 1.0.
+
+    ``completion`` is the decoded text without special tokens; the caller
+    appends EOS when the completion stopped on it (see actors.rewards).
+    """
+    stopped = completion.endswith(EOS)
+    text = completion[: -len(EOS)] if stopped else completion
+    right = sum(1 for a, b in zip(text, answer) if a == b)
+    position = right / len(answer)
+    stop = 1.0 if stopped and len(text) == len(answer) else 0.0
+    return {"position": 0.9 * position, "stop": 0.1 * stop}
+
+
+def format_warm_start(model, tokenizer, steps: int = 60, batch: int = 64, lr: float = 3e-4, seed: int = 0) -> float:
+    """Supervised steps on *random* digit strings of the right length + EOS.
+
+    Teaches the output format (three digits, then stop), not the answer: the
+    reward stays at chance (0.10-0.15) afterwards. Returns the last loss.
+    """
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
+    model.train()
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        texts, prompt_lens = [], []
+        for _ in range(batch):
+            ex = make_example(rng)
+            target = "".join(rng.choice(string.digits) for _ in range(len(ex["answer"])))
+            texts.append(ex["prompt"] + target)
+            prompt_lens.append(len(tokenizer(ex["prompt"])["input_ids"]))
+        ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+        input_ids = torch.tensor(ids)
+        labels = input_ids.clone()
+        for row, plen in enumerate(prompt_lens):
+            labels[row, :plen] = -100
+        loss = model(input_ids=input_ids, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return float(loss.detach())
+
+
+def ensure_demo_policy(path: str | os.PathLike, seed: int = 0, warm_start_steps: int = 60) -> Path:
+    """Build (once) the warmed demo policy as a Hugging Face folder; reuse it if present."""
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    tokenizer = build_tokenizer()
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
+    if warm_start_steps:
+        format_warm_start(model, tokenizer, steps=warm_start_steps, seed=seed)
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, path)  # atomic: concurrent builders never see half a folder
+    return path
+
+
+def ensure_demo_dataset(path: str | os.PathLike, size: int = 1000, seed: int = 0) -> Path:
+    """Write the demo prompts as JSONL (``prompt`` + ``answer``) if the file is missing."""
+    path = Path(path)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for _ in range(size):
+            f.write(json.dumps(make_example(rng)) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", default="runs/demo-policy")
+    parser.add_argument("--data", default="runs/demo-data/train.jsonl")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(ensure_demo_policy(args.policy, seed=args.seed))
+    print(ensure_demo_dataset(args.data, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()

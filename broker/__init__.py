@@ -1,0 +1,11 @@
+"""broker: everything that lives in Redis, and the wire format that travels through it.
+
+Owns the embedded Redis server (``server``), key naming (``keys``), the
+rollout-group wire format (``wire``), the crash-safe stream producer/consumer
+with dead-lettering and redelivery (``stream``), the shared admission-control
+counters and policy version (``admission``), actor heartbeats (``liveness``)
+and the Prometheus endpoint helper (``metrics``).
+
+Talks to: Redis only. May import: ``configs``. Must not import ``actors``,
+``learner`` or ``weightsync``.
+"""

@@ -1,0 +1,11 @@
+"""configs: the one typed home of every knob, its default and its meaning.
+
+Owns the config schema (``schema.py``), the loader with dotted command-line
+overrides (``load.py``) and the YAML presets beside them. Imports nothing from
+the other streamrl packages; every other package imports it.
+"""
+
+from configs.load import ConfigError, load_config, parse_overrides
+from configs.schema import Config
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_overrides"]

@@ -1,0 +1,10 @@
+"""learner: turns scored groups from the stream into optimizer steps and policy versions.
+
+Owns the RL math as pure functions (``algorithm``), batching into token-budget
+micro-batches (``batching``), the DeepSpeed ZeRO-2 engine (``engine``),
+checkpoint/resume (``checkpoint``) and the training loop (``__main__``).
+
+Talks to: Redis through ``broker`` (consumer group, version, admission
+counters) and the actors through ``weightsync`` publishers. May import:
+``configs``, ``broker``, ``weightsync``. Must not import ``actors``.
+"""
