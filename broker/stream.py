@@ -1,0 +1,295 @@
+"""The rollout stream: producer (actors) and consumer (learner) over Redis consumer groups.
+
+Delivery is at-least-once and de-duplicated by group id:
+- a consumer re-reads its own pending entries (id ``0``) first, then new ones (``>``);
+- entries idle longer than ``broker.claim_idle_ms`` on another consumer are taken
+  with XAUTOCLAIM; the consumer keeps its own unacked entries fresh (XCLAIM JUSTID)
+  so a learner that acks only at checkpoints is never robbed by a peer rank;
+- an entry whose group id is already trained (``trained`` set) or in flight is
+  acked and skipped; an undecodable one goes to the dead-letter stream and is acked;
+- ``ack`` = XACK + XDEL + SADD trained in one MULTI, so the stream only holds
+  unconsumed work, its length is the backlog, and a MAXLEN trim loses only
+  entries nobody acked (counted, and released from admission).
+
+Admission accounting: ``publish`` counts ``adm:accepted`` in the same MULTI as
+the XADD (and drops the group's lease); ``read`` counts every entry it takes
+off the stream for the first time into ``adm:consumed`` (valid, dead or
+duplicate), so the learner never has to. Redeliveries are not counted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio
+
+from broker import metrics
+from broker.keys import Keys
+from broker.wire import RolloutGroup, WireError, decode_group, encode_group
+from configs.schema import Config
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_MAXLEN = 10_000
+
+
+@dataclass
+class Delivery:
+    entry_id: str
+    group: RolloutGroup
+    redelivered: bool = False
+
+
+def _entry_id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+class RolloutProducer:
+    """XADDs encoded groups. One per actor process; safe to share between tasks of one loop."""
+
+    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
+        self.redis = redis_client
+        self.keys = Keys.from_config(cfg)
+        self.maxlen = cfg.broker.maxlen
+
+    async def publish(self, group: RolloutGroup, lease_id: str | None = None) -> str:
+        """Append one group; with ``lease_id`` its admission lease is dropped in the same MULTI."""
+        return await self.publish_encoded(encode_group(group), lease_id)
+
+    async def publish_encoded(self, payload: bytes, lease_id: str | None = None) -> str:
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xlen(k.stream)
+        pipe.xadd(k.stream, {"g": payload}, maxlen=self.maxlen, approximate=True)
+        pipe.xlen(k.stream)
+        pipe.incr(k.accepted)
+        if lease_id is not None:
+            pipe.zrem(k.leases, lease_id)
+        before, entry_id, after = (await pipe.execute())[:3]
+        metrics.STREAM_PRODUCED.inc()
+        trimmed = before + 1 - after
+        if trimmed > 0:
+            await self._count_trimmed(trimmed)
+        return _entry_id(entry_id)
+
+    async def _count_trimmed(self, trimmed: int) -> None:
+        # Trimmed entries were never acked (acked ones are deleted), so the learner will never
+        # count them: release their admission slots here instead of leaking them forever.
+        metrics.STREAM_TRIMMED.inc(trimmed)
+        await self.redis.incrby(self.keys.consumed, trimmed)
+        log.warning("MAXLEN %d trimmed %d unconsumed entries (admission control bypassed?)", self.maxlen, trimmed)
+
+
+class RolloutConsumer:
+    """One learner rank's reader. ``read`` never raises for bad data; Redis errors surface after retries."""
+
+    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config, consumer: str, vocab_size: int | None = None):
+        self.redis = redis_client
+        self.keys = Keys.from_config(cfg)
+        self.group = cfg.broker.consumer_group
+        self.consumer = consumer
+        self.vocab_size = vocab_size
+        self.max_entry_bytes = cfg.broker.max_entry_bytes
+        self.claim_idle_ms = cfg.broker.claim_idle_ms
+        self._group_ready = False
+        self._pending_cursor: str | None = "0"  # None once our own pending entries are re-read
+        self._claim_cursor = "0-0"
+        self._last_claim = 0.0
+        self._last_touch = time.monotonic()
+        self._last_gauges = 0.0
+        self._inflight: dict[str, str] = {}  # group id -> entry id, delivered and not yet acked
+
+    async def ensure_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(self.keys.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    async def _with_group(self, call):
+        if not self._group_ready:
+            await self.ensure_group()
+        try:
+            return await call()
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        # Redis restarted without persistence: the group (and our pending list) is gone.
+        log.warning("consumer group %s vanished (Redis restart?); recreating it", self.group)
+        await self.ensure_group()
+        self._pending_cursor = None
+        return await call()
+
+    async def read(self, count: int, block_ms: int) -> list[Delivery]:
+        """Up to ``count`` valid, not-yet-trained groups; blocks at most ``block_ms`` when none is ready."""
+        raw: list[tuple[str, dict | None, bool]] = []
+        await self._touch_inflight()
+        if self._pending_cursor is not None:
+            raw += await self._with_group(lambda: self._read_own_pending(count))
+        if len(raw) < count and time.monotonic() - self._last_claim >= self.claim_idle_ms / 2000.0:
+            raw += await self._with_group(lambda: self._claim_idle(count - len(raw)))
+        if len(raw) < count:
+            block = None if raw else block_ms
+            raw += await self._with_group(lambda: self._read_new(count - len(raw), block))
+        deliveries = await self._sort(raw)
+        await self._update_gauges()
+        return deliveries
+
+    async def _read_own_pending(self, count: int) -> list[tuple[str, dict | None, bool]]:
+        reply = await self.redis.xreadgroup(self.group, self.consumer, {self.keys.stream: self._pending_cursor}, count=count)
+        entries = reply[0][1] if reply else []
+        if not entries:
+            self._pending_cursor = None
+            return []
+        self._pending_cursor = _entry_id(entries[-1][0])
+        return self._not_held(entries)
+
+    def _not_held(self, entries) -> list[tuple[str, dict | None, bool]]:
+        # Our own unacked entries come back from a pending re-read or a claim: we still hold them.
+        held = set(self._inflight.values())
+        return [(_entry_id(eid), fields, True) for eid, fields in entries if _entry_id(eid) not in held]
+
+    async def _claim_idle(self, count: int) -> list[tuple[str, dict | None, bool]]:
+        self._last_claim = time.monotonic()
+        reply = await self.redis.xautoclaim(
+            self.keys.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id=self._claim_cursor, count=count
+        )
+        self._claim_cursor = _entry_id(reply[0])
+        # Redis 7 lists deleted entries separately (and drops them from the PEL); 6.2 returns (id, None).
+        return self._not_held(reply[1])
+
+    async def _read_new(self, count: int, block: int | None) -> list[tuple[str, dict | None, bool]]:
+        reply = await self.redis.xreadgroup(self.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block)
+        entries = reply[0][1] if reply else []
+        if entries:
+            await self.redis.incrby(self.keys.consumed, len(entries))
+            metrics.STREAM_CONSUMED.inc(len(entries))
+        return [(_entry_id(eid), fields, False) for eid, fields in entries]
+
+    async def _sort(self, raw: list[tuple[str, dict | None, bool]]) -> list[Delivery]:
+        """Decode; dead-letter the bad, skip the duplicate, return the rest."""
+        if not raw:
+            return []
+        decoded: list[tuple[str, RolloutGroup, bool]] = []
+        drop: list[str] = []  # acked and deleted without training
+        dead: list[tuple[str, bytes, str]] = []
+        for entry_id, fields, redelivered in raw:
+            if redelivered:
+                metrics.STREAM_REDELIVERED.inc()
+            if not fields:  # deleted or trimmed while pending
+                drop.append(entry_id)
+                continue
+            payload = fields.get(b"g")
+            try:
+                if payload is None:
+                    raise WireError(f"entry has no 'g' field (fields: {sorted(k.decode(errors='replace') for k in fields)})")
+                group = decode_group(payload, self.vocab_size, self.max_entry_bytes)
+            except WireError as exc:
+                dead.append((entry_id, payload or b"", str(exc)))
+                continue
+            decoded.append((entry_id, group, redelivered))
+
+        trained = []
+        if decoded:
+            trained = await self.redis.smismember(self.keys.trained, [g.group_id for _, g, _ in decoded])
+        deliveries = []
+        for (entry_id, group, redelivered), done in zip(decoded, trained):
+            if done or group.group_id in self._inflight:
+                metrics.STREAM_DUPLICATES.inc()
+                drop.append(entry_id)
+                continue
+            self._inflight[group.group_id] = entry_id
+            deliveries.append(Delivery(entry_id, group, redelivered))
+        if dead or drop:
+            await self._dead_letter_and_drop(dead, drop)
+        return deliveries
+
+    async def _dead_letter_and_drop(self, dead: list[tuple[str, bytes, str]], drop: list[str]) -> None:
+        k = self.keys
+        for entry_id, _, reason in dead:
+            log.warning("dead-lettering entry %s: %s", entry_id, reason)
+        ids = [e for e, _, _ in dead] + drop
+        pipe = self.redis.pipeline(transaction=True)
+        for entry_id, payload, reason in dead:
+            pipe.xadd(k.dead, {"g": payload, "reason": reason, "source_id": entry_id}, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+        pipe.xack(k.stream, self.group, *ids)
+        pipe.xdel(k.stream, *ids)
+        await pipe.execute()
+        metrics.STREAM_DEAD_LETTER.inc(len(dead))
+
+    async def ack(self, entry_ids: list[str], group_ids: list[str]) -> None:
+        """The step that used these entries is committed: XACK + XDEL + mark trained, one MULTI."""
+        if not entry_ids and not group_ids:
+            return
+        k = self.keys
+
+        async def commit():  # idempotent, so a retry after NOGROUP is safe
+            pipe = self.redis.pipeline(transaction=True)
+            if entry_ids:
+                pipe.xack(k.stream, self.group, *entry_ids)
+                pipe.xdel(k.stream, *entry_ids)
+            if group_ids:
+                pipe.sadd(k.trained, *group_ids)
+            await pipe.execute()
+
+        await self._with_group(commit)
+        for gid in group_ids:
+            self._inflight.pop(gid, None)
+
+    async def _touch_inflight(self) -> None:
+        """Reset the idle time of our unacked entries so no other consumer claims them."""
+        if not self._inflight or time.monotonic() - self._last_touch < self.claim_idle_ms / 3000.0:
+            return
+        self._last_touch = time.monotonic()
+        await self.redis.xclaim(self.keys.stream, self.group, self.consumer, 0, list(self._inflight.values()), justid=True)
+
+    async def _update_gauges(self) -> None:
+        now = time.monotonic()
+        if now - self._last_gauges < 1.0:
+            return
+        self._last_gauges = now
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(self.keys.stream)
+        pipe.xpending(self.keys.stream, self.group)
+        length, pending = await pipe.execute()
+        metrics.STREAM_LENGTH.set(length)
+        metrics.STREAM_PENDING.set(pending["pending"])
+
+
+class Blocking:
+    """Sync face of an async broker object: its coroutine methods run on a private event loop.
+
+    ``Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "rank0", vocab))`` gives an object whose
+    ``read``/``ack`` return plain values; every call is bounded by the client's timeouts.
+    Use it from one thread only.
+    """
+
+    def __init__(self, cfg: Config, make):
+        from broker.client import connect_async
+
+        self._loop = asyncio.new_event_loop()
+        self.redis = connect_async(cfg)
+        self.target = make(self.redis)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.target, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        return lambda *args, **kwargs: self._loop.run_until_complete(attr(*args, **kwargs))
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self.redis.aclose())
+            self._loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

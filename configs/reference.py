@@ -1,0 +1,50 @@
+"""Render the schema as the configuration reference (docs/configuration.md).
+
+    python -m configs.reference > docs/configuration.md
+
+A test keeps the committed file equal to this output, so the schema stays the
+one place a knob is documented.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from configs.schema import Config
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if isinstance(value, list):
+        value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+    return f"`{value!r}`"
+
+
+def render() -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `configs/schema.py` by `python -m configs.reference`; do not edit by hand.",
+        "Set keys in a YAML preset (`configs/*.yaml`) or on the command line as `section.key=value`.",
+        "`REDIS_URL` in the environment overrides `broker.redis_url`.",
+        "",
+    ]
+    for section_name, section_field in Config.model_fields.items():
+        section = section_field.annotation
+        lines += [f"## `{section_name}`", "", (section.__doc__ or "").strip().splitlines()[0], ""]
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in section.model_fields.items():
+            kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+            desc = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{section_name}.{name}` | {kind.replace('|', '/')} | {_default(field)} | {desc} |")
+        lines.append("")
+    return "\n".join(line for line in lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,7 @@
+"""launch: `make run` — supervisor, live view, scrape config and dashboards.
+
+Owns starting and stopping a whole run (``supervisor``), the terminal view and
+end-of-run summary (``view``, ``status``), live scaling (``scale``) and the
+Prometheus side (``scrape``, ``dashboard``). May import every streamrl package;
+none of them imports it.
+"""

@@ -1,0 +1,94 @@
+"""`make run`: Redis + learner + N actors on one machine, a live view, a summary at the end.
+
+    python -m launch --config configs/demo_cpu.yaml --actors 2 [dotted.key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+
+from configs import ConfigError, load_config
+from launch.scrape import sync_targets, write_prometheus_config
+from launch.status import read_steps, snapshot
+from launch.supervisor import Supervisor
+from launch.view import live_table, plain_line, summary
+
+REFRESH_S = 1.0
+PLAIN_EVERY_S = 10.0
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, _frame):
+    raise _Stop(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run broker + learner + actors with a live view.")
+    parser.add_argument("--config", default=None, help="YAML preset (configs/demo_cpu.yaml)")
+    parser.add_argument("--actors", type=int, default=2, help="actor processes to start")
+    parser.add_argument("--resume", action="store_true", help="keep the run directory (learner resumes from its checkpoint)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-4")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+    console = Console()
+    sup = Supervisor(cfg, args.config, args.overrides, actors=args.actors, resume=args.resume)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    started = time.monotonic()
+    reason = "learner finished"
+    try:
+        sup.start()
+        prom_dir = sup.run_dir / "prometheus"
+        write_prometheus_config(prom_dir)
+        console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
+        last_plain = 0.0
+        with Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else _NoLive() as live:
+            while not sup.learner_finished:
+                sup.tick()
+                elapsed = time.monotonic() - started
+                if cfg.run.max_time_s and elapsed > cfg.run.max_time_s + 30:
+                    reason = "time limit"
+                    break
+                snap = snapshot(sup.redis, sup.keys, sup.run_dir, cfg.broker.consumer_group)
+                sync_targets(cfg, sup.redis, prom_dir)
+                if console.is_terminal:
+                    live.update(live_table(snap, elapsed, sup.events))
+                elif elapsed - last_plain >= PLAIN_EVERY_S:
+                    last_plain = elapsed
+                    print(plain_line(snap, elapsed), flush=True)
+                time.sleep(REFRESH_S)
+    except _Stop as stop:
+        reason = f"{stop} received"
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        console.print(f"stopping ({reason}) ...")
+        sup.stop()
+    console.print(summary(read_steps(sup.run_dir), time.monotonic() - started, sup.events))
+    return 0
+
+
+class _NoLive:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Change the number of actors of a running `make run` without restarting anything.
+
+    python -m launch.scale --config configs/demo_cpu.yaml --actors 4     (make scale ACTORS=4)
+
+The supervisor reads the wanted count from a Redis list. Actors started by
+hand (`make actors N=2`, i.e. `python -m actors --count 2`) join the same run
+through Redis and leave with Ctrl-C; they are not supervised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from broker.client import connect_sync
+from broker.keys import Keys
+from configs import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--actors", type=int, required=True, help="wanted number of supervised actors")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    if args.actors < 0:
+        parser.error("--actors must be >= 0")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    client = connect_sync(cfg)
+    client.rpush(Keys.from_config(cfg).launch_control, json.dumps({"actors": args.actors}))
+    print(f"asked the supervisor of run {cfg.run.name!r} for {args.actors} actors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""A snapshot of a running system, read from Redis and the learner's step records.
+
+The live view and the end-of-run summary both read it; neither talks to a
+process directly, so they work the same for actors started elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.keys import Keys
+from broker.liveness import alive_actors
+
+
+@dataclass
+class Snapshot:
+    at: float
+    version: int = 0
+    stream_length: int = 0
+    pending: int = 0
+    dead_letters: int = 0
+    actors: list[dict] = field(default_factory=list)
+    last_step: dict | None = None
+
+    @property
+    def generate_tokens_per_s(self) -> float:
+        return sum(float(a.get("tokens_per_s", 0.0)) for a in self.actors)
+
+
+def read_steps(run_dir: str | Path) -> list[dict]:
+    """All step records the learner wrote (a partial last line from a crash is skipped)."""
+    path = Path(run_dir) / "learner_steps.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
+    snap = Snapshot(at=time.time())
+    snap.version = int(redis.get(keys.version) or 0)
+    snap.stream_length = int(redis.xlen(keys.stream))
+    snap.dead_letters = int(redis.xlen(keys.dead))
+    try:
+        snap.pending = int(redis.xpending(keys.stream, group)["pending"])
+    except Exception:  # the group appears with the learner's first read
+        snap.pending = 0
+    snap.actors = alive_actors(redis, keys)
+    steps = read_steps(run_dir)
+    snap.last_step = steps[-1] if steps else None
+    return snap

@@ -1,0 +1,299 @@
+"""Start, watch and stop the processes of one run: Redis, the learner, N actors.
+
+A small supervisor instead of supervisord: it has to know things no generic
+tool knows (the learner resumes from its checkpoint, a clean exit of the
+learner ends the run, actors are scaled from Redis commands, shutdown goes
+actors -> learner -> Redis), and it is ~200 lines.
+
+Policy: a child that exits 0 is done (intentional stop); any other exit is a
+crash and the child is restarted after an exponential backoff (1 s doubling
+to 30 s, reset once it has stayed up for a minute). Children run in their own
+session, so a terminal Ctrl-C reaches only the supervisor, which then stops
+them in order; they also get SIGTERM if the supervisor itself dies
+(PR_SET_PDEATHSIG), so nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.client import connect_sync, url_file
+from broker.keys import Keys
+from broker.server import EmbeddedRedis
+from configs import Config
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0
+STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    role: str  # "learner" | "actor"
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    crashes: int = 0
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = 0.0
+    exit_codes: list[int] = field(default_factory=list)
+    done: bool = False  # exited 0 or was stopped on purpose: never restarted
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    """``Supervisor(cfg, config_path, overrides, actors=2).start()``; call ``tick()`` periodically; ``stop()``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        config_path: str | None,
+        overrides: list[str] = (),
+        actors: int = 2,
+        resume: bool = False,
+        python: str = sys.executable,
+    ):
+        self.cfg = cfg
+        self.config_path = config_path
+        self.overrides = list(overrides)
+        self.want_actors = actors
+        self.resume = resume
+        self.python = python
+        self.run_dir = Path(cfg.run.dir)
+        self.log_dir = self.run_dir / "logs"
+        self.keys = Keys.from_config(cfg)
+        self.redis_server: EmbeddedRedis | None = None
+        self.redis_url: str | None = None
+        self.redis = None
+        self.learner: Child | None = None
+        self.actors: list[Child] = []
+        self.retired: list[Child] = []
+        self._next_actor = 0
+        self.started_at = 0.0
+        self.events: list[str] = []
+
+    # ----- start -------------------------------------------------------------------------
+    def start(self) -> Supervisor:
+        self.started_at = time.monotonic()
+        if not self.resume and self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_inputs()
+        self._start_redis()
+        self.redis = connect_sync(self.cfg, self.redis_url)
+        self._write_run_file()
+        self.learner = self._spawn(Child("learner", "learner", self._argv("learner"), self.log_dir / "learner.log"))
+        for _ in range(self.want_actors):
+            self._add_actor()
+        return self
+
+    def _prepare_inputs(self) -> None:
+        """Build the demo policy and dataset once (reused by later runs) before any child starts."""
+        from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+
+        if self.cfg.model.build_demo and not Path(self.cfg.model.path).exists():
+            self.event(f"building the demo policy at {self.cfg.model.path} (once)")
+            ensure_demo_policy(self.cfg.model.path, seed=self.cfg.run.seed)
+        if self.cfg.data.build_demo and not Path(self.cfg.data.path).exists():
+            ensure_demo_dataset(self.cfg.data.path, seed=self.cfg.run.seed)
+
+    def _start_redis(self) -> None:
+        url = os.environ.get("REDIS_URL") or self.cfg.broker.redis_url
+        if url:
+            self.redis_url = url
+            return
+        self.redis_server = EmbeddedRedis(self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.cfg)).start()
+        self.redis_url = self.redis_server.url
+        self.event(f"redis-server on {self.redis_server.cfg.host}:{self.redis_server.port}")
+
+    def _write_run_file(self) -> None:
+        info = {"run": self.cfg.run.name, "supervisor_pid": os.getpid(), "config": self.config_path, "overrides": self.overrides}
+        (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    def _argv(self, module: str, *extra: str) -> list[str]:
+        argv = [self.python, "-m", module]
+        if self.config_path:
+            argv += ["--config", self.config_path]
+        return argv + list(extra) + self.overrides
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["REDIS_URL"] = self.redis_url or ""
+        env.setdefault("OMP_NUM_THREADS", str(self.cfg.run.torch_threads))
+        env.setdefault("DS_ACCELERATOR", "cpu")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _spawn(self, child: Child) -> Child:
+        with open(child.log, "ab") as log:
+            child.proc = subprocess.Popen(
+                child.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        child.started_at = time.monotonic()
+        return child
+
+    def _add_actor(self) -> Child:
+        ident = f"a{self._next_actor}"
+        self._next_actor += 1
+        argv = self._argv("actors", "--count", "1", "--actor-id", ident)
+        child = self._spawn(Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log"))
+        self.actors.append(child)
+        self.event(f"actor {ident} started (pid {child.proc.pid})")
+        return child
+
+    # ----- watch -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Reap exits, restart crashed children after their backoff, apply scale commands."""
+        now = time.monotonic()
+        for child in [self.learner, *self.actors]:
+            self._watch(child, now)
+        self._apply_control()
+
+    def _watch(self, child: Child, now: float) -> None:
+        if child.done:
+            return
+        if child.proc is not None:
+            code = child.proc.poll()
+            if code is None:
+                if now - child.started_at > HEALTHY_AFTER_S:
+                    child.crashes = 0
+                return
+            child.exit_codes.append(code)
+            child.proc = None
+            if code == 0:
+                child.done = True
+                self.event(f"{child.name} exited cleanly")
+                return
+            child.crashes += 1
+            delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (child.crashes - 1))
+            child.next_start = now + delay
+            self.event(f"{child.name} exited with {_describe(code)}; restarting in {delay:.0f} s (log: {child.log})")
+            return
+        if now >= child.next_start:
+            self._spawn(child)
+            child.restarts += 1
+            self.event(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+
+    def _apply_control(self) -> None:
+        """``python -m launch.scale`` pushes the wanted actor count onto a Redis list."""
+        try:
+            raw = self.redis.lpop(self.keys.launch_control)
+        except Exception as exc:  # Redis restarting: scaling waits, supervision does not
+            self.event(f"control channel unavailable: {type(exc).__name__}")
+            return
+        if raw is None:
+            return
+        try:
+            wanted = int(json.loads(raw)["actors"])
+        except (ValueError, KeyError, TypeError):
+            self.event(f"ignored malformed scale command {raw!r}")
+            return
+        self.scale(wanted)
+
+    def scale(self, wanted: int) -> None:
+        wanted = max(0, wanted)
+        self.want_actors = wanted
+        running = [a for a in self.actors if not a.done]
+        for _ in range(wanted - len(running)):
+            self._add_actor()
+        for child in running[wanted:]:
+            self._stop_child(child)
+            self.actors.remove(child)
+            self.retired.append(child)
+        self.event(f"scaled to {wanted} actors")
+
+    @property
+    def learner_finished(self) -> bool:
+        return self.learner is not None and self.learner.done
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.tick()
+            if predicate():
+                return True
+            time.sleep(interval)
+        return False
+
+    def event(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.events.append(f"{stamp} {text}")
+        with open(self.log_dir / "supervisor.log", "a") as f:
+            f.write(f"{stamp} {text}\n")
+
+    # ----- stop --------------------------------------------------------------------------
+    def _stop_child(self, child: Child) -> None:
+        child.done = True
+        if not child.alive:
+            return
+        child.proc.send_signal(signal.SIGTERM)
+        try:
+            child.proc.wait(STOP_TIMEOUT_S[child.role])
+        except subprocess.TimeoutExpired:
+            self.event(f"{child.name} ignored SIGTERM for {STOP_TIMEOUT_S[child.role]:.0f} s; killing its process group")
+            os.killpg(child.proc.pid, signal.SIGKILL)
+            child.proc.wait(10)
+        child.exit_codes.append(child.proc.returncode)
+
+    def stop(self) -> None:
+        """Actors first (they abandon their group), then the learner (final checkpoint), then Redis."""
+        for child in self.actors:
+            child.done = True
+            if child.alive:
+                child.proc.send_signal(signal.SIGTERM)
+        for child in self.actors:
+            self._stop_child(child)
+        if self.learner is not None:
+            self._stop_child(self.learner)
+        if self.redis is not None:
+            self.redis.close()
+        if self.redis_server is not None:
+            self.redis_server.stop()
+        self._remove_shared_memory()
+        self.event("stopped")
+
+    def _remove_shared_memory(self) -> None:
+        """A learner killed mid-publish cannot unlink its segments; the run's names are known."""
+        from weightsync.shm import remove_run_segments
+
+        removed = remove_run_segments(self.cfg.run.name)
+        if removed:
+            self.event(f"removed {len(removed)} stale shared-memory segment(s)")
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"

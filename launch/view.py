@@ -1,0 +1,80 @@
+"""What the terminal shows while a run is going, and the summary printed at its end."""
+
+from __future__ import annotations
+
+import statistics
+
+from rich.table import Table
+
+from launch.status import Snapshot
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
+    step = snap.last_step or {}
+    table = Table(title=f"streamrl  {elapsed_s:6.0f} s", show_header=False, expand=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("policy version", str(snap.version))
+    table.add_row("reward (last step)", _fmt(step.get("reward_mean")))
+    table.add_row("exact match", _fmt(step.get("exact_match")))
+    table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
+    table.add_row("tokens/s trained", _fmt(step.get("tokens_per_s"), ",.0f"))
+    table.add_row("stream lag (length / pending)", f"{snap.stream_length} / {snap.pending}")
+    table.add_row("staleness (mean versions)", _fmt(step.get("staleness_mean"), ".2f"))
+    table.add_row("dead letters", str(snap.dead_letters))
+    alive = ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in snap.actors) or "none"
+    table.add_row("actors alive", f"{len(snap.actors)}: {alive}")
+    for line in events[-4:]:
+        table.add_row("", f"[dim]{line}[/dim]")
+    return table
+
+
+def plain_line(snap: Snapshot, elapsed_s: float) -> str:
+    step = snap.last_step or {}
+    return (
+        f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
+        f"exact={_fmt(step.get('exact_match'))} gen={snap.generate_tokens_per_s:,.0f} tok/s "
+        f"train={_fmt(step.get('tokens_per_s'), ',.0f')} tok/s lag={snap.stream_length}/{snap.pending} "
+        f"stale={_fmt(step.get('staleness_mean'), '.2f')} actors={len(snap.actors)}"
+    )
+
+
+def first_time_reaching(steps: list[dict], key: str, target: float, window: int = 5) -> float | None:
+    """Seconds since the run started at which the ``window``-step mean of ``key`` first reached ``target``."""
+    values = [s.get(key) for s in steps]
+    for end in range(window, len(steps) + 1):
+        chunk = values[end - window : end]
+        if None not in chunk and statistics.fmean(chunk) >= target:
+            return steps[end - 1].get("elapsed_s")
+    return None
+
+
+def summary(steps: list[dict], wall_s: float, events: list[str]) -> str:
+    if not steps:
+        return f"run ended after {wall_s:.0f} s with no learner step (see logs under the run directory)"
+
+    def mean(key: str, chunk: list[dict]) -> float | None:
+        vals = [s[key] for s in chunk if s.get(key) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    head, tail = steps[:5], steps[-5:]
+    tokens = sum(s.get("tokens", 0) for s in steps)
+    lines = [
+        "run summary",
+        f"  wall time            {wall_s:.0f} s",
+        f"  learner steps        {steps[-1].get('step')}   policy versions {steps[-1].get('version')}",
+        f"  reward               {_fmt(mean('reward_mean', head))} (first 5 steps) -> {_fmt(mean('reward_mean', tail))} (last 5)",
+        f"  exact match          {_fmt(mean('exact_match', head))} -> {_fmt(mean('exact_match', tail))}",
+        f"  reward >= 0.9 at     {_fmt(first_time_reaching(steps, 'reward_mean', 0.9), '.0f')} s",
+        f"  exact >= 0.8 at      {_fmt(first_time_reaching(steps, 'exact_match', 0.8), '.0f')} s",
+        f"  tokens trained       {tokens:,} ({tokens / max(wall_s, 1e-9):,.0f}/s over the run)",
+        f"  staleness            mean {_fmt(mean('staleness_mean', steps), '.2f')} versions",
+    ]
+    restarts = [e for e in events if "restarted" in e]
+    if restarts:
+        lines.append(f"  restarts             {len(restarts)}")
+    return "\n".join(lines)

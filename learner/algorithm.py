@@ -1,0 +1,177 @@
+"""The RL math: pure functions over tensors and plain numbers (no config, no logging).
+
+Shapes: ``N`` groups of ``G`` completions; ``B`` sequences of ``T`` target
+positions. Per-token tensors are aligned with the sampled tokens; ``mask``
+is True where a token counts (a completion token, not padding, not stale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ADVANTAGE_MODES = ("grpo", "drgrpo")
+AGGREGATIONS = ("token_mean", "seq_mean", "constant")
+
+
+def group_advantages(rewards: Tensor, mode: str, eps: float, std_threshold: float) -> tuple[Tensor, Tensor]:
+    """rewards [N, G] -> (advantages [N, G], zero_variance [N] bool).
+
+    ``zero_variance`` marks groups whose rewards are all equal (no learning
+    signal); their advantages are 0 and the caller decides to skip and count them.
+    The std is the population std over the G completions of one prompt.
+    """
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
+    if rewards.dim() != 2 or rewards.shape[1] == 0:
+        raise ValueError(f"rewards must be [N, G] with G >= 1, got shape {tuple(rewards.shape)}")
+    rewards = rewards.to(torch.float64)
+    mean = rewards.mean(dim=-1, keepdim=True)
+    # r - mean(r)
+    centred = rewards - mean
+    if mode == "drgrpo":
+        advantages = centred
+    else:
+        std = rewards.std(dim=-1, unbiased=False, keepdim=True)
+        # A = (r - mean) / (std + eps); a group with std < threshold falls back to A = r - mean
+        advantages = torch.where(std < std_threshold, centred, centred / (std + eps))
+    zero_variance = rewards.amax(dim=-1) == rewards.amin(dim=-1)
+    return advantages, zero_variance
+
+
+def token_staleness(learner_version: int, token_versions: Tensor) -> Tensor:
+    """Versions between the learner now and the policy that sampled each token."""
+    # s_t = v_learner - v_t
+    return learner_version - token_versions
+
+
+def stale_mask(staleness: Tensor, max_staleness: int) -> Tensor:
+    """True for tokens too old to train on."""
+    # stale_t = s_t > S
+    return staleness > max_staleness
+
+
+def tighten(value: float, staleness: Tensor, rate: float, floor: float = 0.0) -> Tensor:
+    """Shrink ``value`` towards ``floor`` by ``rate`` per version of staleness (clip ranges: floor 0; rho: floor 1).
+
+    ``rate = 0`` returns ``value`` everywhere.
+    """
+    # x_s = floor + (x - floor) * max(0, 1 - rate * s)
+    factor = (1.0 - rate * staleness.to(torch.float32)).clamp(min=0.0)
+    return floor + (value - floor) * factor
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi_theta || pi_ref) (Schulman), >= 0."""
+    log_ratio = ref_logprobs - logprobs
+    # k3 = exp(ref - theta) - (ref - theta) - 1
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, normalizer: float | None = None) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar; masked positions never contribute.
+
+    token_mean: sum / (number of counted tokens); seq_mean: mean over sequences of
+    each sequence's token mean; constant: sum / normalizer (Dr.GRPO). ``normalizer``
+    overrides the denominator (token count, sequence count or the constant) so that
+    the losses of several micro-batches add up to the loss of the whole batch.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+    mask_f = mask.to(per_token.dtype)
+    masked = torch.where(mask, per_token, torch.zeros_like(per_token))
+    if mode == "token_mean":
+        denom = normalizer if normalizer is not None else mask_f.sum().clamp(min=1.0)
+        # L = sum_t l_t m_t / sum_t m_t
+        return masked.sum() / denom
+    if mode == "seq_mean":
+        tokens_per_seq = mask_f.sum(dim=-1)
+        # L_i = sum_t l_it m_it / sum_t m_it  (0 for a sequence with no counted token)
+        seq_loss = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)
+        denom = normalizer if normalizer is not None else (tokens_per_seq > 0).sum().clamp(min=1).to(per_token.dtype)
+        return seq_loss.sum() / denom
+    if normalizer is None or normalizer <= 0:
+        raise ValueError("aggregation 'constant' needs a positive normalizer")
+    # L = sum_t l_t m_t / C
+    return masked.sum() / normalizer
+
+
+@dataclass
+class LossStats:
+    """Means over the counted tokens of one call; ``tokens`` weights them when micro-batches are combined."""
+
+    tokens: int
+    clip_fraction: float
+    is_weight_mean: float
+    is_truncated_fraction: float
+    kl: float
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float | Tensor,
+    clip_high: float | Tensor,
+    rho_max: float | Tensor,
+    proximal_logprobs: Tensor | None = None,
+    importance_correction: bool = True,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    aggregation: str = "token_mean",
+    normalizer: float | None = None,
+) -> tuple[Tensor, LossStats]:
+    """Decoupled, staleness-aware PPO loss (DESIGN.md "Loss").
+
+    logprobs: pi_theta [B, T] (with grad); behaviour_logprobs: mu [B, T];
+    proximal_logprobs: pi_prox [B, T] or None (= mu stands in, ``proximal: behaviour``);
+    advantages: [B] or [B, T]; mask: [B, T] bool; clip_low/clip_high/rho_max: numbers
+    or per-token [B, T] (staleness tightening). ``importance_correction=False`` is the
+    plain PPO ratio against mu with no IS weight. ``kl`` in the stats is the k3 KL to
+    the reference when one is given, else to the behaviour policy (drift).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logprobs)
+    advantages = advantages.to(logprobs.dtype)
+    zero = torch.zeros_like(logprobs)
+    # padded/stale positions may hold anything (even -inf): zero them before exp
+    theta = torch.where(mask, logprobs, zero)
+    mu = torch.where(mask, behaviour_logprobs.to(logprobs.dtype), zero)
+    if importance_correction:
+        prox = mu if proximal_logprobs is None else torch.where(mask, proximal_logprobs.to(logprobs.dtype), zero)
+        raw_weight = torch.exp(prox - mu)
+        # w = min(exp(pi_prox - mu), rho_bar), no gradient
+        weight = torch.minimum(raw_weight, torch.as_tensor(rho_max, dtype=logprobs.dtype)).detach()
+        truncated = raw_weight > rho_max
+    else:
+        prox = mu
+        weight = torch.ones_like(logprobs)
+        truncated = torch.zeros_like(mask)
+    # r = exp(pi_theta - pi_prox)
+    ratio = torch.exp(theta - prox.detach())
+    clipped_ratio = torch.clamp(ratio, 1.0 - torch.as_tensor(clip_low), 1.0 + torch.as_tensor(clip_high))
+    # l_t = -w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+    per_token = -weight * torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    kl_target = ref_logprobs if ref_logprobs is not None else behaviour_logprobs
+    kl = k3_kl(theta, torch.where(mask, kl_target.to(logprobs.dtype), zero))
+    if ref_logprobs is not None and kl_coef > 0:
+        # l_t += beta * k3
+        per_token = per_token + kl_coef * kl
+    loss = aggregate(per_token, mask, aggregation, normalizer)
+
+    with torch.no_grad():
+        count = int(mask.sum())
+        denom = max(count, 1)
+        clipped = (ratio * advantages > clipped_ratio * advantages) & mask
+        stats = LossStats(
+            tokens=count,
+            clip_fraction=float(clipped.sum()) / denom,
+            is_weight_mean=float(torch.where(mask, weight, zero).sum()) / denom,
+            is_truncated_fraction=float((truncated & mask).sum()) / denom,
+            kl=float(torch.where(mask, kl, zero).sum()) / denom,
+        )
+    return loss, stats

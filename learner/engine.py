@@ -1,0 +1,113 @@
+"""The DeepSpeed ZeRO engine around the policy: process group, config, optimizer, log-probs.
+
+CPU: gloo, fp32, torch AdamW as client optimizer (DeepSpeed's fused/CPU Adam
+compile for 100+ s here). GPU: NCCL and bf16. The number of micro-batches of
+a step varies with the token budget, so gradient accumulation is set per step
+(``set_micro_batches``); each micro-batch is ``backward`` + ``step`` and the
+last one is the accumulation boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from configs.schema import Config
+from learner.batching import MicroBatch
+
+DIST_TIMEOUT = timedelta(minutes=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join (or, for plain ``python -m learner``, create) the process group; returns (rank, world size).
+
+    torchrun/deepspeed launchers set RANK etc.; without them DeepSpeed would go
+    looking for MPI, so a single process fills in a world of one.
+    """
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False)
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def deepspeed_config(cfg: Config, world_size: int, bf16: bool) -> dict:
+    lc = cfg.learner
+    zero: dict = {"stage": lc.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if lc.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    return {
+        # micro-batch "size" 1 is bookkeeping only: micro-batches are token-budgeted, their count set per step
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "gradient_clipping": lc.grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
+    """``deepspeed.initialize`` with torch AdamW and a linear warmup; returns the engine."""
+    import deepspeed
+    import deepspeed.ops
+
+    # The shm all-reduce op is only used for inference, and compiling it costs ~90 s on CPU (FACTS.md).
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    lc = cfg.learner
+    bf16 = next(model.parameters()).dtype == torch.bfloat16
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay)
+    warmup = lc.warmup_steps
+    # lr_k = lr * min(1, (k + 1) / warmup)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, world_size, bf16),
+    )
+    return engine
+
+
+def set_micro_batches(engine, count: int) -> None:
+    """Make the next ``count`` backward/step pairs one optimizer step."""
+    engine.set_train_batch_size(count * engine.dp_world_size)
+
+
+def token_logprobs(model, batch: MicroBatch, temperature: float) -> Tensor:
+    """log pi(token_{t+1} | prefix) for every target position [B, L - 1], at the sampling temperature.
+
+    Actors report log-probs after temperature, so the learner divides the logits the same way.
+    """
+    dev = next(model.parameters()).device
+    logits = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev)).logits
+    logits = logits[:, :-1].float() / temperature
+    targets = batch.input_ids[:, 1:].to(dev)
+    # log pi(y_t) = logit_y - logsumexp(logits)
+    return torch.gather(F.log_softmax(logits, dim=-1), -1, targets[..., None]).squeeze(-1)

