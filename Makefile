@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test lint bench chaos broker actors scale dashboard clean venv
+.PHONY: run test lint bench chaos broker actors scale dashboard prometheus clean venv
 
 venv: $(STAMP)
 
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -61,8 +61,12 @@ actors: $(STAMP)
 scale: $(STAMP)
 	$(BIN)/python -m launch.scale --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
-dashboard: $(STAMP)
-	$(BIN)/python -m launch.dashboard
+dashboard: $(STAMP) prometheus
+	$(BIN)/python -m launch.dashboard --config $(CONFIG) $(ARGS)
+
+# Debian's Prometheus (server + promtool) for `make dashboard` and the dashboard tests; installed once.
+prometheus:
+	@command -v prometheus >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus'; }
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -17,8 +17,6 @@ import random
 import string
 from pathlib import Path
 
-import torch
-
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
 PROMPT_SUFFIX = ">"
@@ -47,6 +45,7 @@ def build_tokenizer():
 
 def build_model(vocab_size: int, eos_id: int, pad_id: int, seed: int = 0):
     """Random-init Qwen2 of ~0.5M parameters (hidden 128, 2 layers, tied embeddings)."""
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -91,6 +90,8 @@ def format_warm_start(model, tokenizer, steps: int = 60, batch: int = 64, lr: fl
     Teaches the output format (three digits, then stop), not the answer: the
     reward stays at chance (0.10-0.15) afterwards. Returns the last loss.
     """
+    import torch
+
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
     model.train()
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--data", default="runs/demo-data/train.jsonl")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    import torch
+
     torch.set_num_threads(1)
     print(ensure_demo_policy(args.policy, seed=args.seed))
     print(ensure_demo_dataset(args.data, seed=args.seed))

@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.broker.redis_url:
         client = connect_sync(cfg, cfg.broker.redis_url)
         client.ping()
-        print(f"external Redis at {masked(cfg.broker.redis_url)} answers; starting none", flush=True)
+        print(
+            f"external Redis at {masked(cfg.broker.redis_url)} answers; starting none", flush=True
+        )
         client.close()
         return 0
 
@@ -45,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        server = EmbeddedRedis(cfg.broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg)).start()
+        server = EmbeddedRedis(
+            cfg.broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg)
+        ).start()
     except RedisServerError as exc:
         print(f"broker: {exc}", file=sys.stderr)
         return 1
@@ -53,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stop.wait(0.5):
             if server.proc.poll() is not None:
-                print(f"broker: redis-server exited with code {server.proc.returncode}", file=sys.stderr)
+                print(
+                    f"broker: redis-server exited with code {server.proc.returncode}",
+                    file=sys.stderr,
+                )
                 return 1
     finally:
         server.stop()

@@ -17,7 +17,9 @@ class Keys:
 
     def __init__(self, run_name: str, stream: str = "rollouts", dead_letter: str = "rollouts:dead"):
         if not _RUN_NAME.match(run_name):
-            raise ValueError(f"run name {run_name!r}: use letters, digits, '_', '-', '.' only (it becomes a Redis key prefix)")
+            raise ValueError(
+                f"run name {run_name!r}: use letters, digits, '_', '-', '.' only (it becomes a Redis key prefix)"
+            )
         self.run_name = run_name
         self.prefix = f"streamrl:{run_name}:"
         p = self.prefix

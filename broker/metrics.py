@@ -14,14 +14,34 @@ from broker.client import connect_sync
 from broker.keys import Keys
 from configs.schema import Config
 
-STREAM_LENGTH = Gauge("streamrl_stream_length", "Entries in the rollout stream (produced, not yet acked).")
-STREAM_PENDING = Gauge("streamrl_stream_pending", "Entries delivered to a learner consumer and not yet acked.")
-STREAM_PRODUCED = Counter("streamrl_stream_produced_total", "Groups XADDed to the rollout stream by this process.")
-STREAM_CONSUMED = Counter("streamrl_stream_consumed_total", "Entries taken off the stream for the first time by this process (valid, dead or duplicate).")
-STREAM_DEAD_LETTER = Counter("streamrl_stream_dead_letter_total", "Undecodable entries moved to the dead-letter stream.")
-STREAM_REDELIVERED = Counter("streamrl_stream_redelivered_total", "Entries delivered again: own pending on start, or claimed from an idle consumer.")
-STREAM_DUPLICATES = Counter("streamrl_stream_duplicates_total", "Entries skipped because their group was already trained or is in flight.")
-STREAM_TRIMMED = Counter("streamrl_stream_trimmed_total", "Unacked entries removed by the MAXLEN safety cap (lost to the learner).")
+STREAM_LENGTH = Gauge(
+    "streamrl_stream_length", "Entries in the rollout stream (produced, not yet acked)."
+)
+STREAM_PENDING = Gauge(
+    "streamrl_stream_pending", "Entries delivered to a learner consumer and not yet acked."
+)
+STREAM_PRODUCED = Counter(
+    "streamrl_stream_produced_total", "Groups XADDed to the rollout stream by this process."
+)
+STREAM_CONSUMED = Counter(
+    "streamrl_stream_consumed_total",
+    "Entries taken off the stream for the first time by this process (valid, dead or duplicate).",
+)
+STREAM_DEAD_LETTER = Counter(
+    "streamrl_stream_dead_letter_total", "Undecodable entries moved to the dead-letter stream."
+)
+STREAM_REDELIVERED = Counter(
+    "streamrl_stream_redelivered_total",
+    "Entries delivered again: own pending on start, or claimed from an idle consumer.",
+)
+STREAM_DUPLICATES = Counter(
+    "streamrl_stream_duplicates_total",
+    "Entries skipped because their group was already trained or is in flight.",
+)
+STREAM_TRIMMED = Counter(
+    "streamrl_stream_trimmed_total",
+    "Unacked entries removed by the MAXLEN safety cap (lost to the learner).",
+)
 
 _servers: dict[int, object] = {}
 
@@ -35,7 +55,9 @@ def serve(cfg: Config, role: str, ident: str, port: int = 0) -> int:
     _servers[bound] = server
     client = connect_sync(cfg)
     try:
-        client.hset(Keys.from_config(cfg).metrics_targets, f"{role}:{ident}", f"{cfg.metrics.host}:{bound}")
+        client.hset(
+            Keys.from_config(cfg).metrics_targets, f"{role}:{ident}", f"{cfg.metrics.host}:{bound}"
+        )
     finally:
         client.close()
     return bound

@@ -52,7 +52,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmbeddedRedis:
     """A redis-server child process with its own data dir. ``with EmbeddedRedis(cfg, d) as srv: srv.url``."""
 
-    def __init__(self, cfg: BrokerConfig, data_dir: str | os.PathLike, url_file: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        data_dir: str | os.PathLike,
+        url_file: str | os.PathLike | None = None,
+    ):
         if not is_loopback(cfg.host) and not cfg.password:
             raise RedisServerError(
                 f"refusing to bind Redis to non-loopback address {cfg.host!r} without a password: "
@@ -73,14 +78,22 @@ class EmbeddedRedis:
     def _command(self) -> list[str]:
         cmd = [
             redis_executable(),
-            "--port", str(self.port),
-            "--bind", self.cfg.host,
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.cfg.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--daemonize", "no",
-            "--logfile", str(self.data_dir / "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            self.cfg.host,
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.cfg.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
         ]
         if self.cfg.password:
             cmd += ["--requirepass", self.cfg.password]
@@ -95,13 +108,22 @@ class EmbeddedRedis:
         for _attempt in range(5):
             if not chosen:
                 self.port = free_port(self.cfg.host)
-            self.proc = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             if self._wait_ready():
                 break
             if chosen:
-                raise RedisServerError(f"redis-server did not start on {self.cfg.host}:{self.port}: {self._log_tail()}")
+                raise RedisServerError(
+                    f"redis-server did not start on {self.cfg.host}:{self.port}: {self._log_tail()}"
+                )
         else:
-            raise RedisServerError(f"redis-server did not start after 5 free ports: {self._log_tail()}")
+            raise RedisServerError(
+                f"redis-server did not start after 5 free ports: {self._log_tail()}"
+            )
         if self.url_file is not None:
             self.write_url(self.url_file)
         return self
@@ -123,12 +145,19 @@ class EmbeddedRedis:
         finally:
             client.close()
         self._kill()
-        raise RedisServerError(f"redis-server on port {self.port} did not answer PING within {START_TIMEOUT_S} s: {self._log_tail()}")
+        raise RedisServerError(
+            f"redis-server on port {self.port} did not answer PING within {START_TIMEOUT_S} s: {self._log_tail()}"
+        )
 
     def _log_tail(self) -> str:
         log = self.data_dir / "redis.log"
         text = log.read_text(errors="replace")[-800:] if log.exists() else ""
-        if not text and self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
+        if (
+            not text
+            and self.proc is not None
+            and self.proc.stderr is not None
+            and self.proc.poll() is not None
+        ):
             text = self.proc.stderr.read().decode(errors="replace")[-800:]
         return text.strip() or "(no log output)"
 
@@ -148,7 +177,9 @@ class EmbeddedRedis:
             return
         if self.proc.poll() is None:
             try:
-                client = redis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+                client = redis.Redis.from_url(
+                    self.url, socket_timeout=2.0, socket_connect_timeout=2.0
+                )
                 client.shutdown(nosave=True)
             except redis.RedisError:
                 pass  # shutdown closes the connection; a dead server refuses it: both end below

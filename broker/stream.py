@@ -37,6 +37,41 @@ log = logging.getLogger(__name__)
 
 DEAD_LETTER_MAXLEN = 10_000
 
+# Lua keeps each step atomic and one round trip (a MULTI pipeline cost 3x the client CPU of XADD).
+# redis.replicate_commands(): XADD '*' is non-deterministic; Redis 6.2 needs effect replication.
+
+# KEYS: stream, accepted, consumed, leases. ARGV: payload, maxlen, lease id ('' = none).
+# Trimmed entries were never acked (acked ones are deleted), so the learner will never count
+# them: they are counted consumed here, else their admission slots would leak forever.
+_PUBLISH = """
+redis.replicate_commands()
+local before = redis.call('XLEN', KEYS[1])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'g', ARGV[1])
+local trimmed = before + 1 - redis.call('XLEN', KEYS[1])
+redis.call('INCR', KEYS[2])
+if trimmed > 0 then redis.call('INCRBY', KEYS[3], trimmed) end
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[3]) end
+return {id, trimmed}
+"""
+
+# KEYS: consumed, trained. ARGV: entries delivered for the first time, group ids to check.
+_ACCOUNT = """
+if tonumber(ARGV[1]) > 0 then redis.call('INCRBY', KEYS[1], ARGV[1]) end
+if #ARGV == 1 then return {} end
+return redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, 2))
+"""
+
+# KEYS: stream, trained. ARGV: consumer group, n, n entry ids, then group ids.
+_ACK = """
+local n = tonumber(ARGV[2])
+if n > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3, 2 + n))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 3, 2 + n))
+end
+if #ARGV > 2 + n then redis.call('SADD', KEYS[2], unpack(ARGV, 3 + n)) end
+return n
+"""
+
 
 @dataclass
 class Delivery:
@@ -49,6 +84,17 @@ def _entry_id(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+def _first_of_each(raw: list[tuple[str, dict | None, bool]]) -> list[tuple[str, dict | None, bool]]:
+    """Drop repeats of an entry id: a pending re-read and a claim in one call can both return it."""
+    seen: set[str] = set()
+    out = []
+    for entry in raw:
+        if entry[0] not in seen:
+            seen.add(entry[0])
+            out.append(entry)
+    return out
+
+
 class RolloutProducer:
     """XADDs encoded groups. One per actor process; safe to share between tasks of one loop."""
 
@@ -56,39 +102,40 @@ class RolloutProducer:
         self.redis = redis_client
         self.keys = Keys.from_config(cfg)
         self.maxlen = cfg.broker.maxlen
+        self._publish = redis_client.register_script(_PUBLISH)
 
     async def publish(self, group: RolloutGroup, lease_id: str | None = None) -> str:
-        """Append one group; with ``lease_id`` its admission lease is dropped in the same MULTI."""
+        """Append one group and count it accepted; with ``lease_id`` its admission lease is dropped
+        in the same atomic step, so a crash can neither lose nor double-count it."""
         return await self.publish_encoded(encode_group(group), lease_id)
 
     async def publish_encoded(self, payload: bytes, lease_id: str | None = None) -> str:
         k = self.keys
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xlen(k.stream)
-        pipe.xadd(k.stream, {"g": payload}, maxlen=self.maxlen, approximate=True)
-        pipe.xlen(k.stream)
-        pipe.incr(k.accepted)
-        if lease_id is not None:
-            pipe.zrem(k.leases, lease_id)
-        before, entry_id, after = (await pipe.execute())[:3]
+        entry_id, trimmed = await self._publish(
+            keys=[k.stream, k.accepted, k.consumed, k.leases],
+            args=[payload, self.maxlen, lease_id or ""],
+        )
         metrics.STREAM_PRODUCED.inc()
-        trimmed = before + 1 - after
         if trimmed > 0:
-            await self._count_trimmed(trimmed)
+            metrics.STREAM_TRIMMED.inc(trimmed)
+            log.warning(
+                "MAXLEN %d trimmed %d unconsumed entries (admission bypassed?)",
+                self.maxlen,
+                trimmed,
+            )
         return _entry_id(entry_id)
-
-    async def _count_trimmed(self, trimmed: int) -> None:
-        # Trimmed entries were never acked (acked ones are deleted), so the learner will never
-        # count them: release their admission slots here instead of leaking them forever.
-        metrics.STREAM_TRIMMED.inc(trimmed)
-        await self.redis.incrby(self.keys.consumed, trimmed)
-        log.warning("MAXLEN %d trimmed %d unconsumed entries (admission control bypassed?)", self.maxlen, trimmed)
 
 
 class RolloutConsumer:
     """One learner rank's reader. ``read`` never raises for bad data; Redis errors surface after retries."""
 
-    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config, consumer: str, vocab_size: int | None = None):
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        cfg: Config,
+        consumer: str,
+        vocab_size: int | None = None,
+    ):
         self.redis = redis_client
         self.keys = Keys.from_config(cfg)
         self.group = cfg.broker.consumer_group
@@ -103,6 +150,8 @@ class RolloutConsumer:
         self._last_touch = time.monotonic()
         self._last_gauges = 0.0
         self._inflight: dict[str, str] = {}  # group id -> entry id, delivered and not yet acked
+        self._account = redis_client.register_script(_ACCOUNT)
+        self._ack = redis_client.register_script(_ACK)
 
     async def ensure_group(self) -> None:
         try:
@@ -137,12 +186,14 @@ class RolloutConsumer:
         if len(raw) < count:
             block = None if raw else block_ms
             raw += await self._with_group(lambda: self._read_new(count - len(raw), block))
-        deliveries = await self._sort(raw)
+        deliveries = await self._sort(_first_of_each(raw))
         await self._update_gauges()
         return deliveries
 
     async def _read_own_pending(self, count: int) -> list[tuple[str, dict | None, bool]]:
-        reply = await self.redis.xreadgroup(self.group, self.consumer, {self.keys.stream: self._pending_cursor}, count=count)
+        reply = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.keys.stream: self._pending_cursor}, count=count
+        )
         entries = reply[0][1] if reply else []
         if not entries:
             self._pending_cursor = None
@@ -153,23 +204,29 @@ class RolloutConsumer:
     def _not_held(self, entries) -> list[tuple[str, dict | None, bool]]:
         # Our own unacked entries come back from a pending re-read or a claim: we still hold them.
         held = set(self._inflight.values())
-        return [(_entry_id(eid), fields, True) for eid, fields in entries if _entry_id(eid) not in held]
+        return [
+            (_entry_id(eid), fields, True) for eid, fields in entries if _entry_id(eid) not in held
+        ]
 
     async def _claim_idle(self, count: int) -> list[tuple[str, dict | None, bool]]:
         self._last_claim = time.monotonic()
         reply = await self.redis.xautoclaim(
-            self.keys.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id=self._claim_cursor, count=count
+            self.keys.stream,
+            self.group,
+            self.consumer,
+            min_idle_time=self.claim_idle_ms,
+            start_id=self._claim_cursor,
+            count=count,
         )
         self._claim_cursor = _entry_id(reply[0])
         # Redis 7 lists deleted entries separately (and drops them from the PEL); 6.2 returns (id, None).
         return self._not_held(reply[1])
 
     async def _read_new(self, count: int, block: int | None) -> list[tuple[str, dict | None, bool]]:
-        reply = await self.redis.xreadgroup(self.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block)
+        reply = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block
+        )
         entries = reply[0][1] if reply else []
-        if entries:
-            await self.redis.incrby(self.keys.consumed, len(entries))
-            metrics.STREAM_CONSUMED.inc(len(entries))
         return [(_entry_id(eid), fields, False) for eid, fields in entries]
 
     async def _sort(self, raw: list[tuple[str, dict | None, bool]]) -> list[Delivery]:
@@ -188,18 +245,24 @@ class RolloutConsumer:
             payload = fields.get(b"g")
             try:
                 if payload is None:
-                    raise WireError(f"entry has no 'g' field (fields: {sorted(k.decode(errors='replace') for k in fields)})")
+                    raise WireError(
+                        f"entry has no 'g' field (fields: {sorted(k.decode(errors='replace') for k in fields)})"
+                    )
                 group = decode_group(payload, self.vocab_size, self.max_entry_bytes)
             except WireError as exc:
                 dead.append((entry_id, payload or b"", str(exc)))
                 continue
             decoded.append((entry_id, group, redelivered))
 
-        trained = []
-        if decoded:
-            trained = await self.redis.smismember(self.keys.trained, [g.group_id for _, g, _ in decoded])
+        # First deliveries count as consumed (admission) in the same round trip as the dedup check.
+        fresh = sum(not redelivered for _, _, redelivered in raw)
+        metrics.STREAM_CONSUMED.inc(fresh)
+        trained = await self._account(
+            keys=[self.keys.consumed, self.keys.trained],
+            args=[fresh, *(g.group_id for _, g, _ in decoded)],
+        )
         deliveries = []
-        for (entry_id, group, redelivered), done in zip(decoded, trained):
+        for (entry_id, group, redelivered), done in zip(decoded, trained, strict=True):
             if done or group.group_id in self._inflight:
                 metrics.STREAM_DUPLICATES.inc()
                 drop.append(entry_id)
@@ -210,35 +273,34 @@ class RolloutConsumer:
             await self._dead_letter_and_drop(dead, drop)
         return deliveries
 
-    async def _dead_letter_and_drop(self, dead: list[tuple[str, bytes, str]], drop: list[str]) -> None:
+    async def _dead_letter_and_drop(
+        self, dead: list[tuple[str, bytes, str]], drop: list[str]
+    ) -> None:
         k = self.keys
         for entry_id, _, reason in dead:
             log.warning("dead-lettering entry %s: %s", entry_id, reason)
         ids = [e for e, _, _ in dead] + drop
         pipe = self.redis.pipeline(transaction=True)
         for entry_id, payload, reason in dead:
-            pipe.xadd(k.dead, {"g": payload, "reason": reason, "source_id": entry_id}, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+            pipe.xadd(
+                k.dead,
+                {"g": payload, "reason": reason, "source_id": entry_id},
+                maxlen=DEAD_LETTER_MAXLEN,
+                approximate=True,
+            )
         pipe.xack(k.stream, self.group, *ids)
         pipe.xdel(k.stream, *ids)
         await pipe.execute()
         metrics.STREAM_DEAD_LETTER.inc(len(dead))
 
     async def ack(self, entry_ids: list[str], group_ids: list[str]) -> None:
-        """The step that used these entries is committed: XACK + XDEL + mark trained, one MULTI."""
+        """The step that used these entries is committed: XACK + XDEL + mark trained, atomically."""
         if not entry_ids and not group_ids:
             return
         k = self.keys
-
-        async def commit():  # idempotent, so a retry after NOGROUP is safe
-            pipe = self.redis.pipeline(transaction=True)
-            if entry_ids:
-                pipe.xack(k.stream, self.group, *entry_ids)
-                pipe.xdel(k.stream, *entry_ids)
-            if group_ids:
-                pipe.sadd(k.trained, *group_ids)
-            await pipe.execute()
-
-        await self._with_group(commit)
+        args = [self.group, len(entry_ids), *entry_ids, *group_ids]
+        # Idempotent, so the retry after a NOGROUP (Redis restarted without persistence) is safe.
+        await self._with_group(lambda: self._ack(keys=[k.stream, k.trained], args=args))
         for gid in group_ids:
             self._inflight.pop(gid, None)
 
@@ -247,7 +309,14 @@ class RolloutConsumer:
         if not self._inflight or time.monotonic() - self._last_touch < self.claim_idle_ms / 3000.0:
             return
         self._last_touch = time.monotonic()
-        await self.redis.xclaim(self.keys.stream, self.group, self.consumer, 0, list(self._inflight.values()), justid=True)
+        await self.redis.xclaim(
+            self.keys.stream,
+            self.group,
+            self.consumer,
+            0,
+            list(self._inflight.values()),
+            justid=True,
+        )
 
     async def _update_gauges(self) -> None:
         now = time.monotonic()

@@ -5,6 +5,12 @@ Defined once here; every producer and consumer goes through ``encode_group`` /
 ``tobytes`` is 15-30x faster than lists and 40% smaller). Nothing on this path
 can execute data: msgpack only, no pickle, no ext types.
 
+Layout (schema 2) is columnar: the G completions' tokens, log-probs and
+versions travel as one array each plus a lengths array, so encoding is a few
+concatenations and decoding validates every completion with a few numpy
+reductions, then hands out views (schema 1, one map per completion, decoded
+at a third of the speed).
+
 Decoding validates everything and raises ``WireError`` with the reason; the
 stream consumer turns that into a dead-letter entry.
 """
@@ -17,12 +23,14 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FINISH_REASONS = ("stop", "length", "abort")
 
 TOKEN_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f4")
 VERSION_DTYPE = np.dtype("<i4")
+LENGTH_DTYPE = np.dtype("<i4")
+REWARD_DTYPE = np.dtype("<f8")
 
 
 class WireError(ValueError):
@@ -32,7 +40,9 @@ class WireError(ValueError):
 @dataclass
 class Completion:
     token_ids: np.ndarray  # [T] int32, the sampled tokens (stop token included)
-    logprobs: np.ndarray  # [T] float32, behaviour log-prob of each sampled token (after temperature/top-p/top-k)
+    logprobs: (
+        np.ndarray
+    )  # [T] float32, behaviour log-prob of each sampled token (after temperature/top-p/top-k)
     versions: np.ndarray  # [T] int32, policy version that sampled each token (non-decreasing)
     reward: float
     finish_reason: str = "stop"
@@ -68,19 +78,10 @@ class RolloutGroup:
 
 def encode_group(group: RolloutGroup) -> bytes:
     """Serialise a group. Arrays are cast to the wire dtypes; log-probs are clamped to <= 0."""
-    completions = []
-    for c in group.completions:
-        logprobs = np.minimum(np.asarray(c.logprobs, dtype=LOGPROB_DTYPE), 0.0)
-        completions.append(
-            {
-                "tok": np.ascontiguousarray(c.token_ids, dtype=TOKEN_DTYPE).tobytes(),
-                "lp": logprobs.tobytes(),
-                "ver": np.ascontiguousarray(c.versions, dtype=VERSION_DTYPE).tobytes(),
-                "r": float(c.reward),
-                "rp": {str(k): float(v) for k, v in c.reward_parts.items()},
-                "fin": c.finish_reason,
-            }
-        )
+    comps = group.completions
+    logprobs = np.concatenate([c.logprobs for c in comps], dtype=LOGPROB_DTYPE, casting="same_kind")
+    np.minimum(logprobs, 0.0, out=logprobs)
+    parts = [{str(k): float(v) for k, v in c.reward_parts.items()} for c in comps]
     payload = {
         "v": SCHEMA_VERSION,
         "gid": group.group_id,
@@ -89,8 +90,18 @@ def encode_group(group: RolloutGroup) -> bytes:
         "seq": int(group.seq),
         "t": float(group.created_at),
         "prompt": np.ascontiguousarray(group.prompt_token_ids, dtype=TOKEN_DTYPE).tobytes(),
-        "c": completions,
         "meta": dict(group.meta),
+        "len": np.array([len(c.token_ids) for c in comps], dtype=LENGTH_DTYPE).tobytes(),
+        "tok": np.concatenate(
+            [c.token_ids for c in comps], dtype=TOKEN_DTYPE, casting="same_kind"
+        ).tobytes(),
+        "lp": logprobs.tobytes(),
+        "ver": np.concatenate(
+            [c.versions for c in comps], dtype=VERSION_DTYPE, casting="same_kind"
+        ).tobytes(),
+        "r": np.array([c.reward for c in comps], dtype=REWARD_DTYPE).tobytes(),
+        "fin": [c.finish_reason for c in comps],
+        "rp": parts if any(parts) else [],  # [] = no completion has named parts
     }
     return msgpack.packb(payload, use_bin_type=True)
 
@@ -105,18 +116,23 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str):
     return value
 
 
-def _array(raw: bytes, dtype: np.dtype, where: str) -> np.ndarray:
+def _array(obj: dict, key: str, dtype: np.dtype) -> np.ndarray:
+    raw = _field(obj, key, bytes, "group")
     if len(raw) % dtype.itemsize:
-        raise WireError(f"{where}: {len(raw)} bytes is not a whole number of {dtype.itemsize}-byte items")
+        raise WireError(
+            f"group.{key}: {len(raw)} bytes is not a whole number of {dtype.itemsize}-byte items"
+        )
     return np.frombuffer(raw, dtype=dtype)
 
 
-def _check_tokens(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
-    if tokens.size and (int(tokens.min()) < 0 or (vocab_size is not None and int(tokens.max()) >= vocab_size)):
-        raise WireError(f"{where}: token id outside the vocabulary [0, {vocab_size})")
+def _owner(bad: np.ndarray, offsets: np.ndarray) -> str:
+    """Name of the completion that holds the first True of ``bad`` (a mask over all tokens)."""
+    return f"completion[{int(np.searchsorted(offsets, int(np.argmax(bad)), side='right')) - 1}]"
 
 
-def decode_group(data: bytes, vocab_size: int | None = None, max_bytes: int = 64 << 20) -> RolloutGroup:
+def decode_group(
+    data: bytes, vocab_size: int | None = None, max_bytes: int = 64 << 20
+) -> RolloutGroup:
     """Parse and validate one entry. Raises ``WireError`` with the reason for anything invalid."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"entry payload must be bytes, got {type(data).__name__}")
@@ -140,58 +156,107 @@ def decode_group(data: bytes, vocab_size: int | None = None, max_bytes: int = 64
     version = obj.get("v")
     if version != SCHEMA_VERSION:
         raise WireError(f"unknown schema version {version!r} (this build reads {SCHEMA_VERSION})")
-    prompt = _array(_field(obj, "prompt", bytes, "group"), TOKEN_DTYPE, "group.prompt")
+    prompt = _array(obj, "prompt", TOKEN_DTYPE)
     if prompt.size == 0:
         raise WireError("group.prompt: empty prompt")
-    _check_tokens(prompt, vocab_size, "group.prompt")
+    if prompt.min() < 0 or (vocab_size is not None and prompt.max() >= vocab_size):
+        raise WireError(f"group.prompt: token id outside the vocabulary [0, {vocab_size})")
     created_at = _field(obj, "t", (float, int), "group")
     meta = obj.get("meta", {})
-    if not isinstance(meta, dict) or not all(isinstance(v, (int, float, str)) for v in meta.values()):
+    if not isinstance(meta, dict) or not all(
+        isinstance(v, (int, float, str)) for v in meta.values()
+    ):
         raise WireError("group.meta: expected a map of scalars")
-    raw_completions = _field(obj, "c", list, "group")
-    if not raw_completions:
-        raise WireError("group.c: no completions")
-    completions = []
-    for i, rc in enumerate(raw_completions):
-        where = f"completion[{i}]"
-        if not isinstance(rc, dict):
-            raise WireError(f"{where}: expected a map, got {type(rc).__name__}")
-        tokens = _array(_field(rc, "tok", bytes, where), TOKEN_DTYPE, f"{where}.tok")
-        logprobs = _array(_field(rc, "lp", bytes, where), LOGPROB_DTYPE, f"{where}.lp")
-        versions = _array(_field(rc, "ver", bytes, where), VERSION_DTYPE, f"{where}.ver")
-        if tokens.size == 0:
-            raise WireError(f"{where}: empty completion")
-        if not tokens.size == logprobs.size == versions.size:
-            raise WireError(f"{where}: lengths differ (tokens {tokens.size}, logprobs {logprobs.size}, versions {versions.size})")
-        _check_tokens(tokens, vocab_size, f"{where}.tok")
-        if not np.isfinite(logprobs).all():
-            raise WireError(f"{where}.lp: non-finite log-prob")
-        if (logprobs > 0).any():
-            raise WireError(f"{where}.lp: log-prob above 0")
-        if int(versions.min()) < 0:
-            raise WireError(f"{where}.ver: negative policy version")
-        if versions.size > 1 and (np.diff(versions) < 0).any():
-            raise WireError(f"{where}.ver: policy versions go backwards within a completion")
-        reward = _field(rc, "r", (float, int), where)
-        if not math.isfinite(reward):
-            raise WireError(f"{where}.r: non-finite reward {reward!r}")
-        parts = rc.get("rp", {})
-        if not isinstance(parts, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for k, v in parts.items()
-        ):
-            raise WireError(f"{where}.rp: expected a map of finite numbers")
-        finish = _field(rc, "fin", str, where)
-        if finish not in FINISH_REASONS:
-            raise WireError(f"{where}.fin: unknown finish reason {finish!r}")
-        completions.append(Completion(tokens, logprobs, versions, float(reward), finish, {k: float(v) for k, v in parts.items()}))
     return RolloutGroup(
         group_id=_field(obj, "gid", str, "group"),
         prompt_id=_field(obj, "pid", str, "group"),
         actor_id=_field(obj, "aid", str, "group"),
         seq=_field(obj, "seq", int, "group"),
         prompt_token_ids=prompt,
-        completions=completions,
+        completions=_completions(obj, vocab_size),
         created_at=float(created_at),
         meta=meta,
+    )
+
+
+def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
+    """Validate the columns of all completions with a few reductions, then hand out views.
+    Only a failing entry pays for locating the culprit."""
+    lengths = _array(obj, "len", LENGTH_DTYPE)
+    n = lengths.size
+    if n == 0:
+        raise WireError("group: no completions")
+    if lengths.min() <= 0:
+        raise WireError(f"completion[{int(np.argmax(lengths <= 0))}]: empty completion")
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = _array(obj, "tok", TOKEN_DTYPE)
+    logprobs = _array(obj, "lp", LOGPROB_DTYPE)
+    versions = _array(obj, "ver", VERSION_DTYPE)
+    rewards = _array(obj, "r", REWARD_DTYPE)
+    total = int(offsets[-1])
+    if not tokens.size == logprobs.size == versions.size == total:
+        raise WireError(
+            f"group: lengths differ (completion lengths sum to {total}; tokens {tokens.size}, "
+            f"logprobs {logprobs.size}, versions {versions.size})"
+        )
+    if rewards.size != n:
+        raise WireError(f"group.r: {rewards.size} rewards for {n} completions")
+    if tokens.min() < 0 or (vocab_size is not None and tokens.max() >= vocab_size):
+        bad = tokens < 0 if vocab_size is None else (tokens < 0) | (tokens >= vocab_size)
+        raise WireError(
+            f"{_owner(bad, offsets)}.tok: token id outside the vocabulary [0, {vocab_size})"
+        )
+    if not (logprobs.min() > -np.inf and logprobs.max() <= 0):  # NaN fails both comparisons
+        bad = ~np.isfinite(logprobs)
+        if bad.any():
+            raise WireError(f"{_owner(bad, offsets)}.lp: non-finite log-prob")
+        raise WireError(f"{_owner(logprobs > 0, offsets)}.lp: log-prob above 0")
+    if versions.min() < 0:
+        raise WireError(f"{_owner(versions < 0, offsets)}.ver: negative policy version")
+    # versions[t+1] < versions[t] inside a completion; steps across a boundary don't count.
+    steps = np.diff(versions)
+    steps[offsets[1:-1] - 1] = 0
+    if steps.size and steps.min() < 0:
+        bad = np.concatenate(([False], steps < 0))
+        raise WireError(
+            f"{_owner(bad, offsets)}.ver: policy versions go backwards within a completion"
+        )
+    if not np.isfinite(rewards).all():
+        i = int(np.argmax(~np.isfinite(rewards)))
+        raise WireError(f"completion[{i}].r: non-finite reward {float(rewards[i])!r}")
+    finish = _field(obj, "fin", list, "group")
+    if len(finish) != n:
+        raise WireError(f"group.fin: {len(finish)} finish reasons for {n} completions")
+    for i, reason in enumerate(finish):
+        if reason not in FINISH_REASONS:
+            raise WireError(f"completion[{i}].fin: unknown finish reason {reason!r}")
+    parts = _field(obj, "rp", list, "group")
+    if parts:
+        if len(parts) != n:
+            raise WireError(f"group.rp: {len(parts)} reward-part maps for {n} completions")
+        for i, p in enumerate(parts):
+            if not _finite_parts(p):
+                raise WireError(f"completion[{i}].rp: expected a map of finite numbers")
+    else:
+        parts = [{} for _ in range(n)]
+    bounds = offsets.tolist()
+    rewards_list = rewards.tolist()
+    return [
+        Completion(
+            tokens[bounds[i] : bounds[i + 1]],
+            logprobs[bounds[i] : bounds[i + 1]],
+            versions[bounds[i] : bounds[i + 1]],
+            rewards_list[i],
+            finish[i],
+            parts[i],
+        )
+        for i in range(n)
+    ]
+
+
+def _finite_parts(parts) -> bool:
+    return isinstance(parts, dict) and all(
+        isinstance(k, str) and type(v) in (int, float) and math.isfinite(v)
+        for k, v in parts.items()
     )

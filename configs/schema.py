@@ -100,6 +100,7 @@ class RewardConfig(Section):
     functions: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(fn="reverse_digits")], description="Rewards summed with their weights into the scalar reward.")
     timeout_s: float = Field(5.0, gt=0, description="Per-sample time limit of a reward call; past it the sample scores 0 and is counted.")
     workers: int = Field(1, ge=1, description="Reward worker processes per actor.")
+    worker_memory_mb: int = Field(1024, ge=16, description="Memory a reward worker may allocate beyond its start-up size (address-space limit); past it the sample scores 0.")
     sandbox_memory_mb: int = Field(512, ge=16, description="Address-space limit of the code-execution sandbox.")
     sandbox_timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one sandboxed program; its whole process group is killed after it.")
 
@@ -163,6 +164,7 @@ class WeightSyncConfig(Section):
     bucket_bytes: int = Field(64 << 20, ge=1 << 16, description="dist: broadcast bucket size.")
     timeout_s: float = Field(30.0, gt=0, description="Upper bound of every blocking transfer call; a slow or dead peer is dropped after it.")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="dist: process-group backend (auto = nccl with CUDA, else gloo).")
+    dist_host: str = Field("127.0.0.1", description="dist: address of the publisher's rendezvous store and group as actors reach it (set to the learner host's IP across hosts).")
 
 
 class MetricsConfig(Section):

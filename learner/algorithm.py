@@ -16,7 +16,9 @@ ADVANTAGE_MODES = ("grpo", "drgrpo")
 AGGREGATIONS = ("token_mean", "seq_mean", "constant")
 
 
-def group_advantages(rewards: Tensor, mode: str, eps: float, std_threshold: float) -> tuple[Tensor, Tensor]:
+def group_advantages(
+    rewards: Tensor, mode: str, eps: float, std_threshold: float
+) -> tuple[Tensor, Tensor]:
     """rewards [N, G] -> (advantages [N, G], zero_variance [N] bool).
 
     ``zero_variance`` marks groups whose rewards are all equal (no learning
@@ -70,7 +72,9 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-def aggregate(per_token: Tensor, mask: Tensor, mode: str, normalizer: float | None = None) -> Tensor:
+def aggregate(
+    per_token: Tensor, mask: Tensor, mode: str, normalizer: float | None = None
+) -> Tensor:
     """Reduce a per-token loss [B, T] to a scalar; masked positions never contribute.
 
     token_mean: sum / (number of counted tokens); seq_mean: mean over sequences of
@@ -90,7 +94,11 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, normalizer: float | No
         tokens_per_seq = mask_f.sum(dim=-1)
         # L_i = sum_t l_it m_it / sum_t m_it  (0 for a sequence with no counted token)
         seq_loss = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)
-        denom = normalizer if normalizer is not None else (tokens_per_seq > 0).sum().clamp(min=1).to(per_token.dtype)
+        denom = (
+            normalizer
+            if normalizer is not None
+            else (tokens_per_seq > 0).sum().clamp(min=1).to(per_token.dtype)
+        )
         return seq_loss.sum() / denom
     if normalizer is None or normalizer <= 0:
         raise ValueError("aggregation 'constant' needs a positive normalizer")
@@ -142,7 +150,11 @@ def policy_loss(
     theta = torch.where(mask, logprobs, zero)
     mu = torch.where(mask, behaviour_logprobs.to(logprobs.dtype), zero)
     if importance_correction:
-        prox = mu if proximal_logprobs is None else torch.where(mask, proximal_logprobs.to(logprobs.dtype), zero)
+        prox = (
+            mu
+            if proximal_logprobs is None
+            else torch.where(mask, proximal_logprobs.to(logprobs.dtype), zero)
+        )
         raw_weight = torch.exp(prox - mu)
         # w = min(exp(pi_prox - mu), rho_bar), no gradient
         weight = torch.minimum(raw_weight, torch.as_tensor(rho_max, dtype=logprobs.dtype)).detach()
@@ -153,7 +165,9 @@ def policy_loss(
         truncated = torch.zeros_like(mask)
     # r = exp(pi_theta - pi_prox)
     ratio = torch.exp(theta - prox.detach())
-    clipped_ratio = torch.clamp(ratio, 1.0 - torch.as_tensor(clip_low), 1.0 + torch.as_tensor(clip_high))
+    low = torch.as_tensor(clip_low, dtype=logprobs.dtype)
+    high = torch.as_tensor(clip_high, dtype=logprobs.dtype)
+    clipped_ratio = torch.clamp(ratio, 1.0 - low, 1.0 + high)
     # l_t = -w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
     per_token = -weight * torch.minimum(ratio * advantages, clipped_ratio * advantages)
     kl_target = ref_logprobs if ref_logprobs is not None else behaviour_logprobs

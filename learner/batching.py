@@ -38,19 +38,21 @@ class Sample:
 def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
     """One sample per completion; ``advantages`` holds one number per completion."""
     if len(advantages) != len(group.completions):
-        raise ValueError(f"group {group.group_id}: {len(advantages)} advantages for {len(group.completions)} completions")
+        raise ValueError(
+            f"group {group.group_id}: {len(advantages)} advantages for {len(group.completions)} completions"
+        )
     prompt = np.asarray(group.prompt_token_ids, dtype=np.int64)
     return [
         Sample(
             input_ids=np.concatenate([prompt, np.asarray(c.token_ids, dtype=np.int64)]),
             prompt_len=int(prompt.shape[0]),
-            behaviour_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-            versions=np.asarray(c.versions, dtype=np.int64),
+            behaviour_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy of the wire buffer
+            versions=np.array(c.versions, dtype=np.int64),
             advantage=float(adv),
             reward=float(c.reward),
             group_id=group.group_id,
         )
-        for c, adv in zip(group.completions, advantages)
+        for c, adv in zip(group.completions, advantages, strict=True)
     ]
 
 
@@ -91,7 +93,9 @@ class MicroBatch:
 
     input_ids: Tensor  # [B, L] int64
     attention_mask: Tensor  # [B, L] int64
-    completion_mask: Tensor  # [B, L - 1] bool: target is a completion token (not prompt, not padding)
+    completion_mask: (
+        Tensor  # [B, L - 1] bool: target is a completion token (not prompt, not padding)
+    )
     behaviour_logprobs: Tensor  # [B, L - 1] float32, 0 outside the completion
     versions: Tensor  # [B, L - 1] int64, -1 outside the completion
     advantages: Tensor  # [B] float32
@@ -122,13 +126,18 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
     return MicroBatch(input_ids, attention_mask, completion_mask, behaviour, versions, advantages)
 
 
-def plan_rank_micro_batches(samples: list[Sample], world_size: int, rank: int, token_budget: int) -> tuple[list[list[Sample]], int]:
+def plan_rank_micro_batches(
+    samples: list[Sample], world_size: int, rank: int, token_budget: int
+) -> tuple[list[list[Sample]], int]:
     """This rank's micro-batches and the count every rank must run.
 
     ZeRO-2 reduces gradients in every backward, so all ranks run the same number
     of micro-batches; a rank with fewer pads with fully masked copies (see ``masked_out``).
     """
-    per_rank = [pack_micro_batches(share, token_budget) for share in partition_across_ranks(samples, world_size)]
+    per_rank = [
+        pack_micro_batches(share, token_budget)
+        for share in partition_across_ranks(samples, world_size)
+    ]
     return per_rank[rank], max(len(b) for b in per_rank)
 
 

@@ -42,7 +42,9 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False)
+        deepspeed.init_distributed(
+            dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False
+        )
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
@@ -82,10 +84,14 @@ def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
     lc = cfg.learner
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay
+    )
     warmup = lc.warmup_steps
     # lr_k = lr * min(1, (k + 1) / warmup)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0
+    )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
@@ -96,8 +102,14 @@ def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
 
 
 def set_micro_batches(engine, count: int) -> None:
-    """Make the next ``count`` backward/step pairs one optimizer step."""
+    """Make the next ``count`` backward/step pairs one optimizer step (call ``mark_micro_batch`` before each)."""
     engine.set_train_batch_size(count * engine.dp_world_size)
+
+
+def mark_micro_batch(engine, index: int, count: int) -> None:
+    """Set the accumulation boundary explicitly: DeepSpeed derives it from a running micro-step
+    counter, which goes out of phase as soon as two steps have different micro-batch counts."""
+    engine.set_gradient_accumulation_boundary(index == count - 1)
 
 
 def token_logprobs(model, batch: MicroBatch, temperature: float) -> Tensor:
@@ -106,7 +118,9 @@ def token_logprobs(model, batch: MicroBatch, temperature: float) -> Tensor:
     Actors report log-probs after temperature, so the learner divides the logits the same way.
     """
     dev = next(model.parameters()).device
-    logits = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev)).logits
+    logits = model(
+        input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev)
+    ).logits
     logits = logits[:, :-1].float() / temperature
     targets = batch.input_ids[:, 1:].to(dev)
     # log pi(y_t) = logit_y - logsumexp(logits)

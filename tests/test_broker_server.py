@@ -77,7 +77,11 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", f"run.dir={tmp_path}", "run.name=cli"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline()

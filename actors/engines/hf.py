@@ -17,7 +17,6 @@ version of the weights whose logits it was sampled from.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -28,6 +27,7 @@ from transformers import DynamicCache
 from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
 from actors.engines.sampling import sample
+from weightsync.subscriber import apply_to_model
 
 
 class _Row:
@@ -67,20 +67,6 @@ class HFEngine(Engine):
             raise ValueError(
                 f"hf engine: sliding-window attention (window {window}) is not supported by the decode loop; use the vllm engine"
             )
-        self._params = dict(model.named_parameters(remove_duplicate=False))
-        self._params.update(dict(model.named_buffers()))
-
-    # -- weights -------------------------------------------------------------------------------
-
-    def load_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy named tensors into the model in place (names as in ``state_dict``)."""
-        unknown = [name for name in tensors if name not in self._params]
-        if unknown:
-            raise KeyError(f"weights for unknown parameters: {unknown[:5]}")
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                self._params[name].copy_(tensor, non_blocking=True)
-        self.version = version
 
     def maybe_swap_weights(self) -> bool:
         """Apply the newest staged weights, if any. Called between decode steps."""
@@ -89,10 +75,9 @@ class HFEngine(Engine):
         staged = self.weight_source.take_staged()
         if staged is None:
             return False
-        start = time.perf_counter()
         version, tensors = staged
-        self.load_weights(version, tensors)
-        metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
+        metrics.WEIGHT_SWAP_SECONDS.observe(apply_to_model(self.model, tensors))
+        self.version = version
         metrics.POLICY_VERSION.set(version)
         self.weight_source.applied(version)
         return True

@@ -1,0 +1,78 @@
+"""``python -m actors --config X [--count N] [--actor-id ID] [dotted.key=value ...]``
+
+Starts N actor processes (each its own OS process and actor id) that generate,
+score and publish until SIGTERM/SIGINT. With ``--count 1`` the actor runs in
+this process. Actors find Redis through the config (``broker.redis_url``,
+``REDIS_URL`` or the run directory of ``make run``) and may join or leave a
+running system at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import subprocess
+import sys
+import threading
+
+from configs import ConfigError, load_config
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m actors", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML preset (default: built-in defaults)")
+    parser.add_argument("--count", type=int, default=1, help="actor processes to start")
+    parser.add_argument("--actor-id", help="actor id (default host-pid; with --count N, ID-0 .. ID-N-1)")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
+    return parser.parse_args(argv)
+
+
+def _spawn_children(args: argparse.Namespace) -> int:
+    """Run ``--count`` single-actor children, forward SIGTERM/SIGINT to them, wait for all."""
+    children = []
+    for i in range(args.count):
+        cmd = [sys.executable, "-m", "actors", "--count", "1"]
+        if args.config:
+            cmd += ["--config", args.config]
+        if args.actor_id:
+            cmd += ["--actor-id", f"{args.actor_id}-{i}"]
+        overrides = list(args.overrides) + ([] if i == 0 else ["actor.metrics_port=0"])
+        children.append(subprocess.Popen(cmd + overrides))
+
+    def forward(signum, _frame) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes, key=abs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.count < 1:
+        print("--count must be >= 1", file=sys.stderr)
+        return 2
+    if args.count > 1:
+        return _spawn_children(args)
+
+    from actors.loop import default_actor_id, run_actor
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_actor(cfg, args.actor_id or default_actor_id(), stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

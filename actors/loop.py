@@ -1,0 +1,280 @@
+"""One actor process: admission -> prompt -> generate G completions -> score -> publish, until stopped.
+
+The story of an actor, top to bottom (``run_actor``): load config-driven parts
+(tokenizer, prompts, rewards, policy, engine, weight subscriber), connect to
+Redis, serve metrics, beat a heartbeat, then loop. Generation and reward
+scoring are blocking, so they run in a worker thread while the event loop keeps
+the heartbeat and the admission leases alive.
+
+Waiting (counted in ``streamrl_actor_admission_wait_seconds_total``): while
+admission control refuses a new group, and while the engine's weights are more
+than ``max_staleness`` versions behind the learner. With no learner the version
+stays 0 and the actor stops at the admission bound, which is the intended
+behaviour. SIGTERM aborts the groups in flight (their leases are released, not
+published) and deregisters; a SIGKILLed actor's leases and heartbeat expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from actors import metrics
+from actors.engines.base import Engine, Output, Request, SamplingParams
+from actors.prompts import Prompt, PromptDataset, PromptSource
+from actors.rewards import RewardPool, Score
+from broker.wire import Completion, RolloutGroup
+from configs.schema import Config
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+
+
+def default_actor_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def ensure_assets(cfg: Config) -> None:
+    """Build the demo policy / dataset when configured to and missing (atomic, safe to race)."""
+    from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+
+    if cfg.model.build_demo and not os.path.exists(cfg.model.path):
+        ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
+    if cfg.data.build_demo and not os.path.exists(cfg.data.path):
+        ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
+
+
+def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
+    if cfg.actor.engine == "vllm":
+        from actors.engines.vllm import VLLMEngine
+
+        return VLLMEngine.from_config(cfg, weight_source=weight_source, seed=seed)
+    from actors.engines.hf import HFEngine
+
+    return HFEngine(model, tokenizer, cfg.actor.batch_slots, weight_source=weight_source, seed=seed)
+
+
+def stop_token_ids(tokenizer, model_config) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    eos = getattr(model_config, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return sorted(i for i in ids if i is not None)
+
+
+@dataclass
+class _Pending:
+    """A group in flight: its lease, prompt and the completions once generated."""
+
+    lease_id: str
+    prompt: Prompt
+    outputs: list[Output] = field(default_factory=list)
+
+
+def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score]) -> RolloutGroup:
+    completions = [
+        Completion(o.token_ids, o.logprobs, o.versions, s.total, o.finish_reason, s.parts)
+        for o, s in zip(pending.outputs, scores)
+    ]
+    return RolloutGroup(
+        group_id=f"{actor_id}-{seq}-{uuid.uuid4().hex[:8]}",
+        prompt_id=pending.prompt.prompt_id,
+        actor_id=actor_id,
+        seq=seq,
+        prompt_token_ids=np.asarray(pending.prompt.token_ids, dtype=np.int32),
+        completions=completions,
+        created_at=time.time(),
+        meta={"epoch": pending.prompt.epoch, "row": pending.prompt.index},
+    )
+
+
+class Actor:
+    def __init__(self, cfg: Config, actor_id: str, stop: threading.Event) -> None:
+        self.cfg = cfg
+        self.actor_id = actor_id
+        self.stop = stop
+        self.seq = 0
+        self.leases: set[str] = set()
+        self.tokens_per_s = 0.0
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Everything that can fail on bad input, before touching Redis."""
+        from weightsync.policy import load_policy, load_tokenizer
+
+        cfg = self.cfg
+        torch.set_num_threads(cfg.run.torch_threads)
+        ensure_assets(cfg)
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
+        self.rewards = RewardPool(cfg.reward)
+        self.model = None if cfg.actor.engine == "vllm" else load_policy(cfg.model.path, cfg.model.dtype, cfg.actor.device)
+        config = self.model.config if self.model is not None else None
+        self.params = SamplingParams.from_config(cfg.rollout, stop_token_ids(self.tokenizer, config))
+
+    def connect(self) -> None:
+        import weightsync
+        from broker.admission import Admission
+        from broker.client import connect_async
+        from broker.keys import Keys
+        from broker.liveness import Heartbeats
+        from broker.stream import RolloutProducer
+
+        cfg = self.cfg
+        self.redis = connect_async(cfg)
+        self.keys = Keys.from_config(cfg)
+        self.admission = Admission(self.redis, cfg)
+        self.producer = RolloutProducer(self.redis, cfg)
+        self.heartbeats = Heartbeats(self.redis, cfg)
+        self.prompts = PromptSource(self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed)
+        self.subscriber = None
+        if cfg.weightsync.transport != "none" and self.model is not None:
+            self.subscriber = weightsync.make_subscriber(cfg, self.actor_id, dict(self.model.named_parameters())).start()
+        seed = cfg.run.seed * 1_000_003 + (hash(self.actor_id) & 0xFFFF)
+        self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
+        metrics.POLICY_VERSION.set(self.engine.version)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        beat = asyncio.create_task(self._heartbeat())
+        try:
+            while not self.stop.is_set():
+                batch = await self._admit()
+                if not batch:
+                    continue
+                await self._generate_score_publish(batch)
+        finally:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+            await self._shutdown()
+
+    async def _admit(self) -> list[_Pending]:
+        """Wait for fresh-enough weights and one admission lease, then take up to a full engine batch."""
+        started = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                learner_version = await self.admission.version()
+                self.engine_version_tick(learner_version)
+                if self.engine.version >= learner_version - self.cfg.algo.max_staleness:
+                    lease = await self.admission.try_start(self.actor_id)
+                    if lease is not None:
+                        break
+                await asyncio.sleep(POLL_S)
+            else:
+                return []
+        finally:
+            metrics.ADMISSION_WAIT_SECONDS.inc(time.monotonic() - started)
+        leases = [lease]
+        groups = max(1, self.cfg.actor.batch_slots // self.cfg.rollout.group_size)
+        while len(leases) < groups:
+            extra = await self.admission.try_start(self.actor_id)
+            if extra is None:
+                break
+            leases.append(extra)
+        self.leases.update(leases)
+        return [_Pending(lease_id, await self.prompts.next()) for lease_id in leases]
+
+    def engine_version_tick(self, learner_version: int) -> None:
+        """Outside generation the engine is idle: swap in staged weights here too."""
+        swap = getattr(self.engine, "maybe_swap_weights", None)
+        if swap is not None:
+            swap()
+        metrics.VERSION_LAG.set(max(0, learner_version - self.engine.version))
+
+    async def _generate_score_publish(self, batch: list[_Pending]) -> None:
+        group_size = self.cfg.rollout.group_size
+        requests = [
+            Request(f"{g}:{j}", pending.prompt.token_ids) for g, pending in enumerate(batch) for j in range(group_size)
+        ]
+        start = time.monotonic()
+        outputs = await asyncio.to_thread(self.engine.generate, requests, self.params, self.stop.is_set)
+        elapsed = time.monotonic() - start
+        metrics.GENERATE_SECONDS.inc(elapsed)
+        self.tokens_per_s = sum(len(o.token_ids) for o in outputs) / max(elapsed, 1e-9)
+        for g, pending in enumerate(batch):
+            pending.outputs = outputs[g * group_size : (g + 1) * group_size]
+        complete = [p for p in batch if all(o.finish_reason != "abort" for o in p.outputs)]
+        for pending in batch:
+            if pending not in complete:
+                await self._release(pending.lease_id)
+        if not complete:
+            return
+        samples = [
+            (p.prompt.messages + [self._assistant_turn(o)], p.prompt.answer) for p in complete for o in p.outputs
+        ]
+        scores = await asyncio.to_thread(self.rewards.score, samples)
+        for g, pending in enumerate(complete):
+            group_scores = scores[g * group_size : (g + 1) * group_size]
+            group = build_group(self.actor_id, self.seq, pending, group_scores)
+            await self.producer.publish(group, pending.lease_id)
+            self.leases.discard(pending.lease_id)
+            self.seq += 1
+            self._observe(group)
+
+    def _assistant_turn(self, output: Output) -> dict:
+        text = self.tokenizer.decode(output.token_ids.tolist(), skip_special_tokens=True)
+        return {"role": "assistant", "content": text, "finish_reason": output.finish_reason}
+
+    @staticmethod
+    def _observe(group: RolloutGroup) -> None:
+        metrics.GROUPS_PUBLISHED.inc()
+        parts: dict[str, list[float]] = {}
+        for c in group.completions:
+            metrics.COMPLETION_LENGTH.observe(len(c))
+            metrics.REWARD.observe(c.reward)
+            for name, value in c.reward_parts.items():
+                parts.setdefault(name, []).append(value)
+        for name, values in parts.items():
+            metrics.REWARD_PART.labels(part=name).set(float(np.mean(values)))
+
+    async def _release(self, lease_id: str) -> None:
+        await self.admission.release(lease_id)
+        self.leases.discard(lease_id)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                await self.heartbeats.beat(self.actor_id, self.engine.version, self.tokens_per_s)
+                for lease_id in list(self.leases):
+                    await self.admission.renew(lease_id)
+            except Exception as exc:  # a Redis hiccup must not kill the actor; the next beat retries
+                log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(self.cfg.actor.heartbeat_s)
+
+    async def _shutdown(self) -> None:
+        for lease_id in list(self.leases):
+            await self._release(lease_id)
+        await self.heartbeats.forget(self.actor_id)
+        if self.subscriber is not None:
+            self.subscriber.close()
+        self.engine.close()
+        self.rewards.close()
+        await self.redis.aclose()
+
+
+def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
+    """Load, connect, serve metrics, loop until ``stop`` is set, deregister."""
+    from broker.metrics import serve, unregister
+
+    actor = Actor(cfg, actor_id, stop)
+    actor.load()
+    actor.connect()
+    port = serve(cfg, "actor", actor_id, cfg.actor.metrics_port)
+    log.info("actor %s started (metrics port %d)", actor_id, port)
+    try:
+        asyncio.run(actor.run())
+    finally:
+        if port:
+            unregister(cfg, "actor", actor_id, port)
+        log.info("actor %s stopped after %d groups", actor_id, actor.seq)

@@ -1,0 +1,87 @@
+"""Actor heartbeats: a hash per actor with a TTL of three beats, and a zset of known actors.
+
+A killed actor's hash expires by itself; ``alive`` (async) and ``alive_actors``
+(sync, for tools) list actors whose hash still exists and prune the rest from the zset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import redis
+import redis.asyncio
+
+from broker.keys import Keys
+from configs.schema import Config
+
+
+class Heartbeats:
+    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
+        self.redis = redis_client
+        self.keys = Keys.from_config(cfg)
+        self.ttl_ms = max(1, int(3 * cfg.actor.heartbeat_s * 1000))
+
+    async def beat(
+        self, actor_id: str, version: int = 0, tokens_per_s: float = 0.0, **extra: str | int | float
+    ) -> None:
+        """Announce that ``actor_id`` lives; call every ``actor.heartbeat_s``."""
+        fields = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": version,
+            "tokens_per_s": tokens_per_s,
+            "time": time.time(),
+            **extra,
+        }
+        key = self.keys.actor(actor_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, mapping=fields)
+        pipe.pexpire(key, self.ttl_ms)
+        pipe.zadd(self.keys.actors, {actor_id: time.time()})
+        await pipe.execute()
+
+    async def alive(self) -> dict[str, dict[str, str]]:
+        """actor id -> its last heartbeat fields, for actors whose heartbeat has not expired."""
+        ids = [i.decode() for i in await self.redis.zrange(self.keys.actors, 0, -1)]
+        if not ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for actor_id in ids:
+            pipe.hgetall(self.keys.actor(actor_id))
+        out, dead = _split_alive(ids, await pipe.execute())
+        if dead:
+            await self.redis.zrem(self.keys.actors, *dead)
+        return out
+
+    async def forget(self, actor_id: str) -> None:
+        """Clean shutdown of an actor: remove it at once instead of waiting for the TTL."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.actor(actor_id))
+        pipe.zrem(self.keys.actors, actor_id)
+        await pipe.execute()
+
+
+def _split_alive(ids: list[str], hashes: list[dict]) -> tuple[dict[str, dict[str, str]], list[str]]:
+    out, dead = {}, []
+    for actor_id, fields in zip(ids, hashes, strict=True):
+        if fields:
+            out[actor_id] = {k.decode(): v.decode() for k, v in fields.items()}
+        else:
+            dead.append(actor_id)
+    return out, dead
+
+
+def alive_actors(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
+    """Sync: the live actors' last heartbeats, each with its ``id``, sorted by id."""
+    ids = [i.decode() for i in client.zrange(keys.actors, 0, -1)]
+    if not ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for actor_id in ids:
+        pipe.hgetall(keys.actor(actor_id))
+    out, dead = _split_alive(ids, pipe.execute())
+    if dead:
+        client.zrem(keys.actors, *dead)
+    return [{"id": actor_id, **fields} for actor_id, fields in sorted(out.items())]

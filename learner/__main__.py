@@ -1,0 +1,57 @@
+"""The learner process: ``python -m learner --config configs/demo_cpu.yaml [key=value ...]``.
+
+One rank with plain ``python``; several with ``torchrun --nproc_per_node N -m learner ...``
+(or the ``deepspeed`` launcher, hence ``--local_rank``). SIGTERM/SIGINT stop it
+after the current step with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+
+from configs.load import ConfigError, load_config  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m learner", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    torch.set_num_threads(cfg.run.torch_threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
+
+    stop = {"requested": False}
+
+    def request_stop(signum, _frame) -> None:
+        logging.info("signal %d: stopping after the current step", signum)
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    from learner.loop import Learner
+
+    learner = Learner(cfg, should_stop=lambda: stop["requested"])
+    progress = learner.run(echo=lambda line: print(line, flush=True))
+    logging.info("stopped at step %d, version %d", progress.step, progress.version)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

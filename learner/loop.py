@@ -1,0 +1,402 @@
+"""The learner loop: read a batch, train it on every rank, publish, commit.
+
+Rank 0 alone talks to Redis: it reads ``groups_per_step`` entries through the
+RolloutConsumer (which counts every entry it takes off the stream into
+``adm:consumed``), drops fully stale groups and zero-variance groups (counted),
+computes advantages, and broadcasts the batch to the other ranks
+(``broadcast_object_list`` over the gloo/NCCL group; the batch is small next to
+the model). All ranks train the same batch on balanced shares, so their
+weights stay identical. Rank 0 then publishes each new version, sets it in
+Redis, and commits the entries.
+
+Ack policy (``learner.ack_policy``):
+- ``checkpoint`` (default): entries are acked only after a checkpoint holds
+  the step that used them. The checkpoint also lists them, and a restarted
+  learner acks that list first (a crash between save and ack). A SIGKILLed
+  learner restarts from the checkpoint and re-reads exactly the entries of the
+  lost steps from its pending list, in the same order: nothing lost, nothing
+  trained twice, the same weights as an uninterrupted run.
+- ``step``: entries are acked as soon as their step is published. Less
+  redelivery after a crash, but the steps since the last checkpoint are lost
+  together with their data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from configs.schema import Config
+from learner import algorithm, checkpoint
+from learner import metrics as m
+from learner.batching import Sample, samples_from_group
+from learner.engine import build_engine, device, init_distributed
+from learner.step import UpdateStats, train_batch
+
+log = logging.getLogger(__name__)
+
+EXACT_TOLERANCE = 1e-6
+IDLE_BROADCAST_S = (
+    60.0  # other ranks wait in a collective; keep it far from the process-group timeout
+)
+
+
+@dataclass
+class Progress:
+    """What a checkpoint must restore besides weights and optimizer."""
+
+    step: int = 0
+    version: int = 0
+    samples: int = 0
+    tokens: int = 0
+    unacked: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (entry id, group id) trained, not acked
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> Progress:
+        if not state or "progress" not in state:
+            return cls()
+        p = dict(state["progress"])
+        p["unacked"] = [tuple(e) for e in p["unacked"]]
+        return cls(**p)
+
+
+@dataclass
+class Batch:
+    """One step's data as rank 0 prepared it (broadcast to every rank)."""
+
+    version: int
+    samples: list[Sample]
+    entries: list[tuple[str, str]]  # every entry taken off the stream for this step
+    log: dict
+
+
+def _exact(completion) -> bool:
+    if "exact" in completion.reward_parts:
+        return completion.reward_parts["exact"] >= 1.0 - EXACT_TOLERANCE
+    return completion.reward >= 1.0 - EXACT_TOLERANCE
+
+
+def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch:
+    """Drop fully stale and zero-variance groups (counted), attach group advantages."""
+    a = cfg.algo
+    samples: list[Sample] = []
+    rewards, exact, staleness = [], [], []
+    dropped_stale = zero_variance = 0
+    for d in deliveries:
+        g = d.group
+        group_staleness = [
+            algorithm.token_staleness(version, c.versions.astype(np.int64)) for c in g.completions
+        ]
+        if all(bool((s > a.max_staleness).all()) for s in group_staleness):
+            dropped_stale += 1
+            m.DROPPED_STALE_TOKENS.inc(sum(s.size for s in group_staleness))
+            continue
+        rewards += [c.reward for c in g.completions]
+        exact += [_exact(c) for c in g.completions]
+        advantages, zero_var = algorithm.group_advantages(
+            torch.tensor(g.rewards)[None], a.advantage, a.adv_eps, a.std_threshold
+        )
+        if a.skip_zero_variance and bool(zero_var[0]):
+            zero_variance += 1
+            continue
+        samples += samples_from_group(g, advantages[0].tolist())
+        for s in group_staleness:
+            staleness.append(s)
+            m.DROPPED_STALE_TOKENS.inc(int((s > a.max_staleness).sum()))
+    m.DROPPED_STALE_GROUPS.inc(dropped_stale)
+    m.ZERO_VARIANCE_GROUPS.inc(zero_variance)
+    all_staleness = np.concatenate(staleness) if staleness else np.zeros(0)
+    for value in all_staleness.tolist():
+        m.STALENESS.observe(value)
+    adv_abs = float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0
+    m.ADVANTAGE_ABS_MEAN.set(adv_abs)
+    for r in rewards:
+        m.REWARD.observe(r)
+    return Batch(
+        version=version,
+        samples=samples,
+        entries=[(d.entry_id, d.group.group_id) for d in deliveries],
+        log={
+            "groups": len(deliveries),
+            "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
+            "exact_match": float(np.mean(exact)) if exact else math.nan,
+            "staleness_mean": float(all_staleness.mean()) if all_staleness.size else 0.0,
+            "dropped_stale_groups": dropped_stale,
+            "zero_variance_groups": zero_variance,
+            "advantage_abs_mean": adv_abs,
+            "wait_s": wait_s,
+        },
+    )
+
+
+class RankZeroIO:
+    """Everything rank 0 does outside the math: stream, admission, weights, metrics, step log."""
+
+    def __init__(self, cfg: Config, vocab_size: int):
+        from broker import metrics as broker_metrics
+        from broker.admission import Admission
+        from broker.stream import Blocking, RolloutConsumer
+
+        self.cfg = cfg
+        self.consumer = Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "learner-0", vocab_size))
+        self.admission = Blocking(cfg, lambda r: Admission(r, cfg))
+        self.publisher = None
+        if cfg.weightsync.transport != "none":
+            from weightsync import make_publisher
+
+            self.publisher = make_publisher(cfg)
+        self.metrics_port = broker_metrics.serve(cfg, "learner", "0", cfg.learner.metrics_port)
+        run_dir = Path(cfg.run.dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.steps_log = open(run_dir / "learner_steps.jsonl", "a")  # noqa: SIM115 (closed in close())
+        self.buffer = []
+        self.wait_s = 0.0
+        self.last_progress = time.monotonic()
+
+    def resume(self, progress: Progress, model) -> None:
+        """Ack what the checkpoint covers (a crash may have hit between save and ack); re-announce the version."""
+        self.ack(progress)
+        self.admission.set_version(progress.version)
+        m.POLICY_VERSION.set(progress.version)
+        if progress.version > 0:
+            self.publish(progress.version, model)
+
+    def next_batch(self, version: int, should_stop: Callable[[], bool]) -> Batch | str:
+        """A full batch, or ``"stop"``, or ``"idle"`` (nothing yet; lets the other ranks leave their collective)."""
+        cfg = self.cfg
+        need = cfg.learner.groups_per_step
+        started = time.monotonic()
+        if should_stop():
+            return "stop"
+        while len(self.buffer) < need:
+            if should_stop():
+                return "stop"
+            t0 = time.monotonic()
+            got = self.consumer.read(need - len(self.buffer), cfg.broker.block_ms)
+            now = time.monotonic()
+            self.wait_s += now - t0
+            if got:
+                self.buffer += got
+                self.last_progress = now
+            elif (
+                cfg.learner.read_timeout_s and now - self.last_progress > cfg.learner.read_timeout_s
+            ):
+                log.warning(
+                    "no rollouts for %.0f s (learner.read_timeout_s): stopping",
+                    cfg.learner.read_timeout_s,
+                )
+                return "stop"
+            if now - started > IDLE_BROADCAST_S and len(self.buffer) < need:
+                return "idle"
+        deliveries, self.buffer = self.buffer[:need], self.buffer[need:]
+        batch = prepare_batch(deliveries, version, cfg, self.wait_s)
+        m.STEP_PHASE.labels("wait").observe(self.wait_s)
+        self.wait_s = 0.0
+        return batch
+
+    def publish(self, version: int, model) -> None:
+        t0 = time.perf_counter()
+        if self.publisher is not None:
+            self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
+        self.admission.set_version(version)
+        m.POLICY_VERSION.set(version)
+        m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
+
+    def ack(self, progress: Progress) -> None:
+        if progress.unacked:
+            self.consumer.ack([e for e, _ in progress.unacked], [g for _, g in progress.unacked])
+            progress.unacked = []
+
+    def record(
+        self, progress: Progress, batch: Batch, updates: list[UpdateStats], step_s: float
+    ) -> dict:
+        last = updates[-1] if updates else None
+        row = {
+            "step": progress.step,
+            "version": progress.version,
+            **batch.log,
+            "samples": len(batch.samples),
+            "tokens": sum(u.tokens for u in updates[:1]),
+            "loss": last.loss if last else math.nan,
+            "clip_fraction": last.clip_fraction if last else math.nan,
+            "is_weight_mean": last.is_weight_mean if last else math.nan,
+            "is_truncated_fraction": last.is_truncated_fraction if last else math.nan,
+            "kl": last.kl if last else math.nan,
+            "grad_norm": last.grad_norm if last else math.nan,
+            "step_s": step_s,
+            "time": time.time(),
+        }
+        self.steps_log.write(json.dumps(row) + "\n")
+        self.steps_log.flush()
+        if last:
+            m.LOSS.set(last.loss)
+            m.CLIP_FRACTION.set(last.clip_fraction)
+            m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
+            m.IS_TRUNCATED.set(last.is_truncated_fraction)
+            m.KL.set(last.kl)
+            m.GRAD_NORM.set(last.grad_norm)
+            for u in updates:
+                m.STEP_PHASE.labels("forward_backward").observe(u.forward_backward_s)
+                m.STEP_PHASE.labels("optimizer").observe(u.optimizer_s)
+        return row
+
+    def close(self) -> None:
+        from broker import metrics as broker_metrics
+
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.metrics_port:
+            broker_metrics.unregister(self.cfg, "learner", "0", self.metrics_port)
+        self.steps_log.close()
+        self.consumer.close()
+        self.admission.close()
+
+
+def _broadcast(obj, rank: int, world: int):
+    if world == 1:
+        return obj
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _format(row: dict) -> str:
+    return (
+        f"step {row['step']:5d} v{row['version']:<5d} reward {row['reward_mean']:.3f} exact {row['exact_match']:.3f} "
+        f"loss {row['loss']:+.4f} tokens {row['tokens']:6d} stale {row['staleness_mean']:.2f} "
+        f"wait {row['wait_s']:.2f}s step {row['step_s']:.2f}s"
+    )
+
+
+class Learner:
+    """The learner of one rank: engine, resumed progress, and (rank 0) the Redis side.
+
+    ``python -m learner`` calls ``run``; tests drive ``train_next`` step by step.
+    """
+
+    def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):
+        from weightsync.policy import load_policy
+
+        self.cfg = cfg
+        self.started = time.monotonic()
+        self.should_stop = should_stop
+        self.rank, self.world = init_distributed()
+        model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
+        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.engine = build_engine(cfg, model, self.world)
+        self.ref_model = (
+            load_policy(cfg.model.path, cfg.model.dtype, str(device()))
+            if cfg.algo.kl_coef > 0
+            else None
+        )
+        self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
+        self.progress = Progress.from_state(checkpoint.load(self.engine, self.ckpt_root, self.rank))
+        self.last_ckpt_step = self.progress.step
+        self.io = RankZeroIO(cfg, model.config.vocab_size) if self.rank == 0 else None
+        if self.io is not None:
+            self.io.resume(self.progress, self.engine.module)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def stop_requested(self) -> bool:
+        cfg = self.cfg
+        done = bool(cfg.run.max_steps) and self.progress.step >= cfg.run.max_steps
+        late = bool(cfg.run.max_time_s) and time.monotonic() - self.started > cfg.run.max_time_s
+        return done or late or self.should_stop()
+
+    def train_next(self) -> dict | None:
+        """Take the next batch and train it. Returns rank 0's step record ({} elsewhere, or when every
+        group of the batch was dropped), or None when it is time to stop."""
+        while True:
+            batch = (
+                self.io.next_batch(self.progress.version, self.stop_requested) if self.io else None
+            )
+            batch = _broadcast(batch, self.rank, self.world)
+            if batch == "stop":
+                return None
+            if batch != "idle":
+                return self._train(batch)
+
+    def _train(self, batch: Batch) -> dict:
+        cfg, progress, io = self.cfg, self.progress, self.io
+        t0 = time.perf_counter()
+        updates = []
+        if batch.samples:
+
+            def after_update(_stats: UpdateStats) -> None:
+                progress.version += 1
+                if io is not None:
+                    io.publish(progress.version, self.engine.module)
+
+            updates = train_batch(
+                self.engine,
+                batch.samples,
+                batch.version,
+                cfg,
+                self.rank,
+                self.world,
+                self.pad_id,
+                self.ref_model,
+                after_update,
+            )
+            progress.step += 1
+            progress.samples += len(batch.samples)
+            progress.tokens += updates[0].tokens
+        progress.unacked += batch.entries
+        if cfg.learner.ack_policy == "step":
+            if io is not None:
+                io.ack(progress)
+            progress.unacked = []
+        row: dict = {}
+        if io is not None and updates:
+            m.STEPS.inc()
+            m.SAMPLES.inc(len(batch.samples))
+            m.TOKENS.inc(updates[0].tokens)
+            row = io.record(progress, batch, updates, time.perf_counter() - t0)
+        if updates and progress.step % cfg.learner.checkpoint_every == 0:
+            self.save_checkpoint()
+        return row
+
+    def save_checkpoint(self) -> None:
+        """Collective. With ``ack_policy: checkpoint`` the entries it covers are acked right after."""
+        t0 = time.perf_counter()
+        state = {"progress": asdict(self.progress)}
+        checkpoint.save(self.engine, self.ckpt_root, self.progress.step, state, self.rank)
+        self.last_ckpt_step = self.progress.step
+        if self.io is not None:
+            m.STEP_PHASE.labels("checkpoint").observe(time.perf_counter() - t0)
+            if self.cfg.learner.ack_policy == "checkpoint":
+                self.io.ack(self.progress)
+        self.progress.unacked = []
+
+    def close(self) -> None:
+        """Checkpoint what is not yet saved, then release Redis, weights and metrics."""
+        try:
+            if self.progress.step > self.last_ckpt_step or self.progress.unacked:
+                self.save_checkpoint()
+        finally:
+            if self.io is not None:
+                self.io.close()
+
+    def run(self, echo: Callable[[str], None] = print) -> Progress:
+        """Train until run.max_steps / run.max_time_s / ``should_stop()`` / the read timeout."""
+        try:
+            while (row := self.train_next()) is not None:
+                if row:
+                    echo(_format(row))
+        finally:
+            self.close()
+        return self.progress

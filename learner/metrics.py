@@ -1,0 +1,62 @@
+"""Learner Prometheus metrics (names in docs/architecture.md), defined once; rank 0 serves them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+STEPS = Counter("streamrl_learner_steps_total", "Learner steps (consumed batches that trained).")
+POLICY_VERSION = Gauge(
+    "streamrl_learner_policy_version", "Policy version after the last optimizer step."
+)
+SAMPLES = Counter("streamrl_learner_samples_trained_total", "Completions trained on.")
+TOKENS = Counter(
+    "streamrl_learner_tokens_trained_total",
+    "Completion tokens trained on (not stale, not padding).",
+)
+STEP_PHASE = Histogram(
+    "streamrl_learner_step_phase_seconds",
+    "Time of each phase of a learner step.",
+    ["phase"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+REWARD = Histogram(
+    "streamrl_learner_reward",
+    "Rewards of the completions trained on.",
+    buckets=(-1, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2),
+)
+LOSS = Gauge("streamrl_learner_loss", "Policy loss of the last optimizer step.")
+CLIP_FRACTION = Gauge(
+    "streamrl_learner_clip_fraction", "Fraction of tokens whose clipped objective was active."
+)
+IS_WEIGHT_MEAN = Gauge(
+    "streamrl_learner_is_weight_mean",
+    "Mean truncated importance weight min(exp(pi_prox - mu), rho).",
+)
+IS_TRUNCATED = Gauge(
+    "streamrl_learner_is_truncated_fraction", "Fraction of tokens whose importance weight hit rho."
+)
+STALENESS = Histogram(
+    "streamrl_learner_staleness_versions",
+    "Per-token staleness (learner version - sampling version) of consumed tokens.",
+    buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32),
+)
+DROPPED_STALE_TOKENS = Counter(
+    "streamrl_learner_dropped_stale_tokens_total",
+    "Tokens masked for being older than max_staleness.",
+)
+DROPPED_STALE_GROUPS = Counter(
+    "streamrl_learner_dropped_stale_groups_total", "Groups dropped because every token was stale."
+)
+ZERO_VARIANCE_GROUPS = Counter(
+    "streamrl_learner_zero_variance_groups_total", "Groups skipped because all rewards were equal."
+)
+KL = Gauge(
+    "streamrl_learner_kl",
+    "Mean k3 KL to the reference (or to the behaviour policy when there is none).",
+)
+GRAD_NORM = Gauge(
+    "streamrl_learner_grad_norm", "Gradient norm before clipping, last optimizer step."
+)
+ADVANTAGE_ABS_MEAN = Gauge(
+    "streamrl_learner_advantage_abs_mean", "Mean |advantage| of the last batch."
+)

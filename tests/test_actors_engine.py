@@ -1,0 +1,153 @@
+"""The hf engine: behaviour log-probs, per-token versions across a weight swap, continuous refill, stops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actors.engines.base import Request, SamplingParams
+from actors.engines.hf import HFEngine
+from actors.engines.sampling import processed_logprobs
+from weightsync.policy import load_policy, load_tokenizer
+
+PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "abcdefgh>", "70>"]
+
+
+@pytest.fixture(scope="module")
+def policy(demo_policy):
+    return load_policy(demo_policy), load_tokenizer(demo_policy)
+
+
+def _requests(tokenizer, n: int) -> list[Request]:
+    return [Request(str(i), tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"]) for i in range(n)]
+
+
+def _recomputed_logprobs(model, request: Request, output, params: SamplingParams) -> torch.Tensor:
+    """The sampled tokens' log-probs from one plain forward pass over prompt + completion."""
+    ids = torch.tensor([request.prompt_token_ids + output.token_ids.tolist()])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]
+    start = len(request.prompt_token_ids) - 1
+    logprobs = processed_logprobs(logits[start:-1], params.temperature, params.top_k, params.top_p)
+    return logprobs.gather(-1, torch.as_tensor(output.token_ids, dtype=torch.long)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {},
+        {"top_k": 5},
+        {"top_p": 0.8, "temperature": 0.7},
+        {"top_k": 10, "top_p": 0.9, "temperature": 1.3},
+    ],
+    ids=["plain", "top_k", "top_p", "top_k_top_p_temperature"],
+)
+def test_behaviour_logprobs_match_a_plain_forward_pass(policy, sampling):
+    model, tokenizer = policy
+    params = SamplingParams(max_new_tokens=12, stop_token_ids=(tokenizer.eos_token_id,), **sampling)
+    requests = _requests(tokenizer, 9)
+    outputs = HFEngine(model, tokenizer, batch_slots=4, seed=1).generate(requests, params)
+    assert [o.request_id for o in outputs] == [r.request_id for r in requests]
+    for request, output in zip(requests, outputs):
+        assert len(output.token_ids) >= 1
+        expected = _recomputed_logprobs(model, request, output, params)
+        torch.testing.assert_close(torch.from_numpy(output.logprobs), expected, atol=2e-5, rtol=0)
+        assert torch.isfinite(expected).all()  # no sampled token was outside the top-k/top-p set
+
+
+def test_more_requests_than_slots_are_all_completed_by_refilling_slots(policy):
+    model, tokenizer = policy
+    batch_sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        params = SamplingParams(max_new_tokens=10, stop_token_ids=(tokenizer.eos_token_id,))
+        requests = _requests(tokenizer, 17)
+        outputs = HFEngine(model, tokenizer, batch_slots=3, seed=2).generate(requests, params)
+    finally:
+        hook.remove()
+    assert max(batch_sizes) <= 3
+    assert len(outputs) == 17
+    for request, output in zip(requests, outputs):
+        assert output.finish_reason in ("stop", "length")
+        if output.finish_reason == "stop":
+            assert output.token_ids[-1] == tokenizer.eos_token_id
+        else:
+            assert len(output.token_ids) == 10
+        expected = _recomputed_logprobs(model, request, output, params)
+        torch.testing.assert_close(torch.from_numpy(output.logprobs), expected, atol=2e-5, rtol=0)
+
+
+class _SwapAfter:
+    """Stages version 1 (perturbed weights) on the ``swap_at``-th poll, as a subscriber would."""
+
+    def __init__(self, model, swap_at: int) -> None:
+        self.swap_at = swap_at
+        self.polls = 0
+        self.applied_versions = []
+        generator = torch.Generator().manual_seed(0)
+        self.tensors = {
+            name: p.detach() + 0.05 * torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()
+        }
+
+    def take_staged(self):
+        self.polls += 1
+        return (1, self.tensors) if self.polls == self.swap_at else None
+
+    def applied(self, version: int) -> None:
+        self.applied_versions.append(version)
+
+
+def test_weight_swap_mid_generation_changes_token_versions_exactly_at_the_swap(demo_policy):
+    model, tokenizer = load_policy(demo_policy), load_tokenizer(demo_policy)
+    source = _SwapAfter(model, swap_at=5)
+    engine = HFEngine(model, tokenizer, batch_slots=8, weight_source=source, seed=3)
+    params = SamplingParams(max_new_tokens=12)  # no stop token: every completion runs all 12 steps
+    outputs = engine.generate(_requests(tokenizer, 6), params)
+    # poll 1 precedes the prefill (token 0) and the first decode (token 1); poll k precedes the
+    # decode of token k, so tokens 0..4 come from version 0 and tokens 5..11 from version 1
+    for output in outputs:
+        assert output.versions.tolist() == [0] * 5 + [1] * 7
+    assert engine.version == 1 and source.applied_versions == [1]
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.detach(), source.tensors[name])
+
+
+def test_stop_strings_end_a_completion_right_after_the_string(policy):
+    model, tokenizer = policy
+    stops = tuple("0123456789")
+    params = SamplingParams(max_new_tokens=16, stop=stops)
+    outputs = HFEngine(model, tokenizer, batch_slots=8, seed=4).generate(_requests(tokenizer, 8), params)
+    stopped = [o for o in outputs if o.finish_reason == "stop"]
+    assert stopped, "the warmed demo policy writes digits; some completion must hit a digit"
+    for output in outputs:
+        text = tokenizer.decode(output.token_ids.tolist())
+        if output.finish_reason == "stop":
+            assert text[-1] in stops and not any(s in text[:-1] for s in stops)
+        else:
+            assert not any(s in text for s in stops) and len(output.token_ids) == 16
+
+
+def test_abort_ends_unfinished_requests_with_finish_reason_abort(policy):
+    model, tokenizer = policy
+    calls = []
+
+    def abort_after_three_steps() -> bool:
+        calls.append(1)
+        return len(calls) > 3
+
+    params = SamplingParams(max_new_tokens=30)
+    outputs = HFEngine(model, tokenizer, batch_slots=2, seed=5).generate(
+        _requests(tokenizer, 5), params, abort_after_three_steps
+    )
+    assert [o.finish_reason for o in outputs] == ["abort"] * 5
+    # three iterations ran: the first samples two tokens (prefill + decode), the others one each
+    assert [len(o.token_ids) for o in outputs] == [4, 4, 0, 0, 0]
+
+
+def test_a_prompt_that_fills_the_context_is_a_clear_error(policy):
+    model, tokenizer = policy
+    too_long = Request("long", [5] * model.config.max_position_embeddings)
+    with pytest.raises(ValueError, match="leaves no room"):
+        HFEngine(model, tokenizer).generate([too_long], SamplingParams())

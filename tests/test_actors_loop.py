@@ -1,0 +1,178 @@
+"""Actor processes end to end against a real Redis and the real shm weight publisher.
+
+One scenario (module fixture), several properties: two actors fill the
+admission bound with no learner running; then a "learner" step is simulated
+with the real pieces (weights published over shm, version bumped, entries
+counted as consumed) and a third actor joins; then every actor gets SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from broker.keys import Keys
+from broker.wire import decode_group
+from configs import Config
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASET_ROWS = 5
+FIRST_BOUND = 12  # groups_per_step with max_staleness 0: the admission bound before any "learner" step
+SECOND_BOUND = FIRST_BOUND + 6
+
+
+def _start_actor(actor_id: str, overrides: list[str], log_dir: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", OMP_NUM_THREADS="1")
+    log = open(log_dir / f"{actor_id}.log", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "actors", "--actor-id", actor_id, *overrides],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _wait_for(predicate, timeout_s: float, what: str, procs=()) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        for proc in procs:
+            assert proc.poll() is None, f"an actor exited early with {proc.returncode} while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _groups(client: redis.Redis, keys: Keys):
+    return [decode_group(fields[b"g"]) for _, fields in client.xrange(keys.stream)]
+
+
+def _scrape(host_port: str) -> str:
+    with urllib.request.urlopen(f"http://{host_port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+@pytest.fixture(scope="module")
+def scenario(redis_server, demo_policy, tmp_path_factory):
+    from broker.admission import Admission
+    from broker.stream import Blocking
+    from weightsync import make_publisher
+    from weightsync.policy import load_policy
+
+    tmp = tmp_path_factory.mktemp("actors-loop")
+    data = tmp / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{n:03d}>", "answer": f"{n:03d}"[::-1]}) + "\n" for n in range(100, 100 + DATASET_ROWS)))
+    run_name = f"actors-{uuid.uuid4().hex[:8]}"
+    overrides = [
+        f"run.name={run_name}",
+        f"run.dir={tmp / 'run'}",
+        f"broker.redis_url={redis_server.url}",
+        f"model.path={demo_policy}",
+        f"data.path={data}",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "actor.batch_slots=4",
+        "actor.heartbeat_s=0.5",
+        f"learner.groups_per_step={FIRST_BOUND}",
+        "algo.max_staleness=0",
+        "weightsync.transport=shm",
+        "reward.functions=[{fn: reverse_digits}, {fn: 'reward_plugins:raises'}]",
+    ]
+    cfg = Config.model_validate({"run": {"name": run_name}, "broker": {"redis_url": redis_server.url}, "weightsync": {"transport": "shm"}, "learner": {"groups_per_step": FIRST_BOUND}, "algo": {"max_staleness": 0}})
+    keys = Keys.from_config(cfg)
+    client = redis.Redis.from_url(redis_server.url)
+    procs = {}
+    out = {"keys": keys, "client": client}
+    publisher = None
+    try:
+        for actor_id in ("a", "b"):
+            procs[actor_id] = _start_actor(actor_id, overrides, tmp)
+        accepted = lambda: int(client.get(keys.accepted) or 0)  # noqa: E731
+        _wait_for(lambda: accepted() >= FIRST_BOUND, 90, "two actors to fill the admission bound", procs.values())
+        time.sleep(1.0)  # nobody may pass the bound while no learner consumes
+        out["first"] = _groups(client, keys)
+        targets = {k.decode(): v.decode() for k, v in client.hgetall(keys.metrics_targets).items()}
+        out["metrics_a"] = _scrape(targets["actor:a"])
+
+        # one "learner step": new weights over shm, version 1, six entries consumed
+        model = load_policy(demo_policy)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=generator))
+        publisher = make_publisher(cfg)
+        publisher.publish(1, dict(model.named_parameters()))
+        with Blocking(cfg, lambda r: Admission(r, cfg)) as admission:
+            admission.set_version(1)
+            admission.add_consumed(SECOND_BOUND - FIRST_BOUND)
+        procs["c"] = _start_actor("c", overrides, tmp)
+        _wait_for(lambda: accepted() >= SECOND_BOUND, 90, "the bound after one learner step", procs.values())
+        _wait_for(lambda: any(g.actor_id == "c" for g in _groups(client, keys)) or accepted() > SECOND_BOUND, 30, "c")
+        out["all"] = _groups(client, keys)
+        out["alive_before_stop"] = {m.decode() for m in client.zrange(keys.actors, 0, -1)}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        out["exit_codes"] = {name: proc.wait(timeout=30) for name, proc in procs.items()}
+        if publisher is not None:
+            publisher.close()
+    out["alive_after_stop"] = client.zrange(keys.actors, 0, -1)
+    out["leases_after_stop"] = client.zcard(keys.leases)
+    out["targets_after_stop"] = client.hgetall(keys.metrics_targets)
+    yield out
+    client.close()
+
+
+def test_two_actor_processes_never_take_the_same_prompt_in_an_epoch(scenario):
+    groups = scenario["first"]
+    assert len(groups) == FIRST_BOUND  # the admission bound holds with no learner
+    assert {g.actor_id for g in groups} == {"a", "b"}
+    by_epoch: dict[int, list[int]] = {}
+    for g in groups:
+        by_epoch.setdefault(int(g.meta["epoch"]), []).append(int(g.meta["row"]))
+    assert sorted(by_epoch) == [0, 1, 2]
+    for rows in by_epoch.values():
+        assert len(rows) == len(set(rows))
+    assert sorted(by_epoch[0]) == sorted(by_epoch[1]) == list(range(DATASET_ROWS))
+    for g in groups:
+        assert len(g.completions) == 2 and all((c.versions == 0).all() for c in g.completions)
+
+
+def test_an_actor_added_mid_run_gets_prompts_and_the_published_weights(scenario):
+    later = scenario["all"][FIRST_BOUND:]
+    assert {g.actor_id for g in later} >= {"c"}
+    for g in later:  # max_staleness 0 and learner version 1: only version-1 weights may generate
+        assert all((c.versions == 1).all() for c in g.completions), (g.actor_id, [c.versions for c in g.completions])
+    cursor_rows = [(int(g.meta["epoch"]), int(g.meta["row"])) for g in scenario["all"]]
+    assert len(cursor_rows) == len(set(cursor_rows))
+    assert scenario["alive_before_stop"] == {"a", "b", "c"}
+
+
+def test_a_raising_reward_plugin_scores_zero_but_actors_keep_publishing(scenario):
+    for g in scenario["all"]:
+        for c in g.completions:
+            assert "reward_plugins:raises" not in c.reward_parts
+            assert c.reward == pytest.approx(sum(v for k, v in c.reward_parts.items() if k.startswith("reverse_digits/")))
+    metrics = scenario["metrics_a"]
+    assert 'streamrl_actor_reward_failures_total{kind="exception"}' in metrics
+    assert "streamrl_actor_groups_published_total" in metrics
+
+
+def test_sigterm_stops_actors_cleanly_and_deregisters_them(scenario):
+    assert scenario["exit_codes"] == {"a": 0, "b": 0, "c": 0}
+    assert scenario["alive_after_stop"] == []
+    assert scenario["leases_after_stop"] == 0
+    assert scenario["targets_after_stop"] == {}

@@ -1,0 +1,99 @@
+"""Rewards: built-ins, plug-ins, weighting, and containment of rewards that misbehave."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from actors import metrics
+from actors.rewards import RewardPool, resolve, score_sample
+from configs.schema import RewardConfig, RewardSpec
+
+
+def turn(text: str, finish: str = "stop") -> list[dict]:
+    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": text, "finish_reason": finish}]
+
+
+def call(name: str, text: str, answer, **kwargs):
+    return resolve(name)(turn(text), answer, **kwargs)
+
+
+def test_reverse_digits_gives_one_only_for_the_exact_answer_then_stop():
+    assert sum(call("reverse_digits", "413", "413").values()) == pytest.approx(1.0)
+    assert sum(resolve("reverse_digits")(turn("413", "length"), "413").values()) == pytest.approx(0.9)
+    assert sum(call("reverse_digits", "41", "413").values()) == pytest.approx(0.6)
+
+
+def test_exact_match_think_format_and_math_builtins():
+    assert call("exact_match", " 42\n", "42") == 1.0 and call("exact_match", "43", "42") == 0.0
+    assert call("think_format", "<think>reason</think> 42", None) == 1.0
+    assert call("think_format", "42 <think>x</think>", None) == 0.0
+    assert call("think_format", "<think></think>42", None) == 0.0
+    assert call("math", "so the answer is $\\frac{1}{2}$", "0.5") == 1.0
+    assert call("math", "the answer is $\\boxed{3}$", "4") == 0.0
+
+
+def test_code_reward_runs_the_completion_against_tests_in_the_sandbox():
+    solution = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
+    assert call("code", solution, "assert add(2, 3) == 5") == 1.0
+    assert call("code", solution, "assert add(2, 3) == 6") == 0.0
+    echo = "```python\nprint(int(input()) * 2)\n```"
+    cases = [{"input": "2", "output": "4"}, {"input": "5", "output": "10"}, {"input": "1", "output": "3"}]
+    assert call("code", echo, cases) == pytest.approx(2 / 3)
+    assert call("code", "```python\nwhile True: pass\n```", "pass", timeout_s=1.0) == 0.0
+
+
+def test_weighted_total_and_named_parts_from_builtins_and_plugins():
+    specs = [{"fn": "reverse_digits", "weight": 1.0}, {"fn": "reward_plugins:length_parts", "weight": 0.5}]
+    score = score_sample(specs, [resolve(s["fn"]) for s in specs], turn("413"), "413")
+    assert score.parts == pytest.approx(
+        {
+            "reverse_digits/position": 0.9,
+            "reverse_digits/stop": 0.1,
+            "reward_plugins:length_parts/chars": 0.3,
+            "reward_plugins:length_parts/bonus": 0.5,
+        }
+    )
+    assert score.total == pytest.approx(1.0 + 0.5 * 0.8) and not score.failures
+
+
+def test_unknown_rewards_fail_before_anything_starts():
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        RewardPool(RewardConfig(functions=[RewardSpec(fn="nope")]))
+    with pytest.raises(ValueError, match="cannot import"):
+        RewardPool(RewardConfig(functions=[RewardSpec(fn="no_such_module_xyz:fn")]))
+    with pytest.raises(ValueError, match="no callable"):
+        RewardPool(RewardConfig(functions=[RewardSpec(fn="reward_plugins:missing")]))
+
+
+def _failures(kind: str) -> float:
+    return metrics.REWARD_FAILURES.labels(kind=kind)._value.get()
+
+
+@pytest.mark.parametrize(
+    ("plugin", "kind", "healthy_part_kept"),
+    [
+        ("raises", "exception", True),
+        ("returns_nan", "invalid", True),
+        ("returns_garbage", "invalid", True),
+        ("hogs_memory", "memory", True),
+        ("hangs", "timeout", False),
+    ],
+)
+def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(plugin, kind, healthy_part_kept):
+    cfg = RewardConfig(
+        functions=[RewardSpec(fn="reverse_digits"), RewardSpec(fn=f"reward_plugins:{plugin}")],
+        timeout_s=1.0,
+        worker_memory_mb=256,
+    )
+    before = _failures(kind)
+    with RewardPool(cfg) as pool:
+        scores = pool.score([(turn("413"), "413"), (turn("413"), "413")])
+        assert _failures(kind) == before + 2
+        for score in scores:
+            assert score.failures == [kind] and math.isfinite(score.total)
+            assert score.total == pytest.approx(1.0 if healthy_part_kept else 0.0)
+        # the pool keeps working: a hung or crashed worker was replaced, the next call scores again
+        again = pool.score([(turn("413"), "413")])[0]
+        assert again.failures == [kind] and again.total == scores[0].total

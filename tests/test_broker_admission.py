@@ -1,0 +1,168 @@
+"""Admission control: the staleness bound on produced-but-unconsumed work is never exceeded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from broker_helpers import VOCAB, make_group
+
+from broker.admission import Admission
+from broker.client import connect_async
+from broker.stream import RolloutConsumer, RolloutProducer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _small(cfg, staleness: int = 1, groups_per_step: int = 3, ttl_s: float = 120.0):
+    cfg.algo.max_staleness = staleness
+    cfg.learner.groups_per_step = groups_per_step
+    cfg.broker.lease_ttl_s = ttl_s
+    return cfg
+
+
+def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
+    cfg = _small(redis_cfg)  # capacity (1 + 1) * 3 = 6
+
+    async def main():
+        r = connect_async(cfg)
+        adm = Admission(r, cfg)
+        leases = [await adm.try_start("a0") for _ in range(8)]
+        assert sum(lease is not None for lease in leases) == 6 and leases[6:] == [None, None]
+        assert await adm.counts() == {"accepted": 0, "consumed": 0, "leases": 6, "capacity": 6}
+        await adm.release(leases[0])  # an abandoned group frees its slot
+        assert await adm.try_start("a0") is not None
+        assert await adm.try_start("a0") is None
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_publish_with_lease_counts_the_group_once_and_consumption_reopens_slots(redis_cfg):
+    cfg = _small(redis_cfg, staleness=0, groups_per_step=2)
+
+    async def main():
+        r = connect_async(cfg)
+        adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
+        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        for i in range(2):
+            await producer.publish(make_group(f"g{i}"), await adm.try_start("a0"))
+        assert await adm.counts() == {"accepted": 2, "consumed": 0, "leases": 0, "capacity": 2}
+        assert await adm.try_start("a0") is None
+        got = await consumer.read(1, block_ms=100)  # taking an entry off the stream frees one slot
+        assert len(got) == 1
+        assert await adm.try_start("a0") is not None
+        assert await adm.try_start("a0") is None
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
+    cfg = _small(redis_cfg, staleness=0, groups_per_step=2, ttl_s=0.2)
+
+    async def main():
+        r = connect_async(cfg)
+        adm = Admission(r, cfg)
+        killed, live = await adm.try_start("killed"), await adm.try_start("live")
+        assert killed and live and await adm.try_start("a1") is None
+        await asyncio.sleep(0.12)
+        assert await adm.renew(live)  # a live actor keeps its long group's lease
+        await asyncio.sleep(0.12)
+        assert await adm.try_start("a1") is not None  # the killed actor's lease expired
+        assert await adm.try_start("a1") is None  # the renewed lease still holds its slot
+        assert not await adm.renew(killed)
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_version_is_shared_through_redis(redis_cfg):
+    async def main():
+        r = connect_async(redis_cfg)
+        adm = Admission(r, redis_cfg)
+        assert await adm.version() == 0
+        await adm.set_version(7)
+        assert await Admission(r, redis_cfg).version() == 7
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+HAMMER = """
+import asyncio, os, sys, time
+sys.path.insert(0, "tests")
+from broker_helpers import make_group
+from broker.admission import Admission
+from broker.client import connect_async
+from broker.stream import RolloutProducer
+from configs import Config
+
+cfg = Config.model_validate_json(os.environ["CFG"])
+
+async def worker(adm, producer, name, stop_at):
+    n = 0
+    while time.monotonic() < stop_at:
+        lease = await adm.try_start(name)
+        if lease is None:
+            await asyncio.sleep(0.002)
+            continue
+        n += 1
+        if n % 5 == 0:
+            await adm.release(lease)  # a group given up
+        else:
+            await producer.publish(make_group(f"{name}-{n}"), lease)
+
+async def main():
+    r = connect_async(cfg)
+    adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
+    stop_at = time.monotonic() + float(sys.argv[2])
+    await asyncio.gather(*(worker(adm, producer, f"{sys.argv[1]}.{t}", stop_at) for t in range(4)))
+    await r.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(redis_cfg):
+    cfg = _small(redis_cfg, staleness=1, groups_per_step=4)  # capacity 8
+    env = {**os.environ, "CFG": cfg.model_dump_json(), "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", HAMMER, f"p{i}", "1.5"], cwd=ROOT, env=env)
+        for i in range(3)
+    ]
+
+    async def watch():
+        r = connect_async(cfg)
+        adm = Admission(r, cfg)
+        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        samples, trained = [], 0
+        deadline = time.monotonic() + 30
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            c = await adm.counts()
+            samples.append(c)
+            assert c["accepted"] + c["leases"] <= c["consumed"] + c["capacity"], c
+            if len(samples) % 10 == 0:  # a slow learner: one group now and then
+                got = await consumer.read(1, block_ms=10)
+                await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+                trained += len(got)
+            await asyncio.sleep(0.005)
+        stream_len = await r.xlen(consumer.keys.stream)
+        await r.aclose()
+        return samples, trained, stream_len
+
+    samples, trained, stream_len = asyncio.run(watch())
+    for p in procs:
+        assert p.wait(10) == 0
+    final = samples[-1]
+    assert trained >= 1 and final["accepted"] >= trained
+    assert stream_len <= final["capacity"]  # the backlog (and Redis memory) stays bounded
+    assert (
+        max(s["accepted"] + s["leases"] - s["consumed"] for s in samples) == final["capacity"]
+    )  # and is used fully

@@ -1,0 +1,59 @@
+"""Heartbeats expire with their actor; every process's metrics endpoint is served and registered."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+from broker import metrics
+from broker.client import connect_async, connect_sync
+from broker.keys import Keys
+from broker.liveness import Heartbeats, alive_actors
+
+
+def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
+    cfg = redis_cfg
+    cfg.actor.heartbeat_s = 0.05  # dead after 3 missed beats = 150 ms
+
+    async def main():
+        r = connect_async(cfg)
+        hb = Heartbeats(r, cfg)
+        await hb.beat("a0", version=3, tokens_per_s=120.5)
+        await hb.beat("a1")
+        alive = await hb.alive()
+        assert set(alive) == {"a0", "a1"}
+        assert alive["a0"]["version"] == "3" and float(alive["a0"]["tokens_per_s"]) == 120.5
+        for _ in range(4):  # a1 keeps beating, a0 was killed
+            await asyncio.sleep(0.05)
+            await hb.beat("a1")
+        assert set(await hb.alive()) == {"a1"}
+        assert [a["id"] for a in alive_actors(connect_sync(cfg), hb.keys)] == ["a1"]
+        assert await r.zrange(hb.keys.actors, 0, -1) == [b"a1"]  # pruned
+        await hb.forget("a1")
+        assert await hb.alive() == {}
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_cfg):
+    cfg = redis_cfg
+    port = metrics.serve(cfg, "learner", "0")
+    try:
+        target = connect_sync(cfg).hget(Keys.from_config(cfg).metrics_targets, "learner:0")
+        assert target == f"127.0.0.1:{port}".encode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for name in (
+            "streamrl_stream_length",
+            "streamrl_stream_produced_total",
+            "streamrl_stream_dead_letter_total",
+        ):
+            assert name in body
+    finally:
+        metrics.unregister(cfg, "learner", "0", port)
+    assert connect_sync(cfg).hget(Keys.from_config(cfg).metrics_targets, "learner:0") is None
+
+
+def test_disabled_metrics_serve_nothing(redis_cfg):
+    redis_cfg.metrics.enabled = False
+    assert metrics.serve(redis_cfg, "actor", "a0") == 0

@@ -1,0 +1,330 @@
+"""The rollout stream: at-least-once delivery, de-duplicated by group id, nothing lost, bad data dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from broker_helpers import VOCAB, make_group
+
+from broker import metrics
+from broker.client import connect_async, connect_sync
+from broker.keys import Keys
+from broker.server import EmbeddedRedis
+from broker.stream import Blocking, RolloutConsumer, RolloutProducer
+from broker.wire import encode_group
+from configs import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _publish(cfg, ids):
+    r = connect_async(cfg)
+    producer = RolloutProducer(r, cfg)
+    out = [await producer.publish(make_group(i)) for i in ids]
+    await r.aclose()
+    return out
+
+
+def _counter(metric) -> float:
+    return metric._value.get()
+
+
+def test_published_groups_are_delivered_in_order_and_acked_entries_leave_the_stream(redis_cfg):
+    cfg = redis_cfg
+    keys = Keys.from_config(cfg)
+    sync = connect_sync(cfg)
+
+    async def main():
+        await _publish(cfg, [f"g{i}" for i in range(5)])
+        r = connect_async(cfg)
+        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        got = await consumer.read(10, block_ms=100)
+        assert [d.group.group_id for d in got] == [f"g{i}" for i in range(5)]
+        assert not any(d.redelivered for d in got)
+        assert sync.xlen(keys.stream) == 5
+        await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+        assert await consumer.read(10, block_ms=50) == []
+        await r.aclose()
+
+    run(main())
+    assert sync.xlen(keys.stream) == 0
+    assert sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 0
+    assert sync.smembers(keys.trained) == {f"g{i}".encode() for i in range(5)}
+    assert int(sync.get(keys.accepted)) == 5 and int(sync.get(keys.consumed)) == 5
+
+
+def test_unacked_entries_are_redelivered_first_to_a_restarted_consumer_and_counted_once(redis_cfg):
+    cfg = redis_cfg
+    keys = Keys.from_config(cfg)
+
+    async def main():
+        await _publish(cfg, ["a", "b", "c", "d"])
+        r = connect_async(cfg)
+        first = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(3, block_ms=100)
+        assert [d.group.group_id for d in first] == ["a", "b", "c"]
+        restarted = RolloutConsumer(
+            r, cfg, "rank0", VOCAB
+        )  # same name, state lost with the process
+        again = await restarted.read(10, block_ms=100)
+        assert [(d.group.group_id, d.redelivered) for d in again] == [
+            ("a", True),
+            ("b", True),
+            ("c", True),
+            ("d", False),
+        ]
+        await restarted.ack([d.entry_id for d in again], [d.group.group_id for d in again])
+        assert int(await r.get(keys.consumed)) == 4
+        await r.aclose()
+
+    run(main())
+
+
+def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
+    cfg = redis_cfg
+    keys = Keys.from_config(cfg)
+    before = _counter(metrics.STREAM_DUPLICATES)
+
+    async def main():
+        await _publish(cfg, ["x", "x", "y"])  # a retried XADD duplicates an entry
+        r = connect_async(cfg)
+        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        got = await consumer.read(10, block_ms=100)
+        assert [d.group.group_id for d in got] == ["x", "y"]
+        await _publish(cfg, ["y"])  # duplicate while "y" is delivered but not yet acked
+        assert await consumer.read(10, block_ms=50) == []
+        await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+        await _publish(cfg, ["x"])  # duplicate of an already trained group
+        assert await consumer.read(10, block_ms=50) == []
+        assert await r.xlen(keys.stream) == 0
+        assert (await r.xpending(keys.stream, cfg.broker.consumer_group))["pending"] == 0
+        assert int(await r.get(keys.consumed)) == 5  # every entry taken off the stream counts
+        await r.aclose()
+
+    run(main())
+    assert _counter(metrics.STREAM_DUPLICATES) - before == 3
+
+
+def test_undecodable_entries_go_to_the_dead_letter_stream_with_their_reason(redis_cfg):
+    cfg = redis_cfg
+    keys = Keys.from_config(cfg)
+    sync = connect_sync(cfg)
+    out_of_vocab = make_group("bad-vocab")
+    out_of_vocab.completions[0].token_ids[0] = VOCAB + 7
+    garbage_id = sync.xadd(keys.stream, {"g": b"\xc1 not msgpack"}).decode()
+    vocab_id = sync.xadd(keys.stream, {"g": encode_group(out_of_vocab)}).decode()
+    nofield_id = sync.xadd(keys.stream, {"other": b"1"}).decode()
+    before = _counter(metrics.STREAM_DEAD_LETTER)
+
+    async def main():
+        await _publish(cfg, ["good"])
+        r = connect_async(cfg)
+        got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(10, block_ms=100)
+        await r.aclose()
+        return got
+
+    got = run(main())
+    assert [d.group.group_id for d in got] == ["good"]
+    dead = {f[b"source_id"].decode(): f for _, f in sync.xrange(keys.dead)}
+    assert set(dead) == {garbage_id, vocab_id, nofield_id}
+    assert b"not valid msgpack" in dead[garbage_id][b"reason"]
+    assert b"token id outside the vocabulary" in dead[vocab_id][b"reason"]
+    assert dead[vocab_id][b"g"] == encode_group(out_of_vocab)
+    assert b"no 'g' field" in dead[nofield_id][b"reason"]
+    assert (
+        sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 1
+    )  # only "good" awaits its ack
+    assert _counter(metrics.STREAM_DEAD_LETTER) - before == 3
+
+
+def test_held_entries_are_not_claimed_by_a_peer_but_idle_ones_are(redis_cfg):
+    cfg = redis_cfg
+    cfg.broker.claim_idle_ms = 300
+
+    async def main():
+        await _publish(cfg, ["h1", "h2", "i1"])
+        r = connect_async(cfg)
+        holder = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        held = await holder.read(2, block_ms=100)
+        idle = await RolloutConsumer(r, cfg, "rank-dead", VOCAB).read(1, block_ms=100)
+        assert [d.group.group_id for d in held + idle] == ["h1", "h2", "i1"]
+        peer = RolloutConsumer(r, cfg, "rank1", VOCAB)
+        deadline = time.monotonic() + 0.8
+        claimed = []
+        while time.monotonic() < deadline:  # the holder keeps reading (one slow step after another)
+            claimed += await holder.read(1, block_ms=20)
+            claimed += await peer.read(5, block_ms=20)
+        # The dead consumer's entry is claimed (by whichever live one looked first), the held ones never.
+        assert [(d.group.group_id, d.redelivered) for d in claimed] == [("i1", True)]
+        await r.aclose()
+
+    run(main())
+
+
+def test_maxlen_trims_are_counted_and_release_their_admission_slots(redis_cfg):
+    cfg = redis_cfg
+    cfg.broker.maxlen = 10
+    keys = Keys.from_config(cfg)
+    before = _counter(metrics.STREAM_TRIMMED)
+    run(_publish(cfg, [f"t{i}" for i in range(250)]))
+    sync = connect_sync(cfg)
+    trimmed = _counter(metrics.STREAM_TRIMMED) - before
+    assert trimmed > 0 and sync.xlen(keys.stream) == 250 - trimmed
+    assert int(sync.get(keys.consumed)) == trimmed
+
+
+def test_sync_face_reads_and_acks_from_plain_code(redis_cfg):
+    cfg = redis_cfg
+    run(_publish(cfg, ["s1", "s2"]))
+    with Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "rank0", VOCAB)) as consumer:
+        got = consumer.read(5, block_ms=100)
+        assert [d.group.group_id for d in got] == ["s1", "s2"]
+        consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+        assert consumer.read(5, block_ms=10) == []
+        assert consumer.consumer == "rank0"
+
+
+def _own_server_cfg(tmp_path, appendonly: bool) -> tuple[EmbeddedRedis, Config]:
+    server = EmbeddedRedis(
+        Config.model_validate({"broker": {"appendonly": appendonly}}).broker, tmp_path / "redis"
+    ).start()
+    cfg = Config.model_validate(
+        {"run": {"name": "restart", "dir": str(tmp_path)}, "broker": {"redis_url": server.url}}
+    )
+    return server, cfg
+
+
+def test_redis_restart_with_aof_loses_no_entry_and_keeps_pending(tmp_path):
+    server, cfg = _own_server_cfg(tmp_path, appendonly=True)
+    try:
+
+        async def main():
+            await _publish(cfg, [f"r{i}" for i in range(12)])
+            r = connect_async(cfg)
+            consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+            acked = await consumer.read(4, block_ms=100)
+            await consumer.ack([d.entry_id for d in acked], [d.group.group_id for d in acked])
+            held = await consumer.read(4, block_ms=100)
+            server.restart()
+            after = RolloutConsumer(r, cfg, "rank0", VOCAB)  # the learner restarts too
+            rest = await after.read(20, block_ms=100)
+            await r.aclose()
+            return acked, held, rest
+
+        acked, held, rest = run(main())
+        assert [d.group.group_id for d in rest] == [d.group.group_id for d in held] + [
+            f"r{i}" for i in range(8, 12)
+        ]
+        assert [d.redelivered for d in rest] == [True] * 4 + [False] * 4
+    finally:
+        server.stop()
+
+
+def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(tmp_path):
+    server, cfg = _own_server_cfg(tmp_path, appendonly=False)
+    try:
+
+        async def main():
+            r = connect_async(cfg)
+            producer = RolloutProducer(r, cfg)
+            consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+            await producer.publish(make_group("before"))
+            got = await consumer.read(5, block_ms=100)
+            server.restart()  # stream, group and counters are gone
+            await producer.publish(make_group("after"))  # the stream is back, its group is not
+            await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+            later = await consumer.read(5, block_ms=100)
+            await r.aclose()
+            return got, later
+
+        got, later = run(main())
+        assert [d.group.group_id for d in got] == ["before"]
+        assert [d.group.group_id for d in later] == ["after"]
+    finally:
+        server.stop()
+
+
+KILLED_CONSUMER = """
+import json, os, sys, time
+from broker.stream import Blocking, RolloutConsumer
+from configs import Config
+cfg = Config.model_validate(json.loads(os.environ["CFG"]))
+with Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "doomed", 1000)) as consumer:
+    got = consumer.read(int(sys.argv[1]), block_ms=2000)
+    print(json.dumps([d.group.group_id for d in got]), flush=True)
+    time.sleep(60)  # SIGKILLed here, before any ack
+"""
+
+
+@pytest.mark.slow
+def test_killed_consumer_entries_are_claimed_and_trained_once(redis_cfg):
+    cfg = redis_cfg
+    cfg.broker.claim_idle_ms = 300
+    keys = Keys.from_config(cfg)
+    ids = [f"k{i}" for i in range(20)]
+    run(_publish(cfg, ids))
+    env = {**os.environ, "CFG": cfg.model_dump_json(), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CONSUMER, "6"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        taken = json.loads(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert taken == ids[:6]
+    sync = connect_sync(cfg)
+    assert sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 6
+
+    async def survivor():
+        r = connect_async(cfg)
+        consumer = RolloutConsumer(r, cfg, "rank1", VOCAB)
+        trained: list[str] = []
+        redelivered = []
+        deadline = time.monotonic() + 10
+        while len(trained) < len(ids) and time.monotonic() < deadline:
+            got = await consumer.read(4, block_ms=50)
+            await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+            trained += [d.group.group_id for d in got]
+            redelivered += [d.group.group_id for d in got if d.redelivered]
+        await r.aclose()
+        return trained, redelivered
+
+    trained, redelivered = run(survivor())
+    assert sorted(trained) == sorted(ids) and len(trained) == len(set(trained))
+    assert sorted(redelivered) == sorted(taken)
+    assert sync.xlen(keys.stream) == 0
+    assert sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 0
+    assert int(sync.get(keys.consumed)) == len(ids)
+
+
+def test_connection_refused_surfaces_after_bounded_retries(redis_cfg, tmp_path):
+    cfg = redis_cfg
+    cfg.broker.retries = 2
+    from broker.server import free_port
+
+    cfg.broker.redis_url = f"redis://127.0.0.1:{free_port()}/0"
+
+    async def main():
+        r = connect_async(cfg)
+        try:
+            start = time.monotonic()
+            with pytest.raises(redis.ConnectionError):
+                await RolloutConsumer(r, cfg, "rank0", VOCAB).read(1, block_ms=10)
+            return time.monotonic() - start
+        finally:
+            await r.aclose()
+
+    assert run(main()) < 5

@@ -1,0 +1,193 @@
+"""The wire format: valid groups round-trip exactly; every malformed entry is rejected with its reason."""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.wire import (
+    FINISH_REASONS,
+    Completion,
+    RolloutGroup,
+    WireError,
+    decode_group,
+    encode_group,
+)
+
+VOCAB = 100
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@st.composite
+def completions(draw):
+    n = draw(st.integers(1, 40))
+    tokens = draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n))
+    logprobs = draw(st.lists(st.floats(-50.0, 0.0, width=32), min_size=n, max_size=n))
+    versions = sorted(draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n)))
+    parts = draw(st.dictionaries(st.text(max_size=8), finite, max_size=3))
+    return Completion(
+        np.array(tokens, dtype=np.int32),
+        np.array(logprobs, dtype=np.float32),
+        np.array(versions, dtype=np.int32),
+        draw(finite),
+        draw(st.sampled_from(FINISH_REASONS)),
+        parts,
+    )
+
+
+@st.composite
+def groups(draw):
+    return RolloutGroup(
+        group_id=draw(st.text(min_size=1, max_size=40)),
+        prompt_id=draw(st.text(max_size=20)),
+        actor_id=draw(st.text(max_size=20)),
+        seq=draw(st.integers(0, 2**40)),
+        prompt_token_ids=np.array(
+            draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=30)), dtype=np.int32
+        ),
+        completions=draw(st.lists(completions(), min_size=1, max_size=8)),
+        created_at=draw(st.floats(0, 2e9)),
+        meta=draw(
+            st.dictionaries(
+                st.text(max_size=8), st.integers(-100, 100) | st.text(max_size=8), max_size=3
+            )
+        ),
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups())
+def test_valid_groups_round_trip_exactly(group):
+    back = decode_group(encode_group(group), vocab_size=VOCAB)
+    assert (back.group_id, back.prompt_id, back.actor_id, back.seq) == (
+        group.group_id,
+        group.prompt_id,
+        group.actor_id,
+        group.seq,
+    )
+    assert back.created_at == group.created_at and back.meta == group.meta
+    np.testing.assert_array_equal(back.prompt_token_ids, group.prompt_token_ids)
+    assert len(back.completions) == len(group.completions)
+    for got, want in zip(back.completions, group.completions, strict=True):
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+        np.testing.assert_array_equal(got.logprobs, want.logprobs)
+        np.testing.assert_array_equal(got.versions, want.versions)
+        assert got.reward == pytest.approx(want.reward) and got.finish_reason == want.finish_reason
+        assert got.reward_parts == pytest.approx(want.reward_parts)
+
+
+def _group(n_completions: int = 3, length: int = 5) -> RolloutGroup:
+    rng = np.random.default_rng(0)
+    comps = [
+        Completion(
+            rng.integers(0, VOCAB, length).astype(np.int32),
+            -rng.random(length).astype(np.float32),
+            np.full(length, 2, np.int32),
+            0.5,
+        )
+        for _ in range(n_completions)
+    ]
+    return RolloutGroup("g1", "p1", "a0", 7, np.array([1, 2, 3], np.int32), comps)
+
+
+def _payload() -> dict:
+    return msgpack.unpackb(encode_group(_group()), raw=False)
+
+
+def _set(path, value):
+    def mutate(obj):
+        node = obj
+        for key in path[:-1]:
+            node = node[key]
+        if value is _DELETE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+        return obj
+
+    return mutate
+
+
+_DELETE = object()
+_i32 = lambda *xs: np.array(xs, np.int32).tobytes()  # noqa: E731
+_f32 = lambda *xs: np.array(xs, np.float32).tobytes()  # noqa: E731
+
+MALFORMED = {
+    "unknown schema version": _set(["v"], 99),
+    "missing field 'gid'": _set(["gid"], _DELETE),
+    "group.gid: expected str": _set(["gid"], 12),
+    "group.seq: expected int, got bool": _set(["seq"], True),
+    "group.prompt: empty prompt": _set(["prompt"], b""),
+    "not a whole number of 4-byte items": _set(["prompt"], b"\x01\x02\x03"),
+    r"group.prompt: token id outside the vocabulary \[0, 100\)": _set(["prompt"], _i32(5, 100)),
+    "group.c: no completions": _set(["c"], []),
+    r"completion\[1\]: expected a map": _set(["c", 1], [1, 2]),
+    r"completion\[2\]: empty completion": _set(
+        ["c", 2], {"tok": b"", "lp": b"", "ver": b"", "r": 0.0, "fin": "stop"}
+    ),
+    r"completion\[0\]: lengths differ \(tokens 5, logprobs 4, versions 5\)": _set(
+        ["c", 0, "lp"], _f32(-1, -1, -1, -1)
+    ),
+    r"completion\[1\].tok: token id outside the vocabulary": _set(
+        ["c", 1, "tok"], _i32(1, 2, 3, 4, -1)
+    ),
+    r"completion\[2\].lp: non-finite log-prob": _set(
+        ["c", 2, "lp"], _f32(-1, math.nan, -1, -1, -1)
+    ),
+    r"completion\[1\].lp: non-finite log-prob": _set(
+        ["c", 1, "lp"], _f32(-1, -math.inf, -1, -1, -1)
+    ),
+    r"completion\[0\].lp: log-prob above 0": _set(["c", 0, "lp"], _f32(-1, 0.5, -1, -1, -1)),
+    r"completion\[2\].ver: negative policy version": _set(["c", 2, "ver"], _i32(-1, 0, 0, 0, 0)),
+    r"completion\[1\].ver: policy versions go backwards": _set(
+        ["c", 1, "ver"], _i32(0, 3, 2, 3, 3)
+    ),
+    r"completion\[0\].r: non-finite reward": _set(["c", 0, "r"], math.inf),
+    r"completion\[0\]: missing field 'r'": _set(["c", 0, "r"], _DELETE),
+    r"completion\[2\].rp: expected a map of finite numbers": _set(["c", 2, "rp"], {"a": math.nan}),
+    r"completion\[1\].fin: unknown finish reason 'exploded'": _set(["c", 1, "fin"], "exploded"),
+    r"completion\[0\].tok: expected bytes, got list": _set(["c", 0, "tok"], [1, 2]),
+    "group.meta: expected a map of scalars": _set(["meta"], {"x": [1]}),
+}
+
+
+@pytest.mark.parametrize("reason", list(MALFORMED))
+def test_malformed_entry_is_rejected_with_its_reason(reason):
+    data = msgpack.packb(MALFORMED[reason](_payload()), use_bin_type=True)
+    with pytest.raises(WireError, match=reason):
+        decode_group(data, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\xc1\xff garbage", "not valid msgpack"),
+        (msgpack.packb([1, 2, 3]), "top level must be a map"),
+        (b"", "not valid msgpack"),
+        ("text", "payload must be bytes"),
+    ],
+)
+def test_garbage_is_rejected_with_its_reason(data, reason):
+    with pytest.raises(WireError, match=reason):
+        decode_group(data, vocab_size=VOCAB)
+
+
+def test_oversized_entry_is_rejected_before_parsing():
+    with pytest.raises(WireError, match="exceeds the size limit"):
+        decode_group(encode_group(_group(16, 512)), vocab_size=VOCAB, max_bytes=4096)
+
+
+def test_versions_may_restart_at_a_completion_boundary():
+    group = _group()
+    group.completions[0].versions[:] = 9
+    group.completions[1].versions[:] = np.array([1, 1, 2, 2, 3])
+    back = decode_group(encode_group(group), vocab_size=VOCAB)
+    assert back.completions[0].versions.tolist() == [9] * 5 and back.completions[
+        1
+    ].versions.tolist() == [1, 1, 2, 2, 3]

@@ -1,0 +1,195 @@
+"""The shared-memory transport with real subscriber processes: values always whole, killed and frozen
+readers never block the publisher, a dead publisher never hangs a subscriber, nothing leaks in /dev/shm."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from weightsync import make_publisher, make_subscriber
+from weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
+from weightsync.subscriber import apply_to_model
+
+from weightsync_helpers import InProcessActor, Proc
+from weightsync_procs import check, engine_template, learner_tensors
+
+
+def _cfg(redis_cfg, **ws):
+    return redis_cfg.model_copy(update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm", **ws})})
+
+
+def _segments(cfg) -> list[Path]:
+    return sorted(SHM_DIR.glob(segment_prefix(cfg.run.name) + "*"))
+
+
+@pytest.fixture
+def procs():
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+def test_many_versions_reach_several_subscriber_processes_whole(redis_cfg, procs):
+    cfg = _cfg(redis_cfg, timeout_s=5.0)
+    subs = [Proc("subscriber", cfg, id=f"a{i}", until=40) for i in range(2)]
+    procs.extend(subs)
+    for sub in subs:
+        sub.wait_event("started")
+    pub = make_publisher(cfg)
+    for version in range(41):
+        stats = pub.publish(version, learner_tensors(version, 64, 2))
+        assert stats.bytes > 0 and stats.seconds < 5
+        time.sleep(0.01)
+    for sub in subs:
+        sub.wait_event("done")
+        versions = [e["version"] for e in sub.applied]
+        assert all(e["ok"] for e in sub.applied), "a subscriber applied a torn or wrong copy"
+        assert versions == sorted(set(versions)) and versions[-1] == 40
+        assert sub.done["lag"] == 0
+    pub.close()
+    assert _segments(cfg) == []
+
+
+def _publish_until_leased(pub, victim_pid: int, segment_name, start: int, deadline_s: float = 20.0) -> int:
+    """Keep publishing until the victim holds a lease (is mid-copy); returns the next version."""
+    version = start
+    found = threading.Event()
+
+    def watch():
+        while not found.is_set():
+            name = segment_name()
+            if name and any(lease["pid"] == victim_pid for lease in active_leases(name)):
+                found.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + deadline_s
+    while not found.is_set():
+        assert time.monotonic() < deadline, "victim never caught mid-copy"
+        pub.publish(version, learner_tensors(version, 512, 6))
+        version += 1
+        found.wait(0.02)
+    return version
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signum,slots,timeout_s,max_publish_s",
+    [
+        (signal.SIGKILL, 2, 30.0, 1.5),  # lock of a dead reader is gone: no wait even with 2 slots
+        (signal.SIGSTOP, 3, 30.0, 1.5),  # frozen reader: the writer uses the other slots, no wait
+        (signal.SIGSTOP, 2, 1.0, 3.0),  # frozen reader on the only free slot: bounded by the lease
+    ],
+)
+def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(redis_cfg, procs, signum, slots, timeout_s, max_publish_s):
+    cfg = _cfg(redis_cfg, slots=slots, timeout_s=timeout_s)
+    victim = Proc("subscriber", cfg, id="victim", hidden=512, layers=6, until=10**6, duration=60)
+    procs.append(victim)
+    witness = InProcessActor(cfg, "witness", 512, 6)
+    victim.wait_event("started")
+    pub = make_publisher(cfg)
+    pub.publish(0, learner_tensors(0, 512, 6))
+    version = _publish_until_leased(pub, victim.pid, lambda: pub._sender.name, 1)
+    victim.signal(signum)
+    for _ in range(6):
+        start = time.monotonic()
+        pub.publish(version, learner_tensors(version, 512, 6))
+        assert time.monotonic() - start < max_publish_s
+        version += 1
+    final = version - 1
+    witness.wait_version(final)
+    if signum == signal.SIGSTOP:
+        victim.signal(signal.SIGCONT)
+        victim.wait_event("applied", version=final, timeout=20)
+        assert all(e["ok"] for e in victim.applied), "the frozen reader applied a torn copy after SIGCONT"
+    witness.close()
+    assert all(ok for _, ok in witness.applied)
+    pub.close()
+    assert _segments(cfg) == []
+
+
+def test_late_joiner_gets_the_newest_version_only(redis_cfg, procs):
+    cfg = _cfg(redis_cfg)
+    pub = make_publisher(cfg)
+    for version in range(6):
+        pub.publish(version, learner_tensors(version, 64, 2))
+    late = InProcessActor(cfg, "late", 64, 2)
+    late.wait_version(5)
+    late.close()
+    assert late.applied == [(5, True)]
+    pub.close()
+
+
+@pytest.mark.slow
+def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_cleaned(redis_cfg, procs):
+    cfg = _cfg(redis_cfg, timeout_s=2.0)
+    publisher = Proc("publisher", cfg, until=3, duration=60)
+    procs.append(publisher)
+    template = engine_template(64, 2)
+    sub = make_subscriber(cfg, "in-test", template).start()
+    try:
+        publisher.wait_event("published", version=3)
+        assert sub.wait_staged(20)
+        version, tensors = sub.take_staged()
+        sub.applied(version)
+        assert version == 3 and check(3, tensors, 64, 2)
+        publisher.signal(signal.SIGKILL)
+        publisher.wait_exit()
+        assert len(_segments(cfg)) == 1  # SIGKILL runs no cleanup ...
+        assert cleanup_stale_segments(cfg.run.name) and _segments(cfg) == []  # ... the next start does
+        time.sleep(0.3)
+        assert sub.take_staged() is None and sub.version == 3 and sub.lag == 0
+    finally:
+        start = time.monotonic()
+        sub.close()
+        assert time.monotonic() - start < 5
+    late = make_subscriber(cfg, "late", engine_template(64, 2)).start()
+    try:
+        assert not late.wait_staged(1.5)
+        assert late.version == 0 and late.lag == 3 and late.failures.get("segment_gone", 0) >= 1
+    finally:
+        late.close()
+
+
+def test_versions_must_strictly_increase_and_the_layout_stay_fixed(redis_cfg):
+    pub = make_publisher(_cfg(redis_cfg))
+    try:
+        pub.publish(3, learner_tensors(3, 8, 1))
+        with pytest.raises(ValueError, match="strictly increase"):
+            pub.publish(3, learner_tensors(3, 8, 1))
+        with pytest.raises(ValueError, match="changed names, shapes"):
+            pub.publish(4, learner_tensors(4, 16, 1))
+        pub.publish(5, learner_tensors(5, 8, 1))
+    finally:
+        pub.close()
+
+
+def test_engine_model_receives_learner_weights_through_apply_to_model(redis_cfg):
+    from actors.demo_task import build_model
+
+    torch.manual_seed(0)
+    learner = build_model(vocab_size=40, eos_id=1, pad_id=0)
+    torch.manual_seed(1)
+    engine = build_model(vocab_size=40, eos_id=1, pad_id=0).eval()
+    cfg = _cfg(redis_cfg)
+    pub = make_publisher(cfg)
+    sub = make_subscriber(cfg, "engine", dict(engine.named_parameters())).start()
+    try:
+        pub.publish(1, {"module." + k: v for k, v in learner.state_dict().items()})
+        assert sub.wait_staged(10)
+        version, tensors = sub.take_staged()
+        seconds = apply_to_model(engine, tensors)
+        sub.applied(version)
+        assert seconds >= 0 and sub.version == 1
+        for (name, a), b in zip(learner.state_dict().items(), engine.state_dict().values(), strict=True):
+            assert torch.equal(a, b), name
+        assert engine.lm_head.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+    finally:
+        sub.close()
+        pub.close()

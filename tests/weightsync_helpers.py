@@ -1,0 +1,108 @@
+"""Test helpers: start and watch real weightsync subscriber/publisher processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).with_name("weightsync_procs.py")
+
+
+class Proc:
+    """A weightsync_procs.py process whose JSON lines are collected by a reader thread."""
+
+    def __init__(self, role: str, cfg, **opts):
+        args = [sys.executable, str(SCRIPT), role, "--redis", cfg.broker.redis_url, "--run", cfg.run.name]
+        args += ["--transport", cfg.weightsync.transport, "--timeout", str(cfg.weightsync.timeout_s)]
+        args += ["--slots", str(cfg.weightsync.slots), "--bucket", str(cfg.weightsync.bucket_bytes)]
+        for key, value in opts.items():
+            args += [f"--{key}", str(value)]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+        self.events: queue.Queue = queue.Queue()
+        self.applied: list[dict] = []
+        self.done: dict | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            event = json.loads(line)
+            if event["event"] == "applied":
+                self.applied.append(event)
+            if event["event"] == "done":
+                self.done = event
+            self.events.put(event)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait_event(self, kind: str, timeout: float = 30.0, **match) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"no {kind} event {match} within {timeout}s") from None
+            if event["event"] == kind and all(event.get(k) == v for k, v in match.items()):
+                return event
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.popen.pid, signum)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGCONT)
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
+
+class InProcessActor:
+    """A subscriber in the test process with an engine loop in a thread: take_staged -> check -> applied."""
+
+    def __init__(self, cfg, actor_id: str, hidden: int, layers: int):
+        from weightsync import make_subscriber
+        from weightsync_procs import check, engine_template
+
+        self.template = engine_template(hidden, layers)
+        self.sub = make_subscriber(cfg, actor_id, self.template).start()
+        self.applied: list[tuple[int, bool]] = []
+        self._check = lambda v, t: check(v, t, hidden, layers)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            staged = self.sub.take_staged()
+            if staged is None:
+                time.sleep(0.002)
+                continue
+            version, tensors = staged
+            ok = self._check(version, tensors)
+            for name, tensor in tensors.items():
+                self.template[name].copy_(tensor)
+            self.sub.applied(version)
+            self.applied.append((version, ok))
+
+    def wait_version(self, version: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.sub.version < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"in-process actor at version {self.sub.version}, wanted {version}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sub.close()

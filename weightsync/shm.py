@@ -1,0 +1,318 @@
+"""Shared-memory transport: a ring of slots in one POSIX shm segment (/dev/shm), on one host.
+
+Segment: a 4 KiB header, then ``slots`` page-aligned slots, each one ``Layout``.
+Header words (int64): magic, slots, slot_bytes, max_readers, data_offset; per
+slot a version stamp written before (``begin``) and after (``end``) the data;
+per reader a lease row (slot, version, expiry, pid).
+
+Torn reads are impossible by construction (seqlock): a reader accepts a copy
+only if ``begin == end == version`` before it and ``begin`` is unchanged after.
+Leases keep the writer off slots readers are copying: a reader owns its row
+through an open-file-description lock, which the kernel drops when the reader
+dies, and a lease expires after ``lease_s``, so neither a SIGKILLed nor a
+SIGSTOPped reader can block the writer for longer than that. The writer never
+touches the newest complete slot, so with 3+ slots one frozen reader never
+delays it at all.
+
+Pages are allocated (posix_fallocate: a full /dev/shm is an error here, not a
+SIGBUS later) and pre-faulted once (FACTS.md: first touch is the real cost),
+then reused for every version.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import mmap
+import os
+import signal
+import struct
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from weightsync.layout import Layout
+
+SHM_DIR = Path("/dev/shm")
+MAGIC = 0x5354524D4C575331  # "STRMLWS1"
+HEADER_BYTES = 4096
+PAGE = 4096
+MAX_SLOTS = 16
+MAX_READERS = 64
+_STAMPS = 8  # word index of slot 0's begin stamp
+_ROWS = _STAMPS + 2 * MAX_SLOTS  # word index of reader row 0
+_ROW_WORDS = 4  # slot, version, expiry_ns, pid
+_SLOT, _VERSION, _EXPIRY, _PID = range(_ROW_WORDS)
+_FLOCK = "hhxxxxqqixxxx"  # struct flock on 64-bit Linux; l_pid must be 0 for OFD locks
+
+
+class SlotBusy(RuntimeError):
+    """Every candidate slot stayed leased past the lease timeout."""
+
+
+def segment_prefix(run_name: str) -> str:
+    return f"streamrl.{run_name}.weights."
+
+
+def cleanup_stale_segments(run_name: str) -> list[str]:
+    """Unlink this run's segments whose creating process is gone (a SIGKILLed learner leaves them)."""
+    removed = []
+    for path in SHM_DIR.glob(segment_prefix(run_name) + "*"):
+        pid = _pid_of(path.name)
+        if pid is not None and not _alive(pid):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def _pid_of(name: str) -> int | None:
+    parts = name.rsplit(".", 2)
+    try:
+        return int(parts[-2])
+    except (IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ofd_lock(fd: int, byte: int, kind: int, cmd: int = fcntl.F_OFD_SETLK) -> int:
+    """OFD byte-range lock (held per open file description, released when the holder dies); returns l_type."""
+    packed = fcntl.fcntl(fd, cmd, struct.pack(_FLOCK, kind, os.SEEK_SET, byte, 1, 0))
+    return struct.unpack(_FLOCK, packed)[0]
+
+
+def _row_alive(fd: int, row: int) -> bool:
+    return _ofd_lock(fd, row, fcntl.F_WRLCK, fcntl.F_OFD_GETLK) != fcntl.F_UNLCK
+
+
+class _Mapping:
+    """An mmap of a segment file with an int64 header view and a uint8 data tensor."""
+
+    def __init__(self, fd: int, size: int):
+        self.fd = fd
+        self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        self.words = np.frombuffer(self.mm, dtype=np.int64, count=HEADER_BYTES // 8)
+        self.data = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.words = self.data = None
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with the last reference
+        os.close(self.fd)
+
+
+def _slot_stride(layout: Layout) -> int:
+    return max(PAGE, -(-layout.total_bytes // PAGE) * PAGE)
+
+
+class ShmWriter:
+    """Publisher side. Creates the segment on construction; ``write`` copies one version into a free slot."""
+
+    def __init__(self, run_name: str, layout: Layout, slots: int, lease_s: float):
+        if not 2 <= slots <= MAX_SLOTS:
+            raise ValueError(f"shm slots must be in [2, {MAX_SLOTS}], got {slots}")
+        cleanup_stale_segments(run_name)
+        self.layout = layout
+        self.slots = slots
+        self.lease_s = lease_s
+        self.stride = _slot_stride(layout)
+        self.name = f"{segment_prefix(run_name)}{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self.path = SHM_DIR / self.name
+        size = HEADER_BYTES + slots * self.stride
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._closed = False
+        try:
+            os.posix_fallocate(fd, 0, size)
+            self._map = _Mapping(fd, size)
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        _register_cleanup(self)
+        w = self._map.words
+        w[_STAMPS : _STAMPS + 2 * MAX_SLOTS] = -1
+        w[_ROWS : _ROWS + MAX_READERS * _ROW_WORDS] = -1
+        w[1], w[2], w[3], w[4] = slots, self.stride, MAX_READERS, HEADER_BYTES
+        w[0] = MAGIC
+        self._versions = [-1] * slots
+        self._newest = -1
+        self._views = [
+            layout.views(self._map.data[HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride])
+            for s in range(slots)
+        ]
+
+    def _leased(self, slot: int) -> bool:
+        w, now = self._map.words, time.monotonic_ns()
+        for row in range(MAX_READERS):
+            base = _ROWS + row * _ROW_WORDS
+            if w[base + _SLOT] == slot and w[base + _EXPIRY] > now and _row_alive(self._map.fd, row):
+                return True
+        return False
+
+    def _free_slot(self) -> tuple[int, bool]:
+        """(slot, waited past the lease timeout). Oldest non-newest slot without a live lease."""
+        candidates = sorted((s for s in range(self.slots) if s != self._newest), key=lambda s: self._versions[s])
+        deadline = time.monotonic() + self.lease_s
+        while True:
+            for s in candidates:
+                if not self._leased(s):
+                    return s, False
+            if time.monotonic() >= deadline:
+                return candidates[0], True  # leases are expired by now; the seqlock rejects the reader's copy
+            time.sleep(0.001)
+
+    def write(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[int, bool]:
+        """Copy (and convert) ``tensors`` into a slot; returns (slot, had to override a lease)."""
+        slot, overrode = self._free_slot()
+        w = self._map.words
+        w[_STAMPS + 2 * slot] = version  # begin != end: readers see the slot as being written
+        views = self._views[slot]
+        with torch.no_grad():
+            for spec in self.layout.specs:
+                views[spec.name].copy_(tensors[spec.name])
+        w[_STAMPS + 2 * slot + 1] = version
+        self._versions[slot] = version
+        self._newest = slot
+        return slot, overrode
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.path.unlink(missing_ok=True)
+        self._views = []
+        self._map.close()
+        _unregister_cleanup(self)
+
+
+class ShmReader:
+    """Subscriber side: maps a segment by name and copies announced slots out under a lease."""
+
+    def __init__(self, name: str, lease_s: float):
+        if "/" in name or not name.startswith("streamrl."):
+            raise ValueError(f"not a streamrl weight segment name: {name!r}")
+        self.name = name
+        self.lease_s = lease_s
+        fd = os.open(SHM_DIR / name, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise ValueError(f"shm segment {name} is too small ({size} bytes)")
+            self._map = _Mapping(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        w = self._map.words
+        if w[0] != MAGIC:
+            self._map.close()
+            raise ValueError(f"shm segment {name} has no streamrl header")
+        self.slots, self.stride = int(w[1]), int(w[2])
+        self.row = self._claim_row()
+
+    def _claim_row(self) -> int:
+        for row in range(MAX_READERS):
+            try:
+                _ofd_lock(self._map.fd, row, fcntl.F_WRLCK)
+            except OSError:
+                continue
+            base = _ROWS + row * _ROW_WORDS
+            self._map.words[base + _SLOT] = -1
+            self._map.words[base + _PID] = os.getpid()
+            return row
+        self._map.close()
+        raise RuntimeError(f"shm segment {self.name}: all {MAX_READERS} reader rows are taken")
+
+    def read_into(self, version: int, slot: int, layout: Layout, pairs: list[tuple[str, str]], dest: dict[str, torch.Tensor]) -> str:
+        """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer version) or "torn"."""
+        if not 0 <= slot < self.slots or layout.total_bytes > self.stride:
+            raise ValueError(f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes")
+        w = self._map.words
+        row = _ROWS + self.row * _ROW_WORDS
+        begin, end = _STAMPS + 2 * slot, _STAMPS + 2 * slot + 1
+        w[row + _EXPIRY] = time.monotonic_ns() + int(self.lease_s * 1e9)
+        w[row + _VERSION] = version
+        w[row + _SLOT] = slot
+        try:
+            if w[begin] != version or w[end] != version:
+                return "stale"
+            start = HEADER_BYTES + slot * self.stride
+            src = layout.views(self._map.data[start : start + self.stride])
+            with torch.no_grad():
+                for engine_name, published_name in pairs:
+                    dest[engine_name].copy_(src[published_name])
+            return "ok" if w[begin] == version else "torn"
+        finally:
+            w[row + _SLOT] = -1
+
+    def close(self) -> None:
+        self._map.close()  # closing the descriptor drops the row lock
+
+
+_writers: set[ShmWriter] = set()
+_lock = threading.Lock()
+_installed = False
+
+
+def _register_cleanup(writer: ShmWriter) -> None:
+    """Unlink on interpreter exit and on SIGTERM/SIGHUP (chained to whatever handler was there)."""
+    global _installed
+    with _lock:
+        _writers.add(writer)
+        if _installed:
+            return
+        _installed = True
+    atexit.register(_close_all)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread; atexit + stale cleanup still apply
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous = signal.getsignal(signum)
+        signal.signal(signum, _make_handler(previous))
+
+
+def _unregister_cleanup(writer: ShmWriter) -> None:
+    with _lock:
+        _writers.discard(writer)
+
+
+def _close_all() -> None:
+    for writer in list(_writers):
+        writer.close()
+
+
+def _make_handler(previous):
+    def handler(signum, frame):
+        _close_all()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    return handler
+
+
+def active_leases(name: str) -> list[dict]:
+    """Leases readers hold right now on segment ``name`` (operations and tests: who is copying what)."""
+    with open(SHM_DIR / name, "rb") as f:
+        words = np.frombuffer(f.read(HEADER_BYTES), dtype=np.int64)
+    now = time.monotonic_ns()
+    out = []
+    for row in range(MAX_READERS):
+        base = _ROWS + row * _ROW_WORDS
+        if words[base + _SLOT] >= 0 and words[base + _EXPIRY] > now:
+            out.append({"row": row, "slot": int(words[base + _SLOT]), "version": int(words[base + _VERSION]), "pid": int(words[base + _PID])})
+    return out
