@@ -36,7 +36,13 @@ def _cfg(url: str, run: str, transport: str, slots: int):
         {
             "run": {"name": run, "dir": tempfile.gettempdir()},
             "broker": {"redis_url": url},
-            "weightsync": {"transport": transport, "slots": slots, "timeout_s": 120, "backend": "gloo", "bucket_bytes": 64 << 20},
+            "weightsync": {
+                "transport": transport,
+                "slots": slots,
+                "timeout_s": 120,
+                "backend": "gloo",
+                "bucket_bytes": 64 << 20,
+            },
         }
     )
 
@@ -53,14 +59,22 @@ def publisher_main(url: str, run: str, transport: str, slots: int, params: int) 
     from weightsync import make_publisher
 
     pub = make_publisher(_cfg(url, run, transport, slots))
-    weights = {f"module.layer{i}": torch.full((n,), float(i)) for i, n in enumerate(_shapes(params))}
+    weights = {
+        f"module.layer{i}": torch.full((n,), float(i)) for i, n in enumerate(_shapes(params))
+    }
     _emit(event="ready")
     for line in sys.stdin:
         command = line.split()
         if command[0] == "publish":
             started = time.time()
             stats = pub.publish(int(command[1]), weights)
-            _emit(event="published", version=stats.version, started=started, seconds=stats.seconds, bytes=stats.bytes)
+            _emit(
+                event="published",
+                version=stats.version,
+                started=started,
+                seconds=stats.seconds,
+                bytes=stats.bytes,
+            )
         elif command[0] == "quit":
             break
     pub.close()
@@ -73,8 +87,12 @@ def subscriber_main(url: str, run: str, transport: str, slots: int, params: int)
 
     model = torch.nn.Module()
     for i, n in enumerate(_shapes(params)):
-        model.register_parameter(f"layer{i}", torch.nn.Parameter(torch.zeros(n), requires_grad=False))
-    sub = make_subscriber(_cfg(url, run, transport, slots), "bench", dict(model.named_parameters())).start()
+        model.register_parameter(
+            f"layer{i}", torch.nn.Parameter(torch.zeros(n), requires_grad=False)
+        )
+    sub = make_subscriber(
+        _cfg(url, run, transport, slots), "bench", dict(model.named_parameters())
+    ).start()
     _emit(event="ready")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -85,7 +103,13 @@ def subscriber_main(url: str, run: str, transport: str, slots: int, params: int)
         version, tensors = staged
         apply_s = apply_to_model(model, tensors)
         sub.applied(version)
-        _emit(event="applied", version=version, at=time.time(), receive=sub.last_receive_seconds, apply=apply_s)
+        _emit(
+            event="applied",
+            version=version,
+            at=time.time(),
+            receive=sub.last_receive_seconds,
+            apply=apply_s,
+        )
         if version >= ROUNDS:
             break
     sub.close()
@@ -96,7 +120,11 @@ class _Child:
     def __init__(self, role: str, *args):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "bench.weightsync", role, *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, "-m", "bench.weightsync", role, *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
 
     def next(self, kind: str) -> dict:
@@ -135,7 +163,9 @@ def _one_size(url: str, transport: str, params: int, slots: int = 3) -> dict:
         if transport == "dist":
             time.sleep(1.0)  # the subscriber's first heartbeat registers it as a member
         rows = []
-        for version in range(ROUNDS + 1):  # version 0 pays first-touch costs once; it is not reported
+        for version in range(
+            ROUNDS + 1
+        ):  # version 0 pays first-touch costs once; it is not reported
             pub.send(f"publish {version}")
             published = pub.next("published")
             applied = sub.next("applied")
@@ -169,26 +199,33 @@ def run(quick: bool = False) -> str:
         "staging buffer + `apply_to_model` copy into the live parameters: three copies of the bytes). "
         "Goal: e2e <= 2x one memcpy of the same bytes.",
         "",
-        "| transport | params | MB | memcpy ms | publish ms | receive ms | apply ms | e2e ms | e2e / memcpy | peak RSS pub / sub MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| transport | slots | params | MB | memcpy ms | publish ms | receive ms | apply ms | e2e ms | e2e / memcpy | peak RSS pub / sub MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     with EmbeddedRedis(Config().broker, tempfile.mkdtemp(prefix="bench-ws-")) as server:
-        cases = [("shm", n) for n in sizes] + [("dist", 10_000_000 if quick else 100_000_000)]
-        for transport, params in cases:
+        # 500M: 2 slots keep shm at 4 GB next to 2 GB of weights, staging and model each (24 GiB machine)
+        cases = [("shm", n, 2 if n >= 500_000_000 else 3) for n in sizes] + [
+            ("dist", 10_000_000 if quick else 100_000_000, 3)
+        ]
+        for transport, params, slots in cases:
             try:
-                r = _one_size(server.url, transport, params)
+                r = _one_size(server.url, transport, params, slots)
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                lines.append(f"| {transport} | {params / 1e6:.0f}M | - | - | - | - | - | - | - | skipped: {exc} |")
+                lines.append(
+                    f"| {transport} | {slots} | {params / 1e6:.0f}M | - | - | - | - | - | - | - | skipped: {exc} |"
+                )
                 continue
             memcpy = _memcpy_seconds(r["bytes"])
             lines.append(
-                f"| {transport} | {params / 1e6:.0f}M | {r['bytes'] / 1e6:.0f} | {memcpy * 1e3:.1f} | {r['seconds'] * 1e3:.1f} | "
+                f"| {transport} | {slots} | {params / 1e6:.0f}M | {r['bytes'] / 1e6:.0f} | {memcpy * 1e3:.1f} | {r['seconds'] * 1e3:.1f} | "
                 f"{r['receive'] * 1e3:.1f} | {r['apply'] * 1e3:.1f} | {r['e2e'] * 1e3:.1f} | {r['e2e'] / memcpy:.2f} | "
                 f"{r['pub_rss']:.0f} / {r['sub_rss']:.0f} |"
             )
             if transport == "dist":
                 lines.append("")
-                lines.append(f"dist on gloo (loopback, 1 subscriber): {r['seconds'] / (r['bytes'] / 1e9):.2f} s per GB published.")
+                lines.append(
+                    f"dist on gloo (loopback, 1 subscriber): {r['seconds'] / (r['bytes'] / 1e9):.2f} s per GB published."
+                )
     lines += [
         "",
         "Peak RSS counts the shared-memory pages a process has touched (the publisher maps all slots).",

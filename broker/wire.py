@@ -37,7 +37,7 @@ class WireError(ValueError):
     """An entry that is not a valid rollout group; the message says why."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Completion:
     token_ids: np.ndarray  # [T] int32, the sampled tokens (stop token included)
     logprobs: (
@@ -79,6 +79,8 @@ class RolloutGroup:
 def encode_group(group: RolloutGroup) -> bytes:
     """Serialise a group. Arrays are cast to the wire dtypes; log-probs are clamped to <= 0."""
     comps = group.completions
+    if not comps:
+        raise WireError(f"group {group.group_id!r} has no completions")
     logprobs = np.concatenate([c.logprobs for c in comps], dtype=LOGPROB_DTYPE, casting="same_kind")
     np.minimum(logprobs, 0.0, out=logprobs)
     parts = [{str(k): float(v) for k, v in c.reward_parts.items()} for c in comps]
@@ -235,9 +237,9 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
     if parts:
         if len(parts) != n:
             raise WireError(f"group.rp: {len(parts)} reward-part maps for {n} completions")
-        for i, p in enumerate(parts):
-            if not _finite_parts(p):
-                raise WireError(f"completion[{i}].rp: expected a map of finite numbers")
+        if not _all_finite_parts(parts):
+            i = next(i for i, p in enumerate(parts) if not _all_finite_parts([p]))
+            raise WireError(f"completion[{i}].rp: expected a map of finite numbers")
     else:
         parts = [{} for _ in range(n)]
     bounds = offsets.tolist()
@@ -255,8 +257,11 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
     ]
 
 
-def _finite_parts(parts) -> bool:
-    return isinstance(parts, dict) and all(
-        isinstance(k, str) and type(v) in (int, float) and math.isfinite(v)
-        for k, v in parts.items()
-    )
+def _all_finite_parts(parts: list) -> bool:
+    """Every element is a map of str -> finite int/float (one flat pass over all completions)."""
+    if not all(type(p) is dict for p in parts):
+        return False
+    if not all(type(k) is str for p in parts for k in p):
+        return False
+    values = [v for p in parts for v in p.values()]
+    return all(type(v) in (int, float) for v in values) and all(map(math.isfinite, values))

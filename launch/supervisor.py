@@ -283,9 +283,9 @@ class Supervisor:
 
     def _remove_shared_memory(self) -> None:
         """A learner killed mid-publish cannot unlink its segments; the run's names are known."""
-        from weightsync.shm import remove_run_segments
+        from weightsync.shm import cleanup_stale_segments
 
-        removed = remove_run_segments(self.cfg.run.name)
+        removed = cleanup_stale_segments(self.cfg.run.name)
         if removed:
             self.event(f"removed {len(removed)} stale shared-memory segment(s)")
 

@@ -114,45 +114,58 @@ def _set(path, value):
     return mutate
 
 
+def _poke(column: str, dtype, index: int, value):
+    """Set one element of a columnar array (all completions' tokens, log-probs, ... joined)."""
+
+    def mutate(obj):
+        array = np.frombuffer(obj[column], dtype=dtype).copy()
+        array[index] = value
+        obj[column] = array.tobytes()
+        return obj
+
+    return mutate
+
+
 _DELETE = object()
 _i32 = lambda *xs: np.array(xs, np.int32).tobytes()  # noqa: E731
 _f32 = lambda *xs: np.array(xs, np.float32).tobytes()  # noqa: E731
 
+# _group(): 3 completions of 5 tokens, so flat index 5..9 is completion[1], 10..14 completion[2].
 MALFORMED = {
     "unknown schema version": _set(["v"], 99),
     "missing field 'gid'": _set(["gid"], _DELETE),
     "group.gid: expected str": _set(["gid"], 12),
     "group.seq: expected int, got bool": _set(["seq"], True),
     "group.prompt: empty prompt": _set(["prompt"], b""),
-    "not a whole number of 4-byte items": _set(["prompt"], b"\x01\x02\x03"),
+    "group.prompt: 3 bytes is not a whole number of 4-byte items": _set(
+        ["prompt"], b"\x01\x02\x03"
+    ),
     r"group.prompt: token id outside the vocabulary \[0, 100\)": _set(["prompt"], _i32(5, 100)),
-    "group.c: no completions": _set(["c"], []),
-    r"completion\[1\]: expected a map": _set(["c", 1], [1, 2]),
-    r"completion\[2\]: empty completion": _set(
-        ["c", 2], {"tok": b"", "lp": b"", "ver": b"", "r": 0.0, "fin": "stop"}
+    "group: no completions": _set(["len"], b""),
+    r"completion\[2\]: empty completion": _set(["len"], _i32(5, 10, 0)),
+    r"lengths differ \(completion lengths sum to 15; tokens 15, logprobs 14, versions 15\)": _set(
+        ["lp"], _f32(*[-1.0] * 14)
     ),
-    r"completion\[0\]: lengths differ \(tokens 5, logprobs 4, versions 5\)": _set(
-        ["c", 0, "lp"], _f32(-1, -1, -1, -1)
+    r"group.r: 2 rewards for 3 completions": _set(["r"], np.zeros(2).tobytes()),
+    r"completion\[1\].tok: token id outside the vocabulary": _poke("tok", np.int32, 9, -1),
+    r"completion\[2\].tok: token id outside the vocabulary \[0, 100\)": _poke(
+        "tok", np.int32, 10, 100
     ),
-    r"completion\[1\].tok: token id outside the vocabulary": _set(
-        ["c", 1, "tok"], _i32(1, 2, 3, 4, -1)
+    r"completion\[2\].lp: non-finite log-prob": _poke("lp", np.float32, 11, math.nan),
+    r"completion\[1\].lp: non-finite log-prob": _poke("lp", np.float32, 6, -math.inf),
+    r"completion\[0\].lp: log-prob above 0": _poke("lp", np.float32, 1, 0.5),
+    r"completion\[2\].ver: negative policy version": _poke("ver", np.int32, 10, -1),
+    r"completion\[1\].ver: policy versions go backwards": _poke("ver", np.int32, 7, 1),
+    r"completion\[0\].r: non-finite reward": _poke("r", np.float64, 0, math.inf),
+    "group: missing field 'r'": _set(["r"], _DELETE),
+    r"completion\[2\].rp: expected a map of finite numbers": _set(
+        ["rp"], [{}, {}, {"a": math.nan}]
     ),
-    r"completion\[2\].lp: non-finite log-prob": _set(
-        ["c", 2, "lp"], _f32(-1, math.nan, -1, -1, -1)
-    ),
-    r"completion\[1\].lp: non-finite log-prob": _set(
-        ["c", 1, "lp"], _f32(-1, -math.inf, -1, -1, -1)
-    ),
-    r"completion\[0\].lp: log-prob above 0": _set(["c", 0, "lp"], _f32(-1, 0.5, -1, -1, -1)),
-    r"completion\[2\].ver: negative policy version": _set(["c", 2, "ver"], _i32(-1, 0, 0, 0, 0)),
-    r"completion\[1\].ver: policy versions go backwards": _set(
-        ["c", 1, "ver"], _i32(0, 3, 2, 3, 3)
-    ),
-    r"completion\[0\].r: non-finite reward": _set(["c", 0, "r"], math.inf),
-    r"completion\[0\]: missing field 'r'": _set(["c", 0, "r"], _DELETE),
-    r"completion\[2\].rp: expected a map of finite numbers": _set(["c", 2, "rp"], {"a": math.nan}),
-    r"completion\[1\].fin: unknown finish reason 'exploded'": _set(["c", 1, "fin"], "exploded"),
-    r"completion\[0\].tok: expected bytes, got list": _set(["c", 0, "tok"], [1, 2]),
+    r"completion\[0\].rp: expected a map of finite numbers": _set(["rp"], [{"a": True}, {}, {}]),
+    r"group.rp: 1 reward-part maps for 3 completions": _set(["rp"], [{}]),
+    r"completion\[1\].fin: unknown finish reason 'exploded'": _set(["fin", 1], "exploded"),
+    r"group.fin: 1 finish reasons for 3 completions": _set(["fin"], ["stop"]),
+    r"group.tok: expected bytes, got list": _set(["tok"], [1, 2]),
     "group.meta: expected a map of scalars": _set(["meta"], {"x": [1]}),
 }
 
@@ -181,6 +194,13 @@ def test_garbage_is_rejected_with_its_reason(data, reason):
 def test_oversized_entry_is_rejected_before_parsing():
     with pytest.raises(WireError, match="exceeds the size limit"):
         decode_group(encode_group(_group(16, 512)), vocab_size=VOCAB, max_bytes=4096)
+
+
+def test_a_group_without_completions_cannot_be_encoded():
+    group = _group()
+    group.completions = []
+    with pytest.raises(WireError, match="no completions"):
+        encode_group(group)
 
 
 def test_versions_may_restart_at_a_completion_boundary():

@@ -17,8 +17,16 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg(redis_cfg, **ws):
-    update = {"transport": "dist", "backend": "gloo", "timeout_s": 2.0, "bucket_bytes": 1 << 16, **ws}
-    return redis_cfg.model_copy(update={"weightsync": redis_cfg.weightsync.model_copy(update=update)})
+    update = {
+        "transport": "dist",
+        "backend": "gloo",
+        "timeout_s": 2.0,
+        "bucket_bytes": 1 << 16,
+        **ws,
+    }
+    return redis_cfg.model_copy(
+        update={"weightsync": redis_cfg.weightsync.model_copy(update=update)}
+    )
 
 
 def _wait_members(pub, n: int, timeout: float = 20.0) -> None:
@@ -36,7 +44,9 @@ def procs():
         proc.stop()
 
 
-def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_between_versions(redis_cfg, procs):
+def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_between_versions(
+    redis_cfg, procs
+):
     cfg = _cfg(redis_cfg)
     subs = [Proc("subscriber", cfg, id=f"p{i}", until=30) for i in range(2)]
     procs.extend(subs)
@@ -45,7 +55,9 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
     late = None
     try:
         for version in range(31):
-            stats = pub.publish(version, learner_tensors(version, 64, 2))  # ~41 KB in 64 KiB... and 1 bucket
+            stats = pub.publish(
+                version, learner_tensors(version, 64, 2)
+            )  # ~41 KB in 64 KiB... and 1 bucket
             assert stats.seconds < 5
             if version == 10:
                 late = InProcessActor(cfg, "late", 64, 2)
@@ -67,7 +79,9 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
 def test_tensors_larger_than_a_bucket_are_split_and_reassembled(redis_cfg):
     cfg = _cfg(redis_cfg, bucket_bytes=1 << 16)
     pub = make_publisher(cfg)
-    actor = InProcessActor(cfg, "solo", 256, 2)  # 256x256 fp32 = 256 KiB per tensor: 4+ buckets each
+    actor = InProcessActor(
+        cfg, "solo", 256, 2
+    )  # 256x256 fp32 = 256 KiB per tensor: 4+ buckets each
     try:
         _wait_members(pub, 1)
         for version in range(1, 4):

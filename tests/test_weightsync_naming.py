@@ -21,7 +21,10 @@ def _tied_model():
 
 
 def test_wrapper_prefixes_are_stripped_however_nested():
-    assert strip_wrappers("module._orig_mod.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert (
+        strip_wrappers("module._orig_mod.model.layers.0.mlp.up_proj.weight")
+        == "model.layers.0.mlp.up_proj.weight"
+    )
     assert strip_wrappers("model.module_list.weight") == "model.module_list.weight"
 
 
@@ -66,7 +69,11 @@ def test_two_learner_names_colliding_after_stripping_are_rejected():
 
 
 def test_layout_views_round_trip_every_dtype_without_copies():
-    specs = [TensorSpec("a", (3, 5), "float32"), TensorSpec("b", (7,), "bfloat16"), TensorSpec("c", (), "int64")]
+    specs = [
+        TensorSpec("a", (3, 5), "float32"),
+        TensorSpec("b", (7,), "bfloat16"),
+        TensorSpec("c", (), "int64"),
+    ]
     layout = Layout.build(specs)
     assert all(off % 64 == 0 for off in layout.offsets)
     buffer = torch.zeros(layout.total_bytes, dtype=torch.uint8)
@@ -102,7 +109,11 @@ def test_vllm_buckets_keep_order_and_respect_the_size():
     specs = [TensorSpec(f"w{i}", (n,), "float32") for i, n in enumerate([10, 10, 30, 5, 5])]
     buckets = plan_buckets(specs, 80)
     assert [[s.name for s in b.specs] for b in buckets] == [["w0", "w1"], ["w2"], ["w3", "w4"]]
-    assert buckets[0].update_info() == {"names": ["w0", "w1"], "dtype_names": ["float32", "float32"], "shapes": [[10], [10]]}
+    assert buckets[0].update_info() == {
+        "names": ["w0", "w1"],
+        "dtype_names": ["float32", "float32"],
+        "shapes": [[10], [10]],
+    }
 
 
 def test_vllm_version_spans_become_per_token_versions():

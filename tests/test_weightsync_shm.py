@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from weightsync_helpers import InProcessActor, Proc
+from weightsync_procs import check, engine_template, learner_tensors
 
 from weightsync import make_publisher, make_subscriber
 from weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
 from weightsync.subscriber import apply_to_model
 
-from weightsync_helpers import InProcessActor, Proc
-from weightsync_procs import check, engine_template, learner_tensors
-
 
 def _cfg(redis_cfg, **ws):
-    return redis_cfg.model_copy(update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm", **ws})})
+    return redis_cfg.model_copy(
+        update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm", **ws})}
+    )
 
 
 def _segments(cfg) -> list[Path]:
@@ -56,7 +57,9 @@ def test_many_versions_reach_several_subscriber_processes_whole(redis_cfg, procs
     assert _segments(cfg) == []
 
 
-def _publish_until_leased(pub, victim_pid: int, segment_name, start: int, deadline_s: float = 20.0) -> int:
+def _publish_until_leased(
+    pub, victim_pid: int, segment_name, start: int, deadline_s: float = 20.0
+) -> int:
     """Keep publishing until the victim holds a lease (is mid-copy); returns the next version."""
     version = start
     found = threading.Event()
@@ -87,7 +90,9 @@ def _publish_until_leased(pub, victim_pid: int, segment_name, start: int, deadli
         (signal.SIGSTOP, 2, 1.0, 3.0),  # frozen reader on the only free slot: bounded by the lease
     ],
 )
-def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(redis_cfg, procs, signum, slots, timeout_s, max_publish_s):
+def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(
+    redis_cfg, procs, signum, slots, timeout_s, max_publish_s
+):
     cfg = _cfg(redis_cfg, slots=slots, timeout_s=timeout_s)
     victim = Proc("subscriber", cfg, id="victim", hidden=512, layers=6, until=10**6, duration=60)
     procs.append(victim)
@@ -107,7 +112,9 @@ def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(redis_cfg, 
     if signum == signal.SIGSTOP:
         victim.signal(signal.SIGCONT)
         victim.wait_event("applied", version=final, timeout=20)
-        assert all(e["ok"] for e in victim.applied), "the frozen reader applied a torn copy after SIGCONT"
+        assert all(e["ok"] for e in victim.applied), (
+            "the frozen reader applied a torn copy after SIGCONT"
+        )
     witness.close()
     assert all(ok for _, ok in witness.applied)
     pub.close()
@@ -127,7 +134,9 @@ def test_late_joiner_gets_the_newest_version_only(redis_cfg, procs):
 
 
 @pytest.mark.slow
-def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_cleaned(redis_cfg, procs):
+def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_cleaned(
+    redis_cfg, procs
+):
     cfg = _cfg(redis_cfg, timeout_s=2.0)
     publisher = Proc("publisher", cfg, until=3, duration=60)
     procs.append(publisher)
@@ -142,7 +151,9 @@ def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_clea
         publisher.signal(signal.SIGKILL)
         publisher.wait_exit()
         assert len(_segments(cfg)) == 1  # SIGKILL runs no cleanup ...
-        assert cleanup_stale_segments(cfg.run.name) and _segments(cfg) == []  # ... the next start does
+        assert (
+            cleanup_stale_segments(cfg.run.name) and _segments(cfg) == []
+        )  # ... the next start does
         time.sleep(0.3)
         assert sub.take_staged() is None and sub.version == 3 and sub.lag == 0
     finally:
@@ -187,7 +198,9 @@ def test_engine_model_receives_learner_weights_through_apply_to_model(redis_cfg)
         seconds = apply_to_model(engine, tensors)
         sub.applied(version)
         assert seconds >= 0 and sub.version == 1
-        for (name, a), b in zip(learner.state_dict().items(), engine.state_dict().values(), strict=True):
+        for (name, a), b in zip(
+            learner.state_dict().items(), engine.state_dict().values(), strict=True
+        ):
             assert torch.equal(a, b), name
         assert engine.lm_head.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
     finally:

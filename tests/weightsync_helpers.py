@@ -19,8 +19,21 @@ class Proc:
     """A weightsync_procs.py process whose JSON lines are collected by a reader thread."""
 
     def __init__(self, role: str, cfg, **opts):
-        args = [sys.executable, str(SCRIPT), role, "--redis", cfg.broker.redis_url, "--run", cfg.run.name]
-        args += ["--transport", cfg.weightsync.transport, "--timeout", str(cfg.weightsync.timeout_s)]
+        args = [
+            sys.executable,
+            str(SCRIPT),
+            role,
+            "--redis",
+            cfg.broker.redis_url,
+            "--run",
+            cfg.run.name,
+        ]
+        args += [
+            "--transport",
+            cfg.weightsync.transport,
+            "--timeout",
+            str(cfg.weightsync.timeout_s),
+        ]
         args += ["--slots", str(cfg.weightsync.slots), "--bucket", str(cfg.weightsync.bucket_bytes)]
         for key, value in opts.items():
             args += [f"--{key}", str(value)]
@@ -71,8 +84,9 @@ class InProcessActor:
     """A subscriber in the test process with an engine loop in a thread: take_staged -> check -> applied."""
 
     def __init__(self, cfg, actor_id: str, hidden: int, layers: int):
-        from weightsync import make_subscriber
         from weightsync_procs import check, engine_template
+
+        from weightsync import make_subscriber
 
         self.template = engine_template(hidden, layers)
         self.sub = make_subscriber(cfg, actor_id, self.template).start()
@@ -99,7 +113,9 @@ class InProcessActor:
         deadline = time.monotonic() + timeout
         while self.sub.version < version:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"in-process actor at version {self.sub.version}, wanted {version}")
+                raise TimeoutError(
+                    f"in-process actor at version {self.sub.version}, wanted {version}"
+                )
             time.sleep(0.01)
 
     def close(self) -> None:

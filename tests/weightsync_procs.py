@@ -59,7 +59,12 @@ def config(args):
         {
             "run": {"name": args.run, "dir": "/tmp"},
             "broker": {"redis_url": args.redis},
-            "weightsync": {"transport": args.transport, "timeout_s": args.timeout, "slots": args.slots, "bucket_bytes": args.bucket},
+            "weightsync": {
+                "transport": args.transport,
+                "timeout_s": args.timeout,
+                "slots": args.slots,
+                "bucket_bytes": args.bucket,
+            },
         }
     )
 
@@ -87,7 +92,10 @@ def subscriber(args) -> None:
         if version >= args.until:
             break
     sub.close()
-    print(json.dumps({"event": "done", "seen": seen, "failures": sub.failures, "lag": sub.lag}), flush=True)
+    print(
+        json.dumps({"event": "done", "seen": seen, "failures": sub.failures, "lag": sub.lag}),
+        flush=True,
+    )
 
 
 def publisher(args) -> None:

@@ -25,7 +25,9 @@ class Announcement:
     published_at: float
 
 
-def announce(client: redis.Redis, keys: Keys, version: int, transport: str, publisher: str, meta: dict) -> None:
+def announce(
+    client: redis.Redis, keys: Keys, version: int, transport: str, publisher: str, meta: dict
+) -> None:
     fields = {
         "version": version,
         "transport": transport,
@@ -44,7 +46,10 @@ def read_announcement(client: redis.Redis, keys: Keys) -> Announcement | None:
     raw = client.hgetall(keys.weights)
     if not raw:
         return None
-    fields = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v for k, v in raw.items()}
+    fields = {
+        k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+        for k, v in raw.items()
+    }
     try:
         return Announcement(
             version=int(fields["version"]),
@@ -69,7 +74,9 @@ class Watcher:
         try:
             return self._pubsub.get_message(timeout=timeout_s) is not None
         except (redis.ConnectionError, redis.TimeoutError):
-            time.sleep(min(timeout_s, 0.5))  # Redis away: back off; the next hash read says what we missed
+            time.sleep(
+                min(timeout_s, 0.5)
+            )  # Redis away: back off; the next hash read says what we missed
             return False
 
     def close(self) -> None:

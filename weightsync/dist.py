@@ -34,7 +34,9 @@ from weightsync.layout import Layout
 
 log = logging.getLogger(__name__)
 
-Window = list[tuple[str, int, int, int]]  # (tensor name, first byte in tensor, end byte in tensor, offset in bucket)
+Window = list[
+    tuple[str, int, int, int]
+]  # (tensor name, first byte in tensor, end byte in tensor, offset in bucket)
 
 
 def members_key(keys: Keys) -> str:
@@ -59,7 +61,9 @@ def windows(layout: Layout, bucket_bytes: int) -> list[Window]:
         while start < end:
             index = start // bucket_bytes
             stop = min(end, (index + 1) * bucket_bytes)
-            plan[index].append((spec.name, start - offset, stop - offset, start - index * bucket_bytes))
+            plan[index].append(
+                (spec.name, start - offset, stop - offset, start - index * bucket_bytes)
+            )
             start = stop
     return plan
 
@@ -76,7 +80,11 @@ def resolve_backend(backend: str) -> str:
 
 
 def _device(backend: str) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if backend == "nccl"
+        else torch.device("cpu")
+    )
 
 
 def make_group(backend: str, store: tdist.Store, rank: int, size: int, timeout_s: float):
@@ -96,7 +104,17 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 class DistSender:
     """Publisher side (rank 0 of every epoch's group)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, layout: Layout, *, bucket_bytes: int, timeout_s: float, backend: str, host: str):
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        layout: Layout,
+        *,
+        bucket_bytes: int,
+        timeout_s: float,
+        backend: str,
+        host: str,
+    ):
         self.client, self.keys, self.layout = client, keys, layout
         self.bucket_bytes, self.timeout_s, self.host = bucket_bytes, timeout_s, host
         self.backend = resolve_backend(backend)
@@ -123,7 +141,13 @@ class DistSender:
         return sorted(live)
 
     def _announce_group(self, members: list[str]) -> None:
-        record = {"epoch": self.epoch, "host": self.host, "port": self.store.port, "backend": self.backend, "members": members}
+        record = {
+            "epoch": self.epoch,
+            "host": self.host,
+            "port": self.store.port,
+            "backend": self.backend,
+            "members": members,
+        }
         pipe = self.client.pipeline(transaction=True)
         pipe.set(group_key(self.keys), json.dumps(record))
         pipe.set(group_key(self.keys) + ":epoch", self.epoch)
@@ -132,7 +156,9 @@ class DistSender:
 
     def _close_group(self) -> None:
         self.group = None
-        self.store = None  # the master store's server stops with it; members of the old epoch get errors
+        self.store = (
+            None  # the master store's server stops with it; members of the old epoch get errors
+        )
         self.members = []
 
     def reform(self, members: list[str]) -> None:
@@ -141,7 +167,11 @@ class DistSender:
         for _ in range(3):
             self.epoch += 1
             self.store = tdist.TCPStore(
-                self.host, 0, is_master=True, wait_for_workers=False, timeout=dt.timedelta(seconds=self.timeout_s)
+                self.host,
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=dt.timedelta(seconds=self.timeout_s),
             )
             self._announce_group(members)
             if not members:
@@ -151,7 +181,12 @@ class DistSender:
                 prefix = tdist.PrefixStore(f"e{self.epoch}/pg/", self.store)
                 self.group = make_group(self.backend, prefix, 0, len(members) + 1, self.timeout_s)
                 break
-            log.warning("weightsync dist: %s did not join epoch %d within %.1fs; dropped", missing, self.epoch, self.timeout_s)
+            log.warning(
+                "weightsync dist: %s did not join epoch %d within %.1fs; dropped",
+                missing,
+                self.epoch,
+                self.timeout_s,
+            )
             metrics.TRANSFER_FAILURES.labels(reason="peer_dropped").inc(len(missing))
             self.client.hdel(members_key(self.keys), *missing)
             members = [m for m in members if m not in missing]
@@ -179,15 +214,33 @@ class DistSender:
             try:
                 self._broadcast(version, tensors, aliases)
                 return {"epoch": self.epoch, "members": self.members}
-            except Exception as exc:  # gloo/NCCL raise RuntimeError subclasses on timeout or a lost peer
-                reason = "timeout" if "timeout" in str(exc).lower() or "timed out" in str(exc).lower() else "error"
+            except (
+                Exception
+            ) as exc:  # gloo/NCCL raise RuntimeError subclasses on timeout or a lost peer
+                reason = (
+                    "timeout"
+                    if "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+                    else "error"
+                )
                 metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
-                log.warning("weightsync dist: broadcast of version %d failed (attempt %d): %s", version, attempt + 1, exc)
+                log.warning(
+                    "weightsync dist: broadcast of version %d failed (attempt %d): %s",
+                    version,
+                    attempt + 1,
+                    exc,
+                )
                 self.broken = True
         return {"epoch": self.epoch, "members": []}
 
-    def _broadcast(self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
-        header = {"version": version, "layout": self.layout.to_json(), "aliases": aliases, "bucket_bytes": self.bucket_bytes}
+    def _broadcast(
+        self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]
+    ) -> None:
+        header = {
+            "version": version,
+            "layout": self.layout.to_json(),
+            "aliases": aliases,
+            "bucket_bytes": self.bucket_bytes,
+        }
         self.store.set(f"e{self.epoch}/pub/{self.seq}", json.dumps(header))
         self.seq += 1
         timeout = dt.timedelta(seconds=self.timeout_s)
@@ -199,7 +252,9 @@ class DistSender:
                 for name, start, end, at in window:
                     if name != converted_name:  # a tensor spanning buckets is converted once
                         converted_name = name
-                        converted = _bytes_of(tensors[name].detach().to(self.device, dtypes[name]).contiguous())
+                        converted = _bytes_of(
+                            tensors[name].detach().to(self.device, dtypes[name]).contiguous()
+                        )
                     bucket[at : at + end - start].copy_(converted[start:end])
                 self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
 
@@ -245,12 +300,20 @@ class DistReceiver:
             return
         rank = record["members"].index(self.actor_id) + 1
         timeout = dt.timedelta(seconds=self.timeout_s)
-        self.store = tdist.TCPStore(record["host"], int(record["port"]), is_master=False, timeout=timeout)
+        self.store = tdist.TCPStore(
+            record["host"], int(record["port"]), is_master=False, timeout=timeout
+        )
         self.store.set(f"e{epoch}/ready/{rank}", "1")
         backend = record["backend"]
         self.device = _device(backend)
         try:
-            self.group = make_group(backend, tdist.PrefixStore(f"e{epoch}/pg/", self.store), rank, len(record["members"]) + 1, self.timeout_s)
+            self.group = make_group(
+                backend,
+                tdist.PrefixStore(f"e{epoch}/pg/", self.store),
+                rank,
+                len(record["members"]) + 1,
+                self.timeout_s,
+            )
         except Exception:
             self.failed_epoch = epoch
             self._leave()
@@ -272,7 +335,13 @@ class DistReceiver:
         key = f"e{self.epoch}/pub/{self.seq}"
         try:
             self.store.wait([key], dt.timedelta(seconds=wait_s))
-        except Exception:  # DistStoreError on timeout: nothing published yet (or the publisher is gone)
+        except (
+            tdist.DistNetworkError
+        ):  # the publisher (and its store) is gone: wait for a new epoch
+            self.failed_epoch = self.epoch
+            self._leave()
+            return None
+        except tdist.DistStoreError:  # timeout: nothing published yet
             return None
         header = json.loads(self.store.get(key))
         self.seq += 1
@@ -291,7 +360,9 @@ class DistReceiver:
             release(version, ok)
         return version if ok else None
 
-    def _receive(self, layout: Layout, bucket_bytes: int, dest: dict[str, torch.Tensor] | None) -> None:
+    def _receive(
+        self, layout: Layout, bucket_bytes: int, dest: dict[str, torch.Tensor] | None
+    ) -> None:
         sizes = bucket_sizes(layout, bucket_bytes)
         if self.bucket.device != self.device or self.bucket.numel() < max(sizes, default=0):
             self.bucket = torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self.device)

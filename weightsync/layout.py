@@ -60,7 +60,10 @@ class Layout:
     @classmethod
     def from_json(cls, data: list) -> Layout:
         try:
-            specs = [TensorSpec(str(name), tuple(int(d) for d in shape), str(dtype)) for name, shape, dtype in data]
+            specs = [
+                TensorSpec(str(name), tuple(int(d) for d in shape), str(dtype))
+                for name, shape, dtype in data
+            ]
         except (TypeError, ValueError) as exc:
             raise ValueError(f"malformed weight layout: {exc}") from exc
         return cls.build(specs)
@@ -68,7 +71,9 @@ class Layout:
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Typed tensors over a flat uint8 ``buffer`` of at least ``total_bytes`` (no copy)."""
         if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < self.total_bytes:
-            raise ValueError(f"need a flat uint8 buffer of >= {self.total_bytes} bytes, got {buffer.dtype} {tuple(buffer.shape)}")
+            raise ValueError(
+                f"need a flat uint8 buffer of >= {self.total_bytes} bytes, got {buffer.dtype} {tuple(buffer.shape)}"
+            )
         out = {}
         for spec, offset in zip(self.specs, self.offsets, strict=True):
             raw = buffer[offset : offset + spec.nbytes]

@@ -6,10 +6,22 @@ from prometheus_client import Counter, Gauge, Histogram
 
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-PUBLISH_SECONDS = Histogram("streamrl_weights_publish_seconds", "Wall time of one publish (conversion, copy or broadcast, announcement).", buckets=_SECONDS)
-PUBLISH_BYTES = Counter("streamrl_weights_publish_bytes", "Bytes written by the publisher (one copy per version).")
-PUBLISHED_VERSION = Gauge("streamrl_weights_published_version", "Newest version this publisher announced.")
-RECEIVE_SECONDS = Histogram("streamrl_weights_receive_seconds", "Wall time for a subscriber to receive one version into its staging copy.", buckets=_SECONDS)
+PUBLISH_SECONDS = Histogram(
+    "streamrl_weights_publish_seconds",
+    "Wall time of one publish (conversion, copy or broadcast, announcement).",
+    buckets=_SECONDS,
+)
+PUBLISH_BYTES = Counter(
+    "streamrl_weights_publish_bytes", "Bytes written by the publisher (one copy per version)."
+)
+PUBLISHED_VERSION = Gauge(
+    "streamrl_weights_published_version", "Newest version this publisher announced."
+)
+RECEIVE_SECONDS = Histogram(
+    "streamrl_weights_receive_seconds",
+    "Wall time for a subscriber to receive one version into its staging copy.",
+    buckets=_SECONDS,
+)
 TRANSFER_FAILURES = Counter(
     "streamrl_weights_transfer_failures",
     "Transfers that failed or were given up, by reason (torn, stale_slot, lease_timeout, timeout, peer_dropped, error).",

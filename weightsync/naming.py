@@ -34,7 +34,13 @@ def strip_wrappers(name: str) -> str:
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+    return (
+        t.device,
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+    )
 
 
 def canonical_tensors(
@@ -48,7 +54,9 @@ def canonical_tensors(
     for raw_name, tensor in items:
         name = strip_wrappers(raw_name)
         if name in tensors or name in aliases:
-            raise NameMappingError(f"two learner tensors map to {name!r} after stripping wrapper prefixes (second: {raw_name!r})")
+            raise NameMappingError(
+                f"two learner tensors map to {name!r} after stripping wrapper prefixes (second: {raw_name!r})"
+            )
         key = _storage_key(tensor)
         if key in by_storage:
             aliases[name] = by_storage[key]
@@ -76,7 +84,11 @@ def map_to_template(
     missing, mismatched = [], []
     for raw_names in groups.values():
         # names sharing one engine storage (tied weights) are filled by a single copy
-        sources = [(raw, src) for raw in raw_names if (src := _source(strip_wrappers(raw), published, aliases))]
+        sources = [
+            (raw, src)
+            for raw in raw_names
+            if (src := _source(strip_wrappers(raw), published, aliases))
+        ]
         used.update(src for _, src in sources)
         if not sources:
             missing.extend(strip_wrappers(raw) for raw in raw_names)
@@ -84,7 +96,9 @@ def map_to_template(
         raw_name, source = sources[0]
         shape = tuple(template[raw_name].shape)
         if tuple(published[source]) != shape:
-            mismatched.append(f"{strip_wrappers(raw_name)}: engine {shape} vs published {source} {tuple(published[source])}")
+            mismatched.append(
+                f"{strip_wrappers(raw_name)}: engine {shape} vs published {source} {tuple(published[source])}"
+            )
             continue
         pairs.append((raw_name, source))
     extra = sorted(set(published) - used)
@@ -100,7 +114,9 @@ def map_to_template(
     return pairs
 
 
-def _source(name: str, published: Mapping[str, tuple[int, ...]], aliases: Mapping[str, str]) -> str | None:
+def _source(
+    name: str, published: Mapping[str, tuple[int, ...]], aliases: Mapping[str, str]
+) -> str | None:
     if name in published:
         return name
     target = aliases.get(name)

@@ -26,7 +26,9 @@ def load_policy(path: str | os.PathLike, dtype: str | torch.dtype = "auto", devi
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"policy folder {os.fspath(path)!r} does not exist")
-    model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=resolve_dtype(dtype, device))
+    model = AutoModelForCausalLM.from_pretrained(
+        os.fspath(path), dtype=resolve_dtype(dtype, device)
+    )
     return model.to(device).eval()
 
 

@@ -69,16 +69,28 @@ class Publisher:
             from weightsync.dist import DistSender
 
             return DistSender(
-                self.client, self.keys, layout, bucket_bytes=ws.bucket_bytes, timeout_s=ws.timeout_s, backend=ws.backend, host=ws.dist_host
+                self.client,
+                self.keys,
+                layout,
+                bucket_bytes=ws.bucket_bytes,
+                timeout_s=ws.timeout_s,
+                backend=ws.backend,
+                host=ws.dist_host,
             )
         return None
 
-    def publish(self, version: int, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> PublishStats:
+    def publish(
+        self,
+        version: int,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    ) -> PublishStats:
         """Make ``version`` available to every actor; versions must strictly increase."""
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         if self.last_version is not None and version <= self.last_version:
-            raise ValueError(f"versions must strictly increase: got {version} after {self.last_version}")
+            raise ValueError(
+                f"versions must strictly increase: got {version} after {self.last_version}"
+            )
         start = time.perf_counter()
         tensors, aliases = canonical_tensors(named_tensors)
         layout = Layout.build([self._spec(name, t) for name, t in tensors.items()])
@@ -86,7 +98,9 @@ class Publisher:
             self._layout = layout
             self._sender = self._open(layout)
         elif layout != self._layout:
-            raise ValueError("published tensors changed names, shapes or dtypes since the first publish; a publisher serves one model")
+            raise ValueError(
+                "published tensors changed names, shapes or dtypes since the first publish; a publisher serves one model"
+            )
         meta = {"layout": layout.to_json(), "aliases": aliases}
         if self.transport == "shm":
             slot, overrode = self._sender.write(version, tensors)

@@ -151,7 +151,11 @@ class ShmWriter:
         self._versions = [-1] * slots
         self._newest = -1
         self._views = [
-            layout.views(self._map.data[HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride])
+            layout.views(
+                self._map.data[
+                    HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride
+                ]
+            )
             for s in range(slots)
         ]
 
@@ -159,20 +163,28 @@ class ShmWriter:
         w, now = self._map.words, time.monotonic_ns()
         for row in range(MAX_READERS):
             base = _ROWS + row * _ROW_WORDS
-            if w[base + _SLOT] == slot and w[base + _EXPIRY] > now and _row_alive(self._map.fd, row):
+            if (
+                w[base + _SLOT] == slot
+                and w[base + _EXPIRY] > now
+                and _row_alive(self._map.fd, row)
+            ):
                 return True
         return False
 
     def _free_slot(self) -> tuple[int, bool]:
         """(slot, waited past the lease timeout). Oldest non-newest slot without a live lease."""
-        candidates = sorted((s for s in range(self.slots) if s != self._newest), key=lambda s: self._versions[s])
+        candidates = sorted(
+            (s for s in range(self.slots) if s != self._newest), key=lambda s: self._versions[s]
+        )
         deadline = time.monotonic() + self.lease_s
         while True:
             for s in candidates:
                 if not self._leased(s):
                     return s, False
             if time.monotonic() >= deadline:
-                return candidates[0], True  # leases are expired by now; the seqlock rejects the reader's copy
+                return candidates[
+                    0
+                ], True  # leases are expired by now; the seqlock rejects the reader's copy
             time.sleep(0.001)
 
     def write(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[int, bool]:
@@ -236,10 +248,19 @@ class ShmReader:
         self._map.close()
         raise RuntimeError(f"shm segment {self.name}: all {MAX_READERS} reader rows are taken")
 
-    def read_into(self, version: int, slot: int, layout: Layout, pairs: list[tuple[str, str]], dest: dict[str, torch.Tensor]) -> str:
+    def read_into(
+        self,
+        version: int,
+        slot: int,
+        layout: Layout,
+        pairs: list[tuple[str, str]],
+        dest: dict[str, torch.Tensor],
+    ) -> str:
         """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer version) or "torn"."""
         if not 0 <= slot < self.slots or layout.total_bytes > self.stride:
-            raise ValueError(f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes")
+            raise ValueError(
+                f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes"
+            )
         w = self._map.words
         row = _ROWS + self.row * _ROW_WORDS
         begin, end = _STAMPS + 2 * slot, _STAMPS + 2 * slot + 1
@@ -314,5 +335,12 @@ def active_leases(name: str) -> list[dict]:
     for row in range(MAX_READERS):
         base = _ROWS + row * _ROW_WORDS
         if words[base + _SLOT] >= 0 and words[base + _EXPIRY] > now:
-            out.append({"row": row, "slot": int(words[base + _SLOT]), "version": int(words[base + _VERSION]), "pid": int(words[base + _PID])})
+            out.append(
+                {
+                    "row": row,
+                    "slot": int(words[base + _SLOT]),
+                    "version": int(words[base + _VERSION]),
+                    "pid": int(words[base + _PID]),
+                }
+            )
     return out

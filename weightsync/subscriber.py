@@ -42,7 +42,9 @@ def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> 
     targets.update(model.named_buffers())
     unknown = sorted(set(tensors) - set(targets))
     if unknown:
-        raise KeyError(f"staged tensors the model does not have: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}")
+        raise KeyError(
+            f"staged tensors the model does not have: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
+        )
     with torch.no_grad():
         for name, tensor in tensors.items():
             targets[name].copy_(tensor)
@@ -50,7 +52,14 @@ def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> 
 
 
 class Subscriber:
-    def __init__(self, cfg: Config, actor_id: str, template: dict[str, torch.Tensor], client: redis.Redis | None = None, initial_version: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        actor_id: str,
+        template: dict[str, torch.Tensor],
+        client: redis.Redis | None = None,
+        initial_version: int = 0,
+    ):
         self.cfg = cfg
         self.actor_id = actor_id
         self.keys = Keys.from_config(cfg)
@@ -77,14 +86,18 @@ class Subscriber:
         self.last_receive_seconds: float | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config, actor_id: str, template: dict[str, torch.Tensor]) -> Subscriber:
+    def from_config(
+        cls, cfg: Config, actor_id: str, template: dict[str, torch.Tensor]
+    ) -> Subscriber:
         return cls(cfg, actor_id, template)
 
     # engine-facing, non-blocking
 
     def start(self) -> Subscriber:
         if self._thread is None and self.transport != "none":
-            self._thread = threading.Thread(target=self._run, name=f"weightsync-{self.actor_id}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name=f"weightsync-{self.actor_id}", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -146,7 +159,9 @@ class Subscriber:
         self.failures[reason] = self.failures.get(reason, 0) + 1
         metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
         if detail:
-            self.last_error = f"{reason}: {detail}"
+            self.last_error = (
+                f"{reason}: {detail.splitlines()[0][:300]}"  # torch errors carry C++ stack traces
+            )
             log.warning("weightsync subscriber %s: %s", self.actor_id, self.last_error)
 
     def _run(self) -> None:
@@ -164,14 +179,20 @@ class Subscriber:
             except redis.RedisError as exc:
                 self._fail("redis", repr(exc))
                 self._stop.wait(1.0)
-            except Exception as exc:  # keep the thread alive: the actor keeps its weights and reports the error
+            except (
+                Exception
+            ) as exc:  # keep the thread alive: the actor keeps its weights and reports the error
                 self._fail("error", repr(exc))
                 self._stop.wait(1.0)
         if watcher is not None:
             watcher.close()
 
     def _wanted(self, ann: Announcement | None) -> bool:
-        if ann is None or ann.transport != self.transport or self._failed == (ann.publisher, ann.version):
+        if (
+            ann is None
+            or ann.transport != self.transport
+            or self._failed == (ann.publisher, ann.version)
+        ):
             return False
         with self._cond:
             if self._state == "ready" and self._staged_publisher == ann.publisher:
@@ -179,7 +200,9 @@ class Subscriber:
             # a restarted learner (new publisher id) is authoritative even if it restarted the count
             return ann.publisher != self._live_publisher or ann.version > self._live_version
 
-    def _begin_fill(self, layout: Layout, aliases: dict[str, str]) -> dict[str, torch.Tensor] | None:
+    def _begin_fill(
+        self, layout: Layout, aliases: dict[str, str]
+    ) -> dict[str, torch.Tensor] | None:
         """Claim the staging copy for writing (allocated for this layout); None while the engine holds it."""
         with self._cond:
             if self._state == "lent":
@@ -191,7 +214,11 @@ class Subscriber:
             dtypes = {s.name: s.torch_dtype for s in layout.specs}
             self._pairs = map_to_template(published, aliases, self.template)
             self._staging = {
-                engine: torch.empty(self.template[engine].shape, dtype=dtypes[source], device=self.template[engine].device)
+                engine: torch.empty(
+                    self.template[engine].shape,
+                    dtype=dtypes[source],
+                    device=self.template[engine].device,
+                )
                 for engine, source in self._pairs
             }
             self._staging_key = key
@@ -202,7 +229,11 @@ class Subscriber:
             if version is None:
                 self._state = "empty"
             else:
-                self._state, self._staged_version, self._staged_publisher = "ready", version, publisher
+                self._state, self._staged_version, self._staged_publisher = (
+                    "ready",
+                    version,
+                    publisher,
+                )
             self._cond.notify_all()
 
     def _shm_step(self) -> bool:
@@ -222,7 +253,10 @@ class Subscriber:
                     self._reader = ShmReader(ann.meta["segment"], self.timeout_s)
                 except FileNotFoundError:
                     self._failed = (ann.publisher, ann.version)
-                    self._fail("segment_gone", f"{ann.meta['segment']} is gone (publisher exited); keeping version {self._live_version}")
+                    self._fail(
+                        "segment_gone",
+                        f"{ann.meta['segment']} is gone (publisher exited); keeping version {self._live_version}",
+                    )
                     return False
             start = time.perf_counter()
             dest = self._begin_fill(layout, ann.meta["aliases"])
@@ -230,7 +264,9 @@ class Subscriber:
                 return True
             result = "error"
             try:
-                result = self._reader.read_into(ann.version, int(ann.meta["slot"]), layout, self._pairs, dest)
+                result = self._reader.read_into(
+                    ann.version, int(ann.meta["slot"]), layout, self._pairs, dest
+                )
             finally:
                 self._end_fill(ann.version if result == "ok" else None, ann.publisher)
             if result == "ok":
@@ -245,7 +281,9 @@ class Subscriber:
         from weightsync.dist import DistReceiver
 
         if self._receiver is None:
-            self._receiver = DistReceiver(self.client, self.keys, self.actor_id, timeout_s=self.timeout_s)
+            self._receiver = DistReceiver(
+                self.client, self.keys, self.actor_id, timeout_s=self.timeout_s
+            )
         started = {}
 
         def acquire(version: int, layout: Layout, aliases: dict[str, str]):
@@ -253,7 +291,9 @@ class Subscriber:
             dest = self._begin_fill(layout, aliases)  # a broadcast is always the newest version
             if dest is None:
                 self._fail("staging_busy")
-            return None if dest is None else {source: dest[engine] for engine, source in self._pairs}
+            return (
+                None if dest is None else {source: dest[engine] for engine, source in self._pairs}
+            )
 
         def release(version: int, ok: bool) -> None:
             publisher = self._announced.publisher if self._announced is not None else None

@@ -91,7 +91,10 @@ async def push_weights(engine, version: int, buckets: Sequence[Bucket], send_buc
     try:
         await engine.start_weight_update()
         for bucket in buckets:
-            await asyncio.gather(engine.update_weights(update_info=bucket.update_info()), asyncio.to_thread(send_bucket, bucket))
+            await asyncio.gather(
+                engine.update_weights(update_info=bucket.update_info()),
+                asyncio.to_thread(send_bucket, bucket),
+            )
         await engine.finish_weight_update(weight_version=version)
     finally:
         await engine.resume_generation()
