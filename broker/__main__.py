@@ -14,6 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
+import redis
+
 from broker.client import connect_sync, url_file
 from broker.server import EmbeddedRedis, RedisServerError
 from configs import ConfigError, load_config
@@ -36,11 +38,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.broker.redis_url:
         client = connect_sync(cfg, cfg.broker.redis_url)
-        client.ping()
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            print(
+                f"broker: external Redis at {masked(cfg.broker.redis_url)}: {exc}", file=sys.stderr
+            )
+            return 1
+        finally:
+            client.close()
         print(
             f"external Redis at {masked(cfg.broker.redis_url)} answers; starting none", flush=True
         )
-        client.close()
         return 0
 
     stop = threading.Event()

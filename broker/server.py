@@ -89,7 +89,7 @@ class EmbeddedRedis:
             "--appendonly",
             "yes" if self.cfg.appendonly else "no",
             "--appendfsync",
-            "everysec",
+            self.cfg.appendfsync,
             "--daemonize",
             "no",
             "--logfile",

@@ -36,6 +36,7 @@ from configs.schema import Config
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_MAXLEN = 10_000
+SCRIPT_CHUNK = 4000  # arguments per script call; Lua's unpack() stops near 8000
 
 # Lua keeps each step atomic and one round trip (a MULTI pipeline cost 3x the client CPU of XADD).
 # redis.replicate_commands(): XADD '*' is non-deterministic; Redis 6.2 needs effect replication.
@@ -178,7 +179,7 @@ class RolloutConsumer:
     async def read(self, count: int, block_ms: int) -> list[Delivery]:
         """Up to ``count`` valid, not-yet-trained groups; blocks at most ``block_ms`` when none is ready."""
         raw: list[tuple[str, dict | None, bool]] = []
-        await self._touch_inflight()
+        await self._with_group(self._touch_inflight)
         if self._pending_cursor is not None:
             raw += await self._with_group(lambda: self._read_own_pending(count))
         if len(raw) < count and time.monotonic() - self._last_claim >= self.claim_idle_ms / 2000.0:
@@ -187,7 +188,7 @@ class RolloutConsumer:
             block = None if raw else block_ms
             raw += await self._with_group(lambda: self._read_new(count - len(raw), block))
         deliveries = await self._sort(_first_of_each(raw))
-        await self._update_gauges()
+        await self._with_group(self._update_gauges)
         return deliveries
 
     async def _read_own_pending(self, count: int) -> list[tuple[str, dict | None, bool]]:
@@ -257,10 +258,13 @@ class RolloutConsumer:
         # First deliveries count as consumed (admission) in the same round trip as the dedup check.
         fresh = sum(not redelivered for _, _, redelivered in raw)
         metrics.STREAM_CONSUMED.inc(fresh)
-        trained = await self._account(
-            keys=[self.keys.consumed, self.keys.trained],
-            args=[fresh, *(g.group_id for _, g, _ in decoded)],
-        )
+        ids = [g.group_id for _, g, _ in decoded]
+        trained = []
+        for i in range(0, max(len(ids), 1), SCRIPT_CHUNK):
+            trained += await self._account(
+                keys=[self.keys.consumed, self.keys.trained],
+                args=[fresh if i == 0 else 0, *ids[i : i + SCRIPT_CHUNK]],
+            )
         deliveries = []
         for (entry_id, group, redelivered), done in zip(decoded, trained, strict=True):
             if done or group.group_id in self._inflight:
@@ -298,9 +302,23 @@ class RolloutConsumer:
         if not entry_ids and not group_ids:
             return
         k = self.keys
-        args = [self.group, len(entry_ids), *entry_ids, *group_ids]
-        # Idempotent, so the retry after a NOGROUP (Redis restarted without persistence) is safe.
-        await self._with_group(lambda: self._ack(keys=[k.stream, k.trained], args=args))
+        if len(entry_ids) + len(group_ids) > SCRIPT_CHUNK:
+            # Too many for one script: mark trained first, so a crash half-way through the acks
+            # leaves redeliveries that are recognised and skipped, never trained twice.
+            for i in range(0, len(group_ids), SCRIPT_CHUNK):
+                await self.redis.sadd(k.trained, *group_ids[i : i + SCRIPT_CHUNK])
+            chunks = [
+                (entry_ids[i : i + SCRIPT_CHUNK], [])
+                for i in range(0, len(entry_ids), SCRIPT_CHUNK)
+            ]
+        else:
+            chunks = [(entry_ids, group_ids)]
+        for entries, groups in chunks:
+            args = [self.group, len(entries), *entries, *groups]
+            # Idempotent, so the retry after a NOGROUP (Redis restarted without persistence) is safe.
+            await self._with_group(
+                lambda args=args: self._ack(keys=[k.stream, k.trained], args=args)
+            )
         for gid in group_ids:
             self._inflight.pop(gid, None)
 

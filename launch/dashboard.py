@@ -78,7 +78,11 @@ class TargetSync:
         self._report(None)
         if len(groups) != self.last_count:
             self.last_count = len(groups)
-            print(f"scraping {len(groups)} target(s): " + ", ".join(f"{g['labels']['role']}:{g['labels']['ident']}" for g in groups), flush=True)
+            print(
+                f"scraping {len(groups)} target(s): "
+                + ", ".join(f"{g['labels']['role']}:{g['labels']['ident']}" for g in groups),
+                flush=True,
+            )
 
     def _report(self, problem: str | None) -> None:
         if problem != self.last_problem and problem is not None:
@@ -91,11 +95,19 @@ class TargetSync:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launch.dashboard", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/demo_cpu.yaml", help="YAML preset of the run (default: the CPU demo)")
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.dashboard", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--config",
+        default="configs/demo_cpu.yaml",
+        help="YAML preset of the run (default: the CPU demo)",
+    )
     parser.add_argument("--run-dir", help="run directory (default: run.dir of the config)")
     parser.add_argument("--port", type=int, default=9090, help="Prometheus port on 127.0.0.1")
-    parser.add_argument("--view-port", type=int, default=9091, help="port of the browser live view (0 = off)")
+    parser.add_argument(
+        "--view-port", type=int, default=9091, help="port of the browser live view (0 = off)"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, as given to `make run`")
     args = parser.parse_args(argv)
     try:
@@ -121,11 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Prometheus at {prom.url} (config {config_file}, log {prom.log_path})", flush=True)
         if args.view_port:
             view = serve_live_view(args.view_port)
-            print(f"live view at http://127.0.0.1:{args.view_port}/live.html?prom={prom.url}", flush=True)
+            print(
+                f"live view at http://127.0.0.1:{args.view_port}/live.html?prom={prom.url}",
+                flush=True,
+            )
         print(f"Grafana: import {DASHBOARD} with data source {prom.url}; Ctrl-C stops", flush=True)
         while not stop.wait(SYNC_EVERY_S):
             if prom.proc.poll() is not None:
-                print(f"dashboard: prometheus exited with code {prom.proc.returncode}; log {prom.log_path}", file=sys.stderr)
+                print(
+                    f"dashboard: prometheus exited with code {prom.proc.returncode}; log {prom.log_path}",
+                    file=sys.stderr,
+                )
                 return 1
             sync.tick()
     finally:

@@ -31,14 +31,22 @@ class PrometheusError(RuntimeError):
 def prometheus_executable() -> str:
     path = shutil.which("prometheus")
     if path is None:
-        raise PrometheusError("no `prometheus` binary on PATH: run `make prometheus` (apt-get install prometheus)")
+        raise PrometheusError(
+            "no `prometheus` binary on PATH: run `make prometheus` (apt-get install prometheus)"
+        )
     return path
 
 
 class PrometheusServer:
     """Prometheus on ``127.0.0.1:port`` (0 = a free port) reading ``config_file``, storing in ``data_dir``."""
 
-    def __init__(self, config_file: str | os.PathLike, data_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        config_file: str | os.PathLike,
+        data_dir: str | os.PathLike,
+        port: int = 0,
+        host: str = "127.0.0.1",
+    ):
         self.config_file = Path(config_file)
         self.data_dir = Path(data_dir)
         self.host = host
@@ -72,10 +80,14 @@ class PrometheusServer:
             if not self.requested_port:
                 self.port = free_port(self.host)
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                self.proc = subprocess.Popen(
+                    self._command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
             if self._wait_ready():
                 return self
-        raise PrometheusError(f"prometheus did not start on {self.host}:{self.port}: {self._log_tail()}")
+        raise PrometheusError(
+            f"prometheus did not start on {self.host}:{self.port}: {self._log_tail()}"
+        )
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -90,7 +102,9 @@ class PrometheusServer:
                 pass  # not listening yet, or 503 while the TSDB opens
             time.sleep(0.1)
         self.stop()
-        raise PrometheusError(f"prometheus on port {self.port} not ready within {START_TIMEOUT_S:.0f} s: {self._log_tail()}")
+        raise PrometheusError(
+            f"prometheus on port {self.port} not ready within {START_TIMEOUT_S:.0f} s: {self._log_tail()}"
+        )
 
     def _log_tail(self) -> str:
         text = self.log_path.read_text(errors="replace")[-1500:] if self.log_path.exists() else ""

@@ -45,7 +45,11 @@ def parse_target(field: str, address: str) -> tuple[str, str, str, int] | None:
     host, colon, port = address.rpartition(":")
     host = host.strip("[]")  # IPv6 literals are registered as [::1]:port
     if not (sep and role and ident and colon and host and port.isdigit() and 0 < int(port) < 65536):
-        log.warning("ignoring malformed metrics target %r -> %r (expected role:ident -> host:port)", field, address)
+        log.warning(
+            "ignoring malformed metrics target %r -> %r (expected role:ident -> host:port)",
+            field,
+            address,
+        )
         return None
     return role, ident, host, int(port)
 
@@ -114,12 +118,18 @@ def sync_targets(cfg: Config, redis_client, out_dir: str | os.PathLike | None = 
 def prometheus_config(targets_path: str | os.PathLike) -> dict:
     """Scrape every 2 s whatever ``targets_path`` lists; the file is re-read every 2 s (and on change)."""
     return {
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+        "global": {
+            "scrape_interval": SCRAPE_INTERVAL,
+            "scrape_timeout": SCRAPE_INTERVAL,
+            "evaluation_interval": SCRAPE_INTERVAL,
+        },
         "scrape_configs": [
             {
                 "job_name": JOB,
                 "scrape_interval": SCRAPE_INTERVAL,
-                "file_sd_configs": [{"files": [str(targets_path)], "refresh_interval": SCRAPE_INTERVAL}],
+                "file_sd_configs": [
+                    {"files": [str(targets_path)], "refresh_interval": SCRAPE_INTERVAL}
+                ],
             }
         ],
     }

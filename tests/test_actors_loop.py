@@ -1,9 +1,10 @@
 """Actor processes end to end against a real Redis and the real shm weight publisher.
 
-One scenario (module fixture), several properties: two actors fill the
-admission bound with no learner running; then a "learner" step is simulated
-with the real pieces (weights published over shm, version bumped, entries
-counted as consumed) and a third actor joins; then every actor gets SIGTERM.
+One scenario (module fixture), several properties: two actors start, a third
+joins once groups are flowing, and together they stop at the admission bound
+(no learner runs); then a learner step is simulated with the real pieces
+(weights published over shm, version bumped, entries counted as consumed) and
+the actors continue on the new weights; then every actor gets SIGTERM.
 """
 
 from __future__ import annotations
@@ -64,12 +65,28 @@ def _scrape(host_port: str) -> str:
         return response.read().decode()
 
 
+def _running_version(client: redis.Redis, keys: Keys, *actor_ids: str) -> list[int | None]:
+    """The engine version each actor reports in its heartbeat (None before its first beat)."""
+    beats = [client.hget(keys.actor(a), "version") for a in actor_ids]
+    return [None if v is None else int(float(v)) for v in beats]
+
+
+def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
+    from weightsync.policy import load_policy
+
+    model = load_policy(policy_path)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=generator))
+    return dict(model.named_parameters())
+
+
 @pytest.fixture(scope="module")
 def scenario(redis_server, demo_policy, tmp_path_factory):
     from broker.admission import Admission
     from broker.stream import Blocking
     from weightsync import make_publisher
-    from weightsync.policy import load_policy
 
     tmp = tmp_path_factory.mktemp("actors-loop")
     data = tmp / "train.jsonl"
@@ -95,36 +112,29 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
     client = redis.Redis.from_url(redis_server.url)
     procs = {}
     out = {"keys": keys, "client": client}
-    publisher = None
+    publisher = make_publisher(cfg)
+    admission = Blocking(cfg, lambda r: Admission(r, cfg))
+    accepted = lambda: int(client.get(keys.accepted) or 0)  # noqa: E731
     try:
+        # the learner is at version 1 but has not published weights yet: actors must wait for them
+        admission.set_version(1)
         for actor_id in ("a", "b"):
             procs[actor_id] = _start_actor(actor_id, overrides, tmp)
-        accepted = lambda: int(client.get(keys.accepted) or 0)  # noqa: E731
-        _wait_for(lambda: accepted() >= FIRST_BOUND, 90, "two actors to fill the admission bound", procs.values())
-        time.sleep(1.0)  # nobody may pass the bound while no learner consumes
+        _wait_for(lambda: _running_version(client, keys, "a", "b") == [0, 0], 90, "a and b to wait", procs.values())
+        publisher.publish(1, _perturbed(demo_policy, seed=1))
+        _wait_for(lambda: client.xlen(keys.stream) > 0, 30, "the first published group", procs.values())
+        procs["c"] = _start_actor("c", overrides, tmp)  # joins a running system, after version 1 was published
+        _wait_for(lambda: accepted() >= FIRST_BOUND, 60, "the actors to fill the admission bound", procs.values())
+        _wait_for(lambda: _running_version(client, keys, "c") == [1], 60, "c to load version 1", procs.values())
+        time.sleep(0.5)  # nobody may pass the bound while no learner consumes
         out["first"] = _groups(client, keys)
         targets = {k.decode(): v.decode() for k, v in client.hgetall(keys.metrics_targets).items()}
         out["metrics_a"] = _scrape(targets["actor:a"])
 
-        # one "learner step": new weights over shm, version 1, six entries consumed
-        model = load_policy(demo_policy)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.01 * torch.randn(p.shape, generator=generator))
-        publisher = make_publisher(cfg)
-        publisher.publish(1, dict(model.named_parameters()))
-        procs["c"] = _start_actor("c", overrides, tmp)
-
-        def all_run_version_1() -> bool:
-            beats = [client.hget(keys.actor(a), "version") for a in ("a", "b", "c")]
-            return all(v is not None and int(v) == 1 for v in beats)
-
-        # the waiting actors swap the published weights in; c, new, gets them from the shm segment
-        _wait_for(all_run_version_1, 90, "every actor to run version 1", procs.values())
-        with Blocking(cfg, lambda r: Admission(r, cfg)) as admission:
-            admission.set_version(1)
-            admission.add_consumed(SECOND_BOUND - FIRST_BOUND)
+        # one learner step: version 2 over shm, entries consumed, the bound moves
+        publisher.publish(2, _perturbed(demo_policy, seed=2))
+        admission.set_version(2)
+        admission.add_consumed(SECOND_BOUND - FIRST_BOUND)
         _wait_for(lambda: accepted() >= SECOND_BOUND, 60, "the bound after one learner step", procs.values())
         time.sleep(0.5)
         out["all"] = _groups(client, keys)
@@ -134,8 +144,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         out["exit_codes"] = {name: proc.wait(timeout=30) for name, proc in procs.items()}
-        if publisher is not None:
-            publisher.close()
+        publisher.close()
+        admission.close()
     out["alive_after_stop"] = client.zrange(keys.actors, 0, -1)
     out["leases_after_stop"] = client.zcard(keys.leases)
     out["targets_after_stop"] = client.hgetall(keys.metrics_targets)
@@ -146,7 +156,7 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
 def test_two_actor_processes_never_take_the_same_prompt_in_an_epoch(scenario):
     groups = scenario["first"]
     assert len(groups) == FIRST_BOUND  # the admission bound holds with no learner
-    assert {g.actor_id for g in groups} == {"a", "b"}
+    assert {g.actor_id for g in groups} >= {"a", "b"}
     by_epoch: dict[int, list[int]] = {}
     for g in groups:
         by_epoch.setdefault(int(g.meta["epoch"]), []).append(int(g.meta["row"]))
@@ -155,15 +165,17 @@ def test_two_actor_processes_never_take_the_same_prompt_in_an_epoch(scenario):
         assert len(rows) == len(set(rows))
     assert sorted(by_epoch[0]) == sorted(by_epoch[1]) == list(range(DATASET_ROWS))
     for g in groups:
-        assert len(g.completions) == 2 and all((c.versions == 0).all() for c in g.completions)
+        assert len(g.completions) == 2
 
 
 def test_an_actor_added_mid_run_gets_prompts_and_the_published_weights(scenario):
-    later = scenario["all"][FIRST_BOUND:]
+    first, later = scenario["all"][:FIRST_BOUND], scenario["all"][FIRST_BOUND:]
     assert len(later) == SECOND_BOUND - FIRST_BOUND
-    assert "c" in {g.actor_id for g in later}
-    for g in later:  # max_staleness 0 and learner version 1: only version-1 weights may generate
-        assert all((c.versions == 1).all() for c in g.completions), (g.actor_id, [c.versions for c in g.completions])
+    assert "c" in {g.actor_id for g in scenario["all"]}
+    # max_staleness 0: every token comes from the learner's version at the time (1, then 2)
+    for groups, version in ((first, 1), (later, 2)):
+        for g in groups:
+            assert all((c.versions == version).all() for c in g.completions), (g.actor_id, version)
     cursor_rows = [(int(g.meta["epoch"]), int(g.meta["row"])) for g in scenario["all"]]
     assert len(cursor_rows) == len(set(cursor_rows))
     assert scenario["alive_before_stop"] == {"a", "b", "c"}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from broker.client import RedisNotConfigured, connect_sync, redis_url
 from broker.keys import Keys
@@ -31,7 +33,9 @@ def test_password_server_rejects_clients_without_it(tmp_path):
     with EmbeddedRedis(cfg, tmp_path) as server:
         assert "s3cret" in server.url
         assert redis.Redis.from_url(server.url).ping()
-        bare = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2)
+        bare = redis.Redis(
+            host="127.0.0.1", port=server.port, socket_timeout=2, retry=Retry(NoBackoff(), 0)
+        )
         with pytest.raises(redis.AuthenticationError):
             bare.ping()
     assert server.proc is None
@@ -105,3 +109,22 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_python_m_broker_with_an_unreachable_redis_url_fails_clearly(tmp_path):
+    from broker.server import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    out = subprocess.run(
+        [sys.executable, "-m", "broker", "broker.retries=0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert (
+        "broker: external Redis at redis://127.0.0.1:" in out.stderr
+        and "Traceback" not in out.stderr
+    )

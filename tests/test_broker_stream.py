@@ -328,3 +328,48 @@ def test_connection_refused_surfaces_after_bounded_retries(redis_cfg, tmp_path):
             await r.aclose()
 
     assert run(main()) < 5
+
+
+def test_acks_larger_than_one_script_call_are_split_and_complete(redis_cfg, monkeypatch):
+    from broker import stream
+
+    monkeypatch.setattr(stream, "SCRIPT_CHUNK", 5)
+    cfg = redis_cfg
+    keys = Keys.from_config(cfg)
+    ids = [f"c{i}" for i in range(12)]
+
+    async def main():
+        await _publish(cfg, ids)
+        r = connect_async(cfg)
+        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        got = await consumer.read(20, block_ms=100)
+        assert [d.group.group_id for d in got] == ids
+        await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+        assert await r.xlen(keys.stream) == 0 and await r.scard(keys.trained) == 12
+        assert int(await r.get(keys.consumed)) == 12
+        await r.aclose()
+
+    run(main())
+
+
+def test_entries_acknowledged_to_producers_survive_a_sigkilled_redis_with_aof(tmp_path):
+    # Redis write()s the AOF before it replies, so a process crash loses nothing even with
+    # fsync everysec; only a machine crash can lose the last second (appendfsync=always closes that).
+    cfg_broker = Config.model_validate({"broker": {"appendonly": True}}).broker
+    server = EmbeddedRedis(cfg_broker, tmp_path / "redis").start()
+    cfg = Config.model_validate({"run": {"name": "crash"}, "broker": {"redis_url": server.url}})
+    try:
+        ids = [f"f{i}" for i in range(30)]
+        run(_publish(cfg, ids))
+        server.kill()  # SIGKILL: no shutdown, no final flush
+        server.restart()
+
+        async def main():
+            r = connect_async(cfg)
+            got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(50, block_ms=100)
+            await r.aclose()
+            return [d.group.group_id for d in got]
+
+        assert run(main()) == ids
+    finally:
+        server.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -32,15 +31,26 @@ def documented_metrics() -> tuple[set[str], set[str]]:
 
 
 def metric_names(expr: str) -> set[str]:
-    return set(METRIC.findall(expr)) | {w for w in re.findall(r"\b[a-z_]+\b(?=\s*[{\[])", expr) if w in PROMETHEUS_BUILTINS}
+    return set(METRIC.findall(expr)) | {
+        w for w in re.findall(r"\b[a-z_]+\b(?=\s*[{\[])", expr) if w in PROMETHEUS_BUILTINS
+    }
 
 
 def promql_errors(exprs: list[str], tmp_path: Path) -> str:
     """promtool's parse errors for ``exprs`` (each checked as a recording rule); empty if all parse."""
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump(rules))
-    check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     return "" if check.returncode == 0 else check.stdout + check.stderr
 
 
@@ -49,10 +59,14 @@ def test_dashboard_is_importable_grafana_json_bound_to_the_prometheus_datasource
     assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
     assert dashboard["uid"] and dashboard["title"] and isinstance(dashboard["schemaVersion"], int)
     panels = iter_panels(dashboard)
-    ids = [p["id"] for p in dashboard["panels"]] + [p["id"] for p in panels if p not in dashboard["panels"]]
+    ids = [p["id"] for p in dashboard["panels"]] + [
+        p["id"] for p in panels if p not in dashboard["panels"]
+    ]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     for panel in panels:
-        assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, panel[
+            "title"
+        ]
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
 
@@ -61,7 +75,9 @@ def test_every_panel_has_a_promql_target():
     for panel in iter_panels(load_dashboard()):
         assert panel["targets"], f"panel {panel['title']!r} has no targets"
         for target in panel["targets"]:
-            assert target["expr"].strip(), f"panel {panel['title']!r} target {target['refId']} has no expression"
+            assert target["expr"].strip(), (
+                f"panel {panel['title']!r} target {target['refId']} has no expression"
+            )
 
 
 def test_every_metric_the_dashboard_reads_is_documented_in_architecture_md():
@@ -103,7 +119,9 @@ def test_dashboard_covers_throughput_staleness_reward_loss_weights_versions_and_
 
 def test_every_dashboard_expression_parses_with_promtool(tmp_path):
     exprs = [render(q.expr) for q in queries()]
-    assert not any("$" in e for e in exprs), "a Grafana variable is left that render() does not fill in"
+    assert not any("$" in e for e in exprs), (
+        "a Grafana variable is left that render() does not fill in"
+    )
     assert promql_errors(exprs, tmp_path) == ""
     # The check itself must catch a broken expression.
     assert "parse error" in promql_errors(["sum(rate(streamrl_learner_steps_total[30s])"], tmp_path)
@@ -123,13 +141,15 @@ RUN_OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def short_run(redis_server, demo_policy, demo_dataset, tmp_path_factory):
-    """A real streamrl run (Redis, learner, 2 actors via launch.Supervisor) trained for a few steps,
+    """A real streamrl run (Redis, learner, one actor via launch.Supervisor) trained for a few steps,
     and a real Prometheus that scraped it; shared by the tests below (starting a run is the cost)."""
     from configs import load_config
     from launch.prometheus import PrometheusServer
     from launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 
-    supervisor_mod = pytest.importorskip("launch.supervisor", reason="launch.supervisor (the lead's) is not importable yet")
+    supervisor_mod = pytest.importorskip(
+        "launch.supervisor", reason="launch.supervisor (the lead's) is not importable yet"
+    )
     overrides = RUN_OVERRIDES + [
         f"run.name=dash-{uuid.uuid4().hex[:8]}",
         f"run.dir={tmp_path_factory.mktemp('dash') / 'run'}",
@@ -139,7 +159,7 @@ def short_run(redis_server, demo_policy, demo_dataset, tmp_path_factory):
     ]
     config_path = str(ROOT / "configs" / "demo_cpu.yaml")
     cfg = load_config(config_path, overrides)
-    supervisor = supervisor_mod.Supervisor(cfg, config_path, overrides, actors=2).start()
+    supervisor = supervisor_mod.Supervisor(cfg, config_path, overrides, actors=1).start()
     prom = None
     try:
         out = prometheus_dir(cfg)
@@ -147,17 +167,25 @@ def short_run(redis_server, demo_policy, demo_dataset, tmp_path_factory):
 
         def exercised() -> bool:
             sync_targets(cfg, supervisor.redis, out)
-            # Several steps trained, weights reached every actor, and the scrapes after that are in.
+            # Several steps trained and weights reached the actor.
             return (
                 _value(prom, "max(streamrl_learner_steps_total)") >= 3
-                and _value(prom, 'count(up{role="actor"} == 1)') == 2
+                and _value(prom, 'count(up{role="actor"} == 1)') == 1
                 and _value(prom, "min(streamrl_actor_policy_version)") >= 1
                 and _value(prom, "sum(streamrl_weights_receive_seconds_count)") >= 1
             )
 
-        logs = lambda: "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(supervisor.log_dir.glob("*.log")))  # noqa: E731
-        assert supervisor.wait_until(exercised, timeout=180), f"run never trained and synced weights; targets {prom.targets()}\n{logs()}"
-        time.sleep(4.5)  # two more scrapes, so rates over the last window see the latest counters
+        def logs() -> str:
+            return "\n".join(
+                f"--- {p.name}\n{p.read_text()[-1500:]}"
+                for p in sorted(supervisor.log_dir.glob("*.log"))
+            )
+
+        assert supervisor.wait_until(exercised, timeout=180), (
+            f"run never trained and synced weights; targets {prom.targets()}\n{logs()}"
+        )
+        # Rates need two scrapes that saw a change; give every query a bounded chance to get there.
+        supervisor.wait_until(lambda: not queries_without_data(prom), timeout=30, interval=1.0)
         yield prom, logs
     finally:
         if prom is not None:
@@ -170,25 +198,30 @@ def _value(prom, expr: str) -> float:
     return float(result[0]["value"][1]) if result else float("nan")
 
 
-def _finite(text: str) -> bool:
-    return text not in ("NaN", "+Inf", "-Inf")
+def queries_without_data(prom) -> list[str]:
+    """Dashboard queries whose result has no finite sample right now."""
+    empty = []
+    for q in queries():
+        result = prom.query(render(q.expr))
+        if not any(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result):
+            empty.append(f"{q.panel} [{q.legend}]: {render(q.expr)} -> {result}")
+    return empty
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_every_dashboard_query_returns_data(short_run):
     prom, logs = short_run
-    empty = []
-    for q in queries():
-        result = prom.query(render(q.expr))
-        if not any(_finite(r["value"][1]) for r in result):
-            empty.append(f"{q.panel} [{q.legend}]: {render(q.expr)} -> {result}")
+    empty = queries_without_data(prom)
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty) + f"\n{logs()}"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium (Debian `chromium`) renders the live view")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None,
+    reason="headless Chromium (Debian `chromium`) renders the live view",
+)
 def test_live_view_draws_every_panel_with_data_from_a_real_run(short_run, tmp_path):
     from broker.server import free_port
     from launch.dashboard import serve_live_view
@@ -199,10 +232,23 @@ def test_live_view_draws_every_panel_with_data_from_a_real_run(short_run, tmp_pa
     try:
         url = f"http://127.0.0.1:{port}/live.html?prom={prom.url}&range=5m"
         dom = subprocess.run(
-            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
-             "--virtual-time-budget=15000", "--dump-dom", url],
-            capture_output=True, text=True, timeout=90,
+            [
+                "chromium",
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={tmp_path / 'chrome'}",
+                "--virtual-time-budget=15000",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
         ).stdout
     finally:
         view.shutdown()
@@ -211,5 +257,9 @@ def test_live_view_draws_every_panel_with_data_from_a_real_run(short_run, tmp_pa
     assert body, f"live view never finished a refresh: {dom[:2000]}"
     with_data, panels = map(int, body.groups())
     assert panels == len(iter_panels(load_dashboard()))
-    missing = re.findall(r'data-title="([^"]+)"><h3[^>]*>[^<]*</h3>(?:(?!class="panel").)*?class="error">([^<]*)<', dom, re.S)
+    missing = re.findall(
+        r'data-title="([^"]+)"><h3[^>]*>[^<]*</h3>(?:(?!class="panel").)*?class="error">([^<]*)<',
+        dom,
+        re.S,
+    )
     assert with_data == panels, f"panels without data in the live view: {missing}"

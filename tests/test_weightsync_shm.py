@@ -206,3 +206,17 @@ def test_engine_model_receives_learner_weights_through_apply_to_model(redis_cfg)
     finally:
         sub.close()
         pub.close()
+
+
+def test_engine_whose_names_do_not_match_reports_it_and_keeps_its_weights(redis_cfg):
+    cfg = _cfg(redis_cfg)
+    pub = make_publisher(cfg)
+    sub = make_subscriber(cfg, "wrong-model", engine_template(16, 2)).start()
+    try:
+        pub.publish(1, learner_tensors(1, 8, 2))
+        assert not sub.wait_staged(1.5)
+        assert sub.failures.get("name_mismatch") == 1 and "shape mismatch" in sub.last_error
+        assert sub.version == 0 and sub.lag == 1
+    finally:
+        sub.close()
+        pub.close()

@@ -26,7 +26,7 @@ from configs.schema import Config
 from weightsync import metrics
 from weightsync.announce import Announcement, Watcher, read_announcement
 from weightsync.layout import Layout
-from weightsync.naming import map_to_template
+from weightsync.naming import NameMappingError, map_to_template
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,11 @@ class Subscriber:
         return None if ann is None else max(0.0, time.time() - ann.published_at)
 
     def take_staged(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The staged (version, tensors by engine name), lent to the caller until ``applied``; else None."""
+        """The staged (version, tensors by engine name), lent to the caller until ``applied``; else None.
+
+        The tensors are the reused staging buffers: copy them into the model
+        (``apply_to_model``) and keep no reference after ``applied``.
+        """
         with self._cond:
             if self._state != "ready":
                 return None
@@ -133,8 +137,9 @@ class Subscriber:
     def applied(self, version: int) -> None:
         """The engine now runs ``version``; the staging copy is free again."""
         with self._cond:
-            if self._state == "lent" and version == self._staged_version:
-                self._live_publisher = self._staged_publisher
+            if self._state == "lent":
+                if version == self._staged_version:
+                    self._live_publisher = self._staged_publisher
                 self._state = "empty"
             self._live_version = version
             self._cond.notify_all()
@@ -179,9 +184,8 @@ class Subscriber:
             except redis.RedisError as exc:
                 self._fail("redis", repr(exc))
                 self._stop.wait(1.0)
-            except (
-                Exception
-            ) as exc:  # keep the thread alive: the actor keeps its weights and reports the error
+            except Exception as exc:
+                # keep the thread alive: the actor keeps its weights and reports the error
                 self._fail("error", repr(exc))
                 self._stop.wait(1.0)
         if watcher is not None:
@@ -201,18 +205,22 @@ class Subscriber:
             return ann.publisher != self._live_publisher or ann.version > self._live_version
 
     def _begin_fill(
-        self, layout: Layout, aliases: dict[str, str]
+        self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0
     ) -> dict[str, torch.Tensor] | None:
         """Claim the staging copy for writing (allocated for this layout); None while the engine holds it."""
         with self._cond:
-            if self._state == "lent":
+            if not self._cond.wait_for(lambda: self._state != "lent", timeout=wait_s):
                 return None
             self._state = "filling"
         key = (layout.specs, tuple(sorted(aliases.items())))
         if key != self._staging_key:
             published = {s.name: s.shape for s in layout.specs}
             dtypes = {s.name: s.torch_dtype for s in layout.specs}
-            self._pairs = map_to_template(published, aliases, self.template)
+            try:
+                self._pairs = map_to_template(published, aliases, self.template)
+            except NameMappingError:
+                self._end_fill(None, None)
+                raise
             self._staging = {
                 engine: torch.empty(
                     self.template[engine].shape,
@@ -259,7 +267,12 @@ class Subscriber:
                     )
                     return False
             start = time.perf_counter()
-            dest = self._begin_fill(layout, ann.meta["aliases"])
+            try:
+                dest = self._begin_fill(layout, ann.meta["aliases"])
+            except NameMappingError as exc:
+                self._failed = (ann.publisher, ann.version)
+                self._fail("name_mismatch", str(exc))
+                return False
             if dest is None:
                 return True
             result = "error"
@@ -288,7 +301,14 @@ class Subscriber:
 
         def acquire(version: int, layout: Layout, aliases: dict[str, str]):
             started["t"] = time.perf_counter()
-            dest = self._begin_fill(layout, aliases)  # a broadcast is always the newest version
+            # a broadcast is always the newest version; the engine's swap takes milliseconds, so wait a
+            # little for it rather than drop the version (the publisher waits for every member anyway)
+            try:
+                dest = self._begin_fill(layout, aliases, wait_s=min(1.0, self.timeout_s / 4))
+            except NameMappingError as exc:
+                # still take part in the broadcast (dropping the bytes) so the publisher is not stalled
+                self._fail("name_mismatch", str(exc))
+                return None
             if dest is None:
                 self._fail("staging_busy")
             return (
