@@ -23,7 +23,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m actors", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML preset (default: built-in defaults)")
     parser.add_argument("--count", type=int, default=1, help="actor processes to start")
-    parser.add_argument("--actor-id", help="actor id (default host-pid; with --count N, ID-0 .. ID-N-1)")
+    parser.add_argument(
+        "--actor-id", help="actor id (default host-pid; with --count N, ID-0 .. ID-N-1)"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     return parser.parse_args(argv)
 

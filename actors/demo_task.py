@@ -37,7 +37,10 @@ def build_tokenizer():
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
     core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, eos_token=EOS, additional_special_tokens=[IM_START, IM_END]
+        tokenizer_object=core,
+        pad_token=PAD,
+        eos_token=EOS,
+        additional_special_tokens=[IM_START, IM_END],
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
@@ -78,13 +81,15 @@ def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
     """
     stopped = completion.endswith(EOS)
     text = completion[: -len(EOS)] if stopped else completion
-    right = sum(1 for a, b in zip(text, answer) if a == b)
+    right = sum(1 for a, b in zip(text, answer, strict=False) if a == b)
     position = right / len(answer)
     stop = 1.0 if stopped and len(text) == len(answer) else 0.0
     return {"position": 0.9 * position, "stop": 0.1 * stop}
 
 
-def format_warm_start(model, tokenizer, steps: int = 60, batch: int = 64, lr: float = 3e-4, seed: int = 0) -> float:
+def format_warm_start(
+    model, tokenizer, steps: int = 60, batch: int = 64, lr: float = 3e-4, seed: int = 0
+) -> float:
     """Supervised steps on *random* digit strings of the right length + EOS.
 
     Teaches the output format (three digits, then stop), not the answer: the

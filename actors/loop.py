@@ -83,7 +83,7 @@ class _Pending:
 def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score]) -> RolloutGroup:
     completions = [
         Completion(o.token_ids, o.logprobs, o.versions, s.total, o.finish_reason, s.parts)
-        for o, s in zip(pending.outputs, scores)
+        for o, s in zip(pending.outputs, scores, strict=True)
     ]
     return RolloutGroup(
         group_id=f"{actor_id}-{seq}-{uuid.uuid4().hex[:8]}",
@@ -118,9 +118,15 @@ class Actor:
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
         self.rewards = RewardPool(cfg.reward)
-        self.model = None if cfg.actor.engine == "vllm" else load_policy(cfg.model.path, cfg.model.dtype, cfg.actor.device)
+        self.model = (
+            None
+            if cfg.actor.engine == "vllm"
+            else load_policy(cfg.model.path, cfg.model.dtype, cfg.actor.device)
+        )
         config = self.model.config if self.model is not None else None
-        self.params = SamplingParams.from_config(cfg.rollout, stop_token_ids(self.tokenizer, config))
+        self.params = SamplingParams.from_config(
+            cfg.rollout, stop_token_ids(self.tokenizer, config)
+        )
 
     def connect(self) -> None:
         import weightsync
@@ -136,10 +142,14 @@ class Actor:
         self.admission = Admission(self.redis, cfg)
         self.producer = RolloutProducer(self.redis, cfg)
         self.heartbeats = Heartbeats(self.redis, cfg)
-        self.prompts = PromptSource(self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed)
+        self.prompts = PromptSource(
+            self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed
+        )
         self.subscriber = None
         if cfg.weightsync.transport != "none" and self.model is not None:
-            self.subscriber = weightsync.make_subscriber(cfg, self.actor_id, dict(self.model.named_parameters())).start()
+            self.subscriber = weightsync.make_subscriber(
+                cfg, self.actor_id, dict(self.model.named_parameters())
+            ).start()
         seed = cfg.run.seed * 1_000_003 + (hash(self.actor_id) & 0xFFFF)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
         metrics.POLICY_VERSION.set(self.engine.version)
@@ -195,10 +205,14 @@ class Actor:
     async def _generate_score_publish(self, batch: list[_Pending]) -> None:
         group_size = self.cfg.rollout.group_size
         requests = [
-            Request(f"{g}:{j}", pending.prompt.token_ids) for g, pending in enumerate(batch) for j in range(group_size)
+            Request(f"{g}:{j}", pending.prompt.token_ids)
+            for g, pending in enumerate(batch)
+            for j in range(group_size)
         ]
         start = time.monotonic()
-        outputs = await asyncio.to_thread(self.engine.generate, requests, self.params, self.stop.is_set)
+        outputs = await asyncio.to_thread(
+            self.engine.generate, requests, self.params, self.stop.is_set
+        )
         elapsed = time.monotonic() - start
         metrics.GENERATE_SECONDS.inc(elapsed)
         self.tokens_per_s = sum(len(o.token_ids) for o in outputs) / max(elapsed, 1e-9)
@@ -211,7 +225,9 @@ class Actor:
         if not complete:
             return
         samples = [
-            (p.prompt.messages + [self._assistant_turn(o)], p.prompt.answer) for p in complete for o in p.outputs
+            (p.prompt.messages + [self._assistant_turn(o)], p.prompt.answer)
+            for p in complete
+            for o in p.outputs
         ]
         scores = await asyncio.to_thread(self.rewards.score, samples)
         for g, pending in enumerate(complete):
@@ -248,7 +264,9 @@ class Actor:
                 await self.heartbeats.beat(self.actor_id, self.engine.version, self.tokens_per_s)
                 for lease_id in list(self.leases):
                     await self.admission.renew(lease_id)
-            except Exception as exc:  # a Redis hiccup must not kill the actor; the next beat retries
+            except (
+                Exception
+            ) as exc:  # a Redis hiccup must not kill the actor; the next beat retries
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.cfg.actor.heartbeat_s)
 

@@ -4,24 +4,35 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-TOKENS_GENERATED = Counter("streamrl_actor_tokens_generated_total", "Completion tokens sampled by this actor.")
-GROUPS_PUBLISHED = Counter("streamrl_actor_groups_published_total", "Scored rollout groups added to the stream.")
+TOKENS_GENERATED = Counter(
+    "streamrl_actor_tokens_generated_total", "Completion tokens sampled by this actor."
+)
+GROUPS_PUBLISHED = Counter(
+    "streamrl_actor_groups_published_total", "Scored rollout groups added to the stream."
+)
 COMPLETION_LENGTH = Histogram(
     "streamrl_actor_completion_length_tokens",
     "Tokens per completion.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
 )
 REWARD = Histogram(
-    "streamrl_actor_reward", "Total reward per completion.", buckets=(-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2, 5)
+    "streamrl_actor_reward",
+    "Total reward per completion.",
+    buckets=(-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2, 5),
 )
-REWARD_PART = Gauge("streamrl_actor_reward_part", "Mean of a named reward part over the last group.", ["part"])
+REWARD_PART = Gauge(
+    "streamrl_actor_reward_part", "Mean of a named reward part over the last group.", ["part"]
+)
 REWARD_FAILURES = Counter(
     "streamrl_actor_reward_failures_total", "Reward calls that failed and scored 0.", ["kind"]
 )
 ADMISSION_WAIT_SECONDS = Counter(
-    "streamrl_actor_admission_wait_seconds_total", "Time spent waiting for admission control or fresh weights."
+    "streamrl_actor_admission_wait_seconds_total",
+    "Time spent waiting for admission control or fresh weights.",
 )
-GENERATE_SECONDS = Counter("streamrl_actor_generate_seconds_total", "Time spent inside engine.generate.")
+GENERATE_SECONDS = Counter(
+    "streamrl_actor_generate_seconds_total", "Time spent inside engine.generate."
+)
 WEIGHT_SWAP_SECONDS = Histogram(
     "streamrl_actor_weight_swap_seconds",
     "Time to copy staged weights into the engine between two decode steps.",

@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+_FILE_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".arrow": "arrow",
+}
 
 
 class PromptDataError(ValueError):
@@ -51,7 +57,9 @@ def _load_table(path: Path, split: str):
         try:
             loaded = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError) as exc:
-            raise PromptDataError(f"{path}: not a saved Hugging Face dataset folder: {exc}") from None
+            raise PromptDataError(
+                f"{path}: not a saved Hugging Face dataset folder: {exc}"
+            ) from None
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
                 raise PromptDataError(f"{path}: no split {split!r} (has {sorted(loaded)})")
@@ -59,14 +67,18 @@ def _load_table(path: Path, split: str):
         return loaded
     builder = _FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
-        raise PromptDataError(f"{path}: unknown file type {path.suffix!r}; expected one of {sorted(_FILE_BUILDERS)}")
+        raise PromptDataError(
+            f"{path}: unknown file type {path.suffix!r}; expected one of {sorted(_FILE_BUILDERS)}"
+        )
     if builder == "json":
         _check_json_lines(path)
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as exc:  # datasets wraps parser errors in several types
         cause = exc.__cause__ or exc
-        raise PromptDataError(f"{path}: cannot read as {builder}: {type(cause).__name__}: {cause}") from None
+        raise PromptDataError(
+            f"{path}: cannot read as {builder}: {type(cause).__name__}: {cause}"
+        ) from None
 
 
 def _check_json_lines(path: Path) -> None:
@@ -86,7 +98,9 @@ def _check_json_lines(path: Path) -> None:
             except json.JSONDecodeError as exc:
                 raise PromptDataError(f"{path}: row {number}: not valid JSON: {exc.msg}") from None
             if not isinstance(row, dict):
-                raise PromptDataError(f"{path}: row {number}: expected a JSON object, got {type(row).__name__}")
+                raise PromptDataError(
+                    f"{path}: row {number}: expected a JSON object, got {type(row).__name__}"
+                )
 
 
 def _pick_format(columns: list[str], wanted: str, path: Path) -> str:
@@ -95,7 +109,9 @@ def _pick_format(columns: list[str], wanted: str, path: Path) -> str:
     needed = [wanted, "answer"]
     missing = [c for c in needed if c not in columns]
     if missing:
-        raise PromptDataError(f"{path}: format {wanted!r} needs columns {needed}; missing {missing} (has {columns})")
+        raise PromptDataError(
+            f"{path}: format {wanted!r} needs columns {needed}; missing {missing} (has {columns})"
+        )
     return wanted
 
 
@@ -103,18 +119,24 @@ def _messages(row: dict, fmt: str, where: str) -> list[dict[str, str]]:
     if fmt == "prompt":
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt:
-            raise PromptDataError(f"{where}, column 'prompt': expected a non-empty string, got {prompt!r:.80}")
+            raise PromptDataError(
+                f"{where}, column 'prompt': expected a non-empty string, got {prompt!r:.80}"
+            )
         return [{"role": "user", "content": prompt}]
     messages = row["messages"]
     if not isinstance(messages, list) or not messages:
-        raise PromptDataError(f"{where}, column 'messages': expected a non-empty list, got {messages!r:.80}")
+        raise PromptDataError(
+            f"{where}, column 'messages': expected a non-empty list, got {messages!r:.80}"
+        )
     for turn in messages:
         if (
             not isinstance(turn, dict)
             or not isinstance(turn.get("role"), str)
             or not isinstance(turn.get("content"), str)
         ):
-            raise PromptDataError(f"{where}, column 'messages': expected {{role, content}} strings, got {turn!r:.80}")
+            raise PromptDataError(
+                f"{where}, column 'messages': expected {{role, content}} strings, got {turn!r:.80}"
+            )
     return [{"role": t["role"], "content": t["content"]} for t in messages]
 
 
@@ -130,7 +152,14 @@ def _render(messages: list[dict[str, str]], fmt: str, tokenizer, chat_template: 
 class PromptDataset:
     """All rows, validated and tokenized. ``fmt``: auto | messages | prompt (see cfg.data)."""
 
-    def __init__(self, path: str | os.PathLike, tokenizer, fmt: str = "auto", split: str = "train", chat_template: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        tokenizer,
+        fmt: str = "auto",
+        split: str = "train",
+        chat_template: bool = False,
+    ):
         path = Path(path)
         if not path.exists():
             raise PromptDataError(f"{path}: dataset does not exist")
@@ -156,13 +185,17 @@ class PromptDataset:
 
     @classmethod
     def from_config(cls, data_cfg, tokenizer) -> PromptDataset:
-        return cls(data_cfg.path, tokenizer, data_cfg.format, data_cfg.split, data_cfg.apply_chat_template)
+        return cls(
+            data_cfg.path, tokenizer, data_cfg.format, data_cfg.split, data_cfg.apply_chat_template
+        )
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def get(self, index: int, epoch: int = 0) -> Prompt:
-        return Prompt(index, epoch, self.token_ids[index], self.messages[index], self.answers[index])
+        return Prompt(
+            index, epoch, self.token_ids[index], self.messages[index], self.answers[index]
+        )
 
 
 @functools.lru_cache(maxsize=2)

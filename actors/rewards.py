@@ -99,12 +99,18 @@ def code_execution(messages, answer, timeout_s: float = 5.0, memory_mb: int = 51
     """
     code = extract_code(_completion(messages)["content"])
     if isinstance(answer, str):
-        return float(run_python(code + "\n\n" + answer, timeout_s=timeout_s, memory_mb=memory_mb).ok)
+        return float(
+            run_python(code + "\n\n" + answer, timeout_s=timeout_s, memory_mb=memory_mb).ok
+        )
     if not isinstance(answer, list) or not answer:
-        raise ValueError("code reward: answer must be test code or a non-empty list of {input, output} cases")
+        raise ValueError(
+            "code reward: answer must be test code or a non-empty list of {input, output} cases"
+        )
     passed = 0
     for case in answer:
-        result = run_python(code, stdin=str(case.get("input", "")), timeout_s=timeout_s, memory_mb=memory_mb)
+        result = run_python(
+            code, stdin=str(case.get("input", "")), timeout_s=timeout_s, memory_mb=memory_mb
+        )
         passed += result.ok and result.stdout.strip() == str(case.get("output", "")).strip()
     return passed / len(answer)
 
@@ -124,7 +130,9 @@ def resolve(name: str) -> RewardFn:
         return BUILTINS[name]
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"unknown reward {name!r}: built-ins are {sorted(BUILTINS)}, plug-ins are module:function")
+        raise ValueError(
+            f"unknown reward {name!r}: built-ins are {sorted(BUILTINS)}, plug-ins are module:function"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -161,7 +169,7 @@ def _as_parts(name: str, value) -> dict[str, float]:
 def score_sample(specs: Sequence[dict], fns: Sequence[RewardFn], messages, answer) -> Score:
     """Weighted total over the reward functions; a failing function contributes 0 and is reported."""
     score = Score(0.0)
-    for spec, fn in zip(specs, fns):
+    for spec, fn in zip(specs, fns, strict=True):
         try:
             parts = _as_parts(spec["fn"], fn(messages, answer, **spec.get("kwargs", {})))
         except MemoryError:
@@ -250,7 +258,9 @@ class RewardPool:
                         self._workers[slot].conn.send(samples[index])
                     busy[slot] = (index, time.monotonic() + self.timeout_s)
             wait_s = max(0.0, min(deadline for _, deadline in busy.values()) - time.monotonic())
-            ready = multiprocessing.connection.wait([self._workers[s].conn for s in busy], timeout=wait_s)
+            ready = multiprocessing.connection.wait(
+                [self._workers[s].conn for s in busy], timeout=wait_s
+            )
             for slot in list(busy):
                 index, deadline = busy[slot]
                 worker = self._workers[slot]

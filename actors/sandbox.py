@@ -109,7 +109,9 @@ def _limits(timeout_s: float, memory_mb: int, drop_to_nobody: bool):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_BYTES * 8, MAX_OUTPUT_BYTES * 8))
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        _LIBC.unshare(CLONE_NEWNET)  # refused without privileges: then only the audit hook blocks sockets
+        _LIBC.unshare(
+            CLONE_NEWNET
+        )  # refused without privileges: then only the audit hook blocks sockets
         if drop_to_nobody:
             resource.setrlimit(resource.RLIMIT_NPROC, (NPROC_LIMIT, NPROC_LIMIT))
             _drop_to_nobody()
@@ -131,11 +133,20 @@ def _setup() -> tuple[str, bool, bool]:
     a venv under /root is not, so the system python3 is tried next (the sandbox
     needs the standard library only). If none runs as nobody, the child stays root.
     """
-    netns = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", "import ctypes,sys; sys.exit(ctypes.CDLL(None).unshare(0x40000000) != 0)"],
-        capture_output=True,
-        timeout=30,
-    ).returncode == 0
+    netns = (
+        subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                "import ctypes,sys; sys.exit(ctypes.CDLL(None).unshare(0x40000000) != 0)",
+            ],
+            capture_output=True,
+            timeout=30,
+        ).returncode
+        == 0
+    )
     if os.geteuid() != 0:
         return sys.executable, False, netns
     for candidate in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
@@ -157,7 +168,11 @@ def _setup() -> tuple[str, bool, bool]:
 
 
 def run_python(
-    code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 512, audit_hook: bool = True
+    code: str,
+    stdin: str = "",
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    audit_hook: bool = True,
 ) -> SandboxResult:
     """Run ``code`` as a program in the sandbox and return its exit status and (truncated) output.
 
@@ -175,7 +190,17 @@ def run_python(
         env = {"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
-                [interpreter, "-I", "-S", "-B", "-c", _BOOT, program, workdir, "1" if audit_hook else "0"],
+                [
+                    interpreter,
+                    "-I",
+                    "-S",
+                    "-B",
+                    "-c",
+                    _BOOT,
+                    program,
+                    workdir,
+                    "1" if audit_hook else "0",
+                ],
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,

@@ -140,8 +140,10 @@ def end_to_end(url: str, server_pid: int, mode: str, n: int) -> tuple[float, flo
         raw_stream = f"raw-{run_name}"
         await r.xgroup_create(raw_stream, "g", id="0", mkstream=True)
         await consumer.ensure_group()
-        if not ready.wait(120):
-            raise RuntimeError("benchmark producer did not start")
+        deadline = time.monotonic() + 120
+        while not ready.wait(0.2):
+            if not child.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"benchmark producer did not start (exit code {child.exitcode})")
         server_cpu, own_cpu = proc_cpu_s(server_pid), time.process_time()
         go.set()
         start = time.perf_counter()

@@ -29,7 +29,9 @@ def _recomputed_logprobs(model, request: Request, output, params: SamplingParams
         logits = model(input_ids=ids).logits[0]
     start = len(request.prompt_token_ids) - 1
     logprobs = processed_logprobs(logits[start:-1], params.temperature, params.top_k, params.top_p)
-    return logprobs.gather(-1, torch.as_tensor(output.token_ids, dtype=torch.long)[:, None]).squeeze(-1)
+    return logprobs.gather(
+        -1, torch.as_tensor(output.token_ids, dtype=torch.long)[:, None]
+    ).squeeze(-1)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +50,7 @@ def test_behaviour_logprobs_match_a_plain_forward_pass(policy, sampling):
     requests = _requests(tokenizer, 9)
     outputs = HFEngine(model, tokenizer, batch_slots=4, seed=1).generate(requests, params)
     assert [o.request_id for o in outputs] == [r.request_id for r in requests]
-    for request, output in zip(requests, outputs):
+    for request, output in zip(requests, outputs, strict=True):
         assert len(output.token_ids) >= 1
         expected = _recomputed_logprobs(model, request, output, params)
         torch.testing.assert_close(torch.from_numpy(output.logprobs), expected, atol=2e-5, rtol=0)
@@ -69,7 +71,7 @@ def test_more_requests_than_slots_are_all_completed_by_refilling_slots(policy):
         hook.remove()
     assert max(batch_sizes) <= 3
     assert len(outputs) == 17
-    for request, output in zip(requests, outputs):
+    for request, output in zip(requests, outputs, strict=True):
         assert output.finish_reason in ("stop", "length")
         if output.finish_reason == "stop":
             assert output.token_ids[-1] == tokenizer.eos_token_id
@@ -88,7 +90,8 @@ class _SwapAfter:
         self.applied_versions = []
         generator = torch.Generator().manual_seed(0)
         self.tensors = {
-            name: p.detach() + 0.05 * torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()
+            name: p.detach() + 0.05 * torch.randn(p.shape, generator=generator)
+            for name, p in model.named_parameters()
         }
 
     def take_staged(self):
@@ -118,7 +121,9 @@ def test_stop_strings_end_a_completion_right_after_the_string(policy):
     model, tokenizer = policy
     stops = tuple("0123456789")
     params = SamplingParams(max_new_tokens=16, stop=stops)
-    outputs = HFEngine(model, tokenizer, batch_slots=8, seed=4).generate(_requests(tokenizer, 8), params)
+    outputs = HFEngine(model, tokenizer, batch_slots=8, seed=4).generate(
+        _requests(tokenizer, 8), params
+    )
     stopped = [o for o in outputs if o.finish_reason == "stop"]
     assert stopped, "the warmed demo policy writes digits; some completion must hit a digit"
     for output in outputs:
@@ -151,3 +156,16 @@ def test_a_prompt_that_fills_the_context_is_a_clear_error(policy):
     too_long = Request("long", [5] * model.config.max_position_embeddings)
     with pytest.raises(ValueError, match="leaves no room"):
         HFEngine(model, tokenizer).generate([too_long], SamplingParams())
+
+
+def test_top_k_and_top_p_keep_exactly_the_tokens_they_should():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    kept = lambda lp: torch.isfinite(lp[0]).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(processed_logprobs(logits, 1.0, top_k=2)) == [0, 1]
+    assert kept(processed_logprobs(logits, 1.0, top_p=0.5)) == [
+        0
+    ]  # the top token alone reaches 0.5
+    assert kept(processed_logprobs(logits, 1.0, top_p=0.7)) == [0, 1]
+    assert kept(processed_logprobs(logits, 1.0, top_p=0.76)) == [0, 1, 2]
+    renormalised = processed_logprobs(logits, 1.0, top_k=2)[0, :2].exp()
+    torch.testing.assert_close(renormalised, torch.tensor([2 / 3, 1 / 3]))

@@ -4,7 +4,7 @@ One scenario (module fixture), several properties: two actors start, a third
 joins once groups are flowing, and together they stop at the admission bound
 (no learner runs); then a learner step is simulated with the real pieces
 (weights published over shm, version bumped, entries counted as consumed) and
-the actors continue on the new weights; then every actor gets SIGTERM.
+the actors continue on the new weights; then a and b get SIGTERM and c SIGKILL.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET_ROWS = 5
-FIRST_BOUND = 12  # groups_per_step with max_staleness 0: the admission bound before any "learner" step
+FIRST_BOUND = (
+    12  # groups_per_step with max_staleness 0: the admission bound before any "learner" step
+)
 SECOND_BOUND = FIRST_BOUND + 12
 
 
@@ -51,7 +53,9 @@ def _wait_for(predicate, timeout_s: float, what: str, procs=()) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         for proc in procs:
-            assert proc.poll() is None, f"an actor exited early with {proc.returncode} while waiting for {what}"
+            assert proc.poll() is None, (
+                f"an actor exited early with {proc.returncode} while waiting for {what}"
+            )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 
@@ -85,12 +89,18 @@ def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def scenario(redis_server, demo_policy, tmp_path_factory):
     from broker.admission import Admission
+    from broker.liveness import Heartbeats
     from broker.stream import Blocking
     from weightsync import make_publisher
 
     tmp = tmp_path_factory.mktemp("actors-loop")
     data = tmp / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{n:03d}>", "answer": f"{n:03d}"[::-1]}) + "\n" for n in range(100, 100 + DATASET_ROWS)))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{n:03d}>", "answer": f"{n:03d}"[::-1]}) + "\n"
+            for n in range(100, 100 + DATASET_ROWS)
+        )
+    )
     run_name = f"actors-{uuid.uuid4().hex[:8]}"
     overrides = [
         f"run.name={run_name}",
@@ -107,7 +117,15 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         "weightsync.transport=shm",
         "reward.functions=[{fn: reverse_digits}, {fn: 'reward_plugins:raises'}]",
     ]
-    cfg = Config.model_validate({"run": {"name": run_name}, "broker": {"redis_url": redis_server.url}, "weightsync": {"transport": "shm"}, "learner": {"groups_per_step": FIRST_BOUND}, "algo": {"max_staleness": 0}})
+    cfg = Config.model_validate(
+        {
+            "run": {"name": run_name},
+            "broker": {"redis_url": redis_server.url},
+            "weightsync": {"transport": "shm"},
+            "learner": {"groups_per_step": FIRST_BOUND},
+            "algo": {"max_staleness": 0},
+        }
+    )
     keys = Keys.from_config(cfg)
     client = redis.Redis.from_url(redis_server.url)
     procs = {}
@@ -120,12 +138,31 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         admission.set_version(1)
         for actor_id in ("a", "b"):
             procs[actor_id] = _start_actor(actor_id, overrides, tmp)
-        _wait_for(lambda: _running_version(client, keys, "a", "b") == [0, 0], 90, "a and b to wait", procs.values())
+        _wait_for(
+            lambda: _running_version(client, keys, "a", "b") == [0, 0],
+            90,
+            "a and b to wait",
+            procs.values(),
+        )
         publisher.publish(1, _perturbed(demo_policy, seed=1))
-        _wait_for(lambda: client.xlen(keys.stream) > 0, 30, "the first published group", procs.values())
-        procs["c"] = _start_actor("c", overrides, tmp)  # joins a running system, after version 1 was published
-        _wait_for(lambda: accepted() >= FIRST_BOUND, 60, "the actors to fill the admission bound", procs.values())
-        _wait_for(lambda: _running_version(client, keys, "c") == [1], 60, "c to load version 1", procs.values())
+        _wait_for(
+            lambda: client.xlen(keys.stream) > 0, 30, "the first published group", procs.values()
+        )
+        procs["c"] = _start_actor(
+            "c", overrides, tmp
+        )  # joins a running system, after version 1 was published
+        _wait_for(
+            lambda: accepted() >= FIRST_BOUND,
+            60,
+            "the actors to fill the admission bound",
+            procs.values(),
+        )
+        _wait_for(
+            lambda: _running_version(client, keys, "c") == [1],
+            60,
+            "c to load version 1",
+            procs.values(),
+        )
         time.sleep(0.5)  # nobody may pass the bound while no learner consumes
         out["first"] = _groups(client, keys)
         targets = {k.decode(): v.decode() for k, v in client.hgetall(keys.metrics_targets).items()}
@@ -135,18 +172,25 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         publisher.publish(2, _perturbed(demo_policy, seed=2))
         admission.set_version(2)
         admission.add_consumed(SECOND_BOUND - FIRST_BOUND)
-        _wait_for(lambda: accepted() >= SECOND_BOUND, 60, "the bound after one learner step", procs.values())
+        _wait_for(
+            lambda: accepted() >= SECOND_BOUND,
+            60,
+            "the bound after one learner step",
+            procs.values(),
+        )
         time.sleep(0.5)
         out["all"] = _groups(client, keys)
         out["alive_before_stop"] = {m.decode() for m in client.zrange(keys.actors, 0, -1)}
     finally:
-        for proc in procs.values():
+        for name, proc in procs.items():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGKILL if name == "c" else signal.SIGTERM)
         out["exit_codes"] = {name: proc.wait(timeout=30) for name, proc in procs.items()}
         publisher.close()
         admission.close()
-    out["alive_after_stop"] = client.zrange(keys.actors, 0, -1)
+    time.sleep(3 * 0.5 + 0.5)  # three missed heartbeats: the killed actor's heartbeat expires
+    with Blocking(cfg, lambda r: Heartbeats(r, cfg)) as heartbeats:
+        out["alive_after_stop"] = heartbeats.alive()
     out["leases_after_stop"] = client.zcard(keys.leases)
     out["targets_after_stop"] = client.hgetall(keys.metrics_targets)
     yield out
@@ -185,14 +229,18 @@ def test_a_raising_reward_plugin_scores_zero_but_actors_keep_publishing(scenario
     for g in scenario["all"]:
         for c in g.completions:
             assert "reward_plugins:raises" not in c.reward_parts
-            assert c.reward == pytest.approx(sum(v for k, v in c.reward_parts.items() if k.startswith("reverse_digits/")))
+            assert c.reward == pytest.approx(
+                sum(v for k, v in c.reward_parts.items() if k.startswith("reverse_digits/"))
+            )
     metrics = scenario["metrics_a"]
     assert 'streamrl_actor_reward_failures_total{kind="exception"}' in metrics
     assert "streamrl_actor_groups_published_total" in metrics
 
 
-def test_sigterm_stops_actors_cleanly_and_deregisters_them(scenario):
-    assert scenario["exit_codes"] == {"a": 0, "b": 0, "c": 0}
-    assert scenario["alive_after_stop"] == []
+def test_sigterm_stops_actors_cleanly_and_a_sigkilled_actor_leaves_nothing_behind(scenario):
+    assert scenario["exit_codes"] == {"a": 0, "b": 0, "c": -signal.SIGKILL}
+    assert scenario["alive_after_stop"] == {}  # a and b deregistered, c's heartbeat expired
     assert scenario["leases_after_stop"] == 0
-    assert scenario["targets_after_stop"] == {}
+    assert set(scenario["targets_after_stop"]) <= {
+        b"actor:c"
+    }  # only the killed one could not unregister

@@ -9,7 +9,11 @@ import pytest
 from actors.demo_task import build_tokenizer
 from actors.prompts import PromptDataError, PromptDataset, position
 
-ROWS = [{"prompt": "314>", "answer": "413"}, {"prompt": "12>", "answer": "21"}, {"prompt": "907>", "answer": "709"}]
+ROWS = [
+    {"prompt": "314>", "answer": "413"},
+    {"prompt": "12>", "answer": "21"},
+    {"prompt": "907>", "answer": "709"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +54,22 @@ def test_every_supported_format_loads_and_tokenizes(tmp_path, tokenizer, fmt):
 
 
 def test_rl2_messages_are_rendered_with_the_chat_template(tmp_path, tokenizer):
-    rows = [{"messages": [{"role": "system", "content": "reverse"}, {"role": "user", "content": "314>"}], "answer": "413"}]
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "reverse"},
+                {"role": "user", "content": "314>"},
+            ],
+            "answer": "413",
+        }
+    ]
     dataset = PromptDataset(_write(tmp_path / "m.jsonl", "jsonl", rows), tokenizer)
     assert dataset.format == "messages"
     text = tokenizer.decode(dataset.get(0).token_ids)
-    assert text == "<|im_start|>system\nreverse<|im_end|>\n<|im_start|>user\n314><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == "<|im_start|>system\nreverse<|im_end|>\n<|im_start|>user\n314><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_prompt_rows_can_be_rendered_as_one_user_turn(tmp_path, tokenizer):
@@ -65,9 +80,15 @@ def test_prompt_rows_can_be_rendered_as_one_user_turn(tmp_path, tokenizer):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"prompt": "1>", "answer": "1"}\n{"prompt": "2>", "answer": \n', r"row 2: not valid JSON"),
+        (
+            '{"prompt": "1>", "answer": "1"}\n{"prompt": "2>", "answer": \n',
+            r"row 2: not valid JSON",
+        ),
         ('{"prompt": "1>", "answer": "1"}\n[1, 2]\n', r"row 2: expected a JSON object"),
-        ('{"prompt": "1>", "answer": "1"}\n{"prompt": "", "answer": "2"}\n', r"row 2, column 'prompt': expected a non-empty string"),
+        (
+            '{"prompt": "1>", "answer": "1"}\n{"prompt": "", "answer": "2"}\n',
+            r"row 2, column 'prompt': expected a non-empty string",
+        ),
         ('{"prompt": "1>"}\n', r"missing \['answer'\]"),
         ('{"question": "1>", "answer": "1"}\n', r"format 'prompt' needs columns"),
         (
@@ -76,9 +97,19 @@ def test_prompt_rows_can_be_rendered_as_one_user_turn(tmp_path, tokenizer):
         ),
         ('{"prompt": "1>", "answer": null}\n', r"row 1, column 'answer': missing value"),
     ],
-    ids=["bad_json", "not_an_object", "empty_prompt", "no_answer_column", "no_prompt_column", "bad_message", "null_answer"],
+    ids=[
+        "bad_json",
+        "not_an_object",
+        "empty_prompt",
+        "no_answer_column",
+        "no_prompt_column",
+        "bad_message",
+        "null_answer",
+    ],
 )
-def test_malformed_data_is_a_clear_error_naming_file_row_and_column(tmp_path, tokenizer, content, message):
+def test_malformed_data_is_a_clear_error_naming_file_row_and_column(
+    tmp_path, tokenizer, content, message
+):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     with pytest.raises(PromptDataError, match=message) as info:
@@ -102,7 +133,9 @@ def test_missing_unknown_or_empty_datasets_are_clear_errors(tmp_path, tokenizer)
 
 def test_cursor_positions_visit_every_row_once_per_epoch_in_a_new_order():
     size = 7
-    epochs = [[position(c, size, seed=3) for c in range(e * size, (e + 1) * size)] for e in range(3)]
+    epochs = [
+        [position(c, size, seed=3) for c in range(e * size, (e + 1) * size)] for e in range(3)
+    ]
     for e, taken in enumerate(epochs):
         assert {epoch for epoch, _ in taken} == {e}
         assert sorted(row for _, row in taken) == list(range(size))

@@ -12,7 +12,10 @@ from configs.schema import RewardConfig, RewardSpec
 
 
 def turn(text: str, finish: str = "stop") -> list[dict]:
-    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": text, "finish_reason": finish}]
+    return [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": text, "finish_reason": finish},
+    ]
 
 
 def call(name: str, text: str, answer, **kwargs):
@@ -21,7 +24,9 @@ def call(name: str, text: str, answer, **kwargs):
 
 def test_reverse_digits_gives_one_only_for_the_exact_answer_then_stop():
     assert sum(call("reverse_digits", "413", "413").values()) == pytest.approx(1.0)
-    assert sum(resolve("reverse_digits")(turn("413", "length"), "413").values()) == pytest.approx(0.9)
+    assert sum(resolve("reverse_digits")(turn("413", "length"), "413").values()) == pytest.approx(
+        0.9
+    )
     assert sum(call("reverse_digits", "41", "413").values()) == pytest.approx(0.6)
 
 
@@ -39,13 +44,20 @@ def test_code_reward_runs_the_completion_against_tests_in_the_sandbox():
     assert call("code", solution, "assert add(2, 3) == 5") == 1.0
     assert call("code", solution, "assert add(2, 3) == 6") == 0.0
     echo = "```python\nprint(int(input()) * 2)\n```"
-    cases = [{"input": "2", "output": "4"}, {"input": "5", "output": "10"}, {"input": "1", "output": "3"}]
+    cases = [
+        {"input": "2", "output": "4"},
+        {"input": "5", "output": "10"},
+        {"input": "1", "output": "3"},
+    ]
     assert call("code", echo, cases) == pytest.approx(2 / 3)
     assert call("code", "```python\nwhile True: pass\n```", "pass", timeout_s=1.0) == 0.0
 
 
 def test_weighted_total_and_named_parts_from_builtins_and_plugins():
-    specs = [{"fn": "reverse_digits", "weight": 1.0}, {"fn": "reward_plugins:length_parts", "weight": 0.5}]
+    specs = [
+        {"fn": "reverse_digits", "weight": 1.0},
+        {"fn": "reward_plugins:length_parts", "weight": 0.5},
+    ]
     score = score_sample(specs, [resolve(s["fn"]) for s in specs], turn("413"), "413")
     assert score.parts == pytest.approx(
         {
@@ -81,7 +93,9 @@ def _failures(kind: str) -> float:
         ("hangs", "timeout", False),
     ],
 )
-def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(plugin, kind, healthy_part_kept):
+def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(
+    plugin, kind, healthy_part_kept
+):
     cfg = RewardConfig(
         functions=[RewardSpec(fn="reverse_digits"), RewardSpec(fn=f"reward_plugins:{plugin}")],
         timeout_s=1.0,

@@ -13,10 +13,14 @@ from actors.sandbox import _setup, run_python
 LAYERS = [pytest.param(True, id="all_layers"), pytest.param(False, id="kernel_only")]
 
 
-def _kernel_layers_or_skip(audit_hook: bool, need_netns: bool = False, need_nobody: bool = False) -> None:
+def _kernel_layers_or_skip(
+    audit_hook: bool, need_netns: bool = False, need_nobody: bool = False
+) -> None:
     _, nobody, netns = _setup()
     if not audit_hook and need_netns and not netns:
-        pytest.skip("this kernel refuses network namespaces here; only the audit hook blocks sockets")
+        pytest.skip(
+            "this kernel refuses network namespaces here; only the audit hook blocks sockets"
+        )
     if not audit_hook and need_nobody and not nobody:
         pytest.skip("the actor is not root (or no interpreter runs as nobody): no uid drop")
 
@@ -43,7 +47,9 @@ def test_a_network_connect_is_blocked(audit_hook):
         code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
         result = run_python(code, timeout_s=5, audit_hook=audit_hook)
     assert "connected" not in result.stdout and result.returncode not in (0, None)
-    assert ("PermissionError" if audit_hook else "OSError") in result.stderr or "refused" in result.stderr
+    assert (
+        "PermissionError" if audit_hook else "OSError"
+    ) in result.stderr or "refused" in result.stderr
 
 
 @pytest.mark.parametrize("audit_hook", LAYERS)

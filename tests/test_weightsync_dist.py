@@ -55,9 +55,7 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
     late = None
     try:
         for version in range(31):
-            stats = pub.publish(
-                version, learner_tensors(version, 64, 2)
-            )  # ~41 KB in 64 KiB... and 1 bucket
+            stats = pub.publish(version, learner_tensors(version, 64, 2))  # one 64 KiB bucket
             assert stats.seconds < 5
             if version == 10:
                 late = InProcessActor(cfg, "late", 64, 2)
@@ -79,9 +77,8 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
 def test_tensors_larger_than_a_bucket_are_split_and_reassembled(redis_cfg):
     cfg = _cfg(redis_cfg, bucket_bytes=1 << 16)
     pub = make_publisher(cfg)
-    actor = InProcessActor(
-        cfg, "solo", 256, 2
-    )  # 256x256 fp32 = 256 KiB per tensor: 4+ buckets each
+    # 256x256 fp32 = 256 KiB per tensor: each spans 4+ buckets
+    actor = InProcessActor(cfg, "solo", 256, 2)
     try:
         _wait_members(pub, 1)
         for version in range(1, 4):

@@ -74,9 +74,8 @@ class Watcher:
         try:
             return self._pubsub.get_message(timeout=timeout_s) is not None
         except (redis.ConnectionError, redis.TimeoutError):
-            time.sleep(
-                min(timeout_s, 0.5)
-            )  # Redis away: back off; the next hash read says what we missed
+            # Redis away: back off; the next hash read says what we missed
+            time.sleep(min(timeout_s, 0.5))
             return False
 
     def close(self) -> None:

@@ -34,9 +34,8 @@ from weightsync.layout import Layout
 
 log = logging.getLogger(__name__)
 
-Window = list[
-    tuple[str, int, int, int]
-]  # (tensor name, first byte in tensor, end byte in tensor, offset in bucket)
+# per bucket: (tensor name, first byte in tensor, end byte in tensor, offset in bucket)
+Window = list[tuple[str, int, int, int]]
 
 
 def members_key(keys: Keys) -> str:
@@ -156,9 +155,8 @@ class DistSender:
 
     def _close_group(self) -> None:
         self.group = None
-        self.store = (
-            None  # the master store's server stops with it; members of the old epoch get errors
-        )
+        # the master store's server stops with it, so members of the old epoch get errors
+        self.store = None
         self.members = []
 
     def reform(self, members: list[str]) -> None:
@@ -179,7 +177,13 @@ class DistSender:
             missing = self._wait_ready(members)
             if not missing:
                 prefix = tdist.PrefixStore(f"e{self.epoch}/pg/", self.store)
-                self.group = make_group(self.backend, prefix, 0, len(members) + 1, self.timeout_s)
+                try:
+                    self.group = make_group(
+                        self.backend, prefix, 0, len(members) + 1, self.timeout_s
+                    )
+                except Exception as exc:  # a member died between check-in and connect
+                    metrics.TRANSFER_FAILURES.labels(reason="rendezvous").inc()
+                    log.warning("weightsync dist: epoch %d failed to form: %s", self.epoch, exc)
                 break
             log.warning(
                 "weightsync dist: %s did not join epoch %d within %.1fs; dropped",
@@ -192,7 +196,7 @@ class DistSender:
             members = [m for m in members if m not in missing]
         self.members = members if self.group is not None else []
         self.seq = 0
-        self.broken = False
+        self.broken = self.group is None and bool(members)  # retried at the next publish
 
     def _wait_ready(self, members: list[str]) -> list[str]:
         deadline = time.monotonic() + self.timeout_s
@@ -214,9 +218,8 @@ class DistSender:
             try:
                 self._broadcast(version, tensors, aliases)
                 return {"epoch": self.epoch, "members": self.members}
-            except (
-                Exception
-            ) as exc:  # gloo/NCCL raise RuntimeError subclasses on timeout or a lost peer
+            except Exception as exc:
+                # gloo/NCCL raise RuntimeErrors on a timeout or a lost peer
                 reason = (
                     "timeout"
                     if "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
@@ -335,9 +338,8 @@ class DistReceiver:
         key = f"e{self.epoch}/pub/{self.seq}"
         try:
             self.store.wait([key], dt.timedelta(seconds=wait_s))
-        except (
-            tdist.DistNetworkError
-        ):  # the publisher (and its store) is gone: wait for a new epoch
+        except tdist.DistNetworkError:
+            # the publisher (and its store) is gone: wait for a new epoch
             self.failed_epoch = self.epoch
             self._leave()
             return None

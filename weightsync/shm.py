@@ -182,9 +182,8 @@ class ShmWriter:
                 if not self._leased(s):
                     return s, False
             if time.monotonic() >= deadline:
-                return candidates[
-                    0
-                ], True  # leases are expired by now; the seqlock rejects the reader's copy
+                # leases are expired by now; the seqlock rejects the reader's copy
+                return candidates[0], True
             time.sleep(0.001)
 
     def write(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[int, bool]:
@@ -298,7 +297,8 @@ def _register_cleanup(writer: ShmWriter) -> None:
         _installed = True
     atexit.register(_close_all)
     if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread; atexit + stale cleanup still apply
+        # signal handlers can only be set from the main thread; atexit + stale cleanup still apply
+        return
     for signum in (signal.SIGTERM, signal.SIGHUP):
         previous = signal.getsignal(signum)
         signal.signal(signum, _make_handler(previous))

@@ -164,9 +164,8 @@ class Subscriber:
         self.failures[reason] = self.failures.get(reason, 0) + 1
         metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
         if detail:
-            self.last_error = (
-                f"{reason}: {detail.splitlines()[0][:300]}"  # torch errors carry C++ stack traces
-            )
+            # torch errors carry C++ stack traces: keep the first line
+            self.last_error = f"{reason}: {detail.splitlines()[0][:300]}"
             log.warning("weightsync subscriber %s: %s", self.actor_id, self.last_error)
 
     def _run(self) -> None:

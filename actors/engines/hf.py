@@ -92,7 +92,13 @@ class HFEngine(Engine):
     ) -> list[Output]:
         limits = [self._token_limit(r, params) for r in requests]
         stop_ids = torch.tensor(sorted(set(params.stop_token_ids)) or [-1], device=self.device)
-        stop_window = max((len(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop), default=0) + 2
+        stop_window = (
+            max(
+                (len(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop),
+                default=0,
+            )
+            + 2
+        )
         pending = deque(range(len(requests)))
         rows: list[_Row] = []
         done: dict[int, _Row] = {}
@@ -101,7 +107,7 @@ class HFEngine(Engine):
             while pending or rows:
                 if should_abort is not None and should_abort():
                     for row in rows:
-                        row.finish = "abort"
+                        row.finish = row.finish or "abort"  # rows that just finished keep their reason
                         done[row.index] = row
                     for index in pending:
                         done[index] = _Row(index, 0)
@@ -116,14 +122,18 @@ class HFEngine(Engine):
                 admitted = [pending.popleft() for _ in range(min(capacity, len(pending)))]
                 if admitted:
                     reused = free[: len(admitted)]
-                    targets = reused + list(range(len(rows), len(rows) + len(admitted) - len(reused)))
+                    targets = reused + list(
+                        range(len(rows), len(rows) + len(admitted) - len(reused))
+                    )
                     new_rows = [_Row(index, limits[index]) for index in admitted]
-                    for target, row in zip(targets, new_rows):
+                    for target, row in zip(targets, new_rows, strict=True):
                         if target < len(rows):
                             rows[target] = row
                         else:
                             rows.append(row)
-                    logits = state.prefill([requests[i].prompt_token_ids for i in admitted], targets)
+                    logits = state.prefill(
+                        [requests[i].prompt_token_ids for i in admitted], targets
+                    )
                     self._record(new_rows, logits, params, state, targets, stop_ids, stop_window)
                 keep = [i for i, row in enumerate(rows) if row.finish is None]
                 if len(keep) < len(rows):
@@ -135,7 +145,9 @@ class HFEngine(Engine):
                 if not rows:
                     continue
                 logits = state.decode()
-                self._record(rows, logits, params, state, list(range(len(rows))), stop_ids, stop_window)
+                self._record(
+                    rows, logits, params, state, list(range(len(rows))), stop_ids, stop_window
+                )
         metrics.TOKENS_GENERATED.inc(sum(len(row.tokens) for row in done.values()))
         return [self._output(requests[i], done[i]) for i in range(len(requests))]
 
@@ -152,11 +164,15 @@ class HFEngine(Engine):
 
     def _record(self, rows, logits, params, state, targets, stop_ids, stop_window) -> None:
         """Sample one token for each of ``rows`` from ``logits`` and check their stop conditions."""
-        tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p, self.generator)
+        tokens, logprobs = sample(
+            logits, params.temperature, params.top_k, params.top_p, self.generator
+        )
         state.set_next_tokens(targets, tokens)
         stopped = torch.isin(tokens, stop_ids).tolist()
         version = self.version
-        for row, token, logprob, is_stop in zip(rows, tokens.tolist(), logprobs.tolist(), stopped):
+        for row, token, logprob, is_stop in zip(
+            rows, tokens.tolist(), logprobs.tolist(), stopped, strict=True
+        ):
             row.tokens.append(token)
             row.logprobs.append(logprob)
             row.versions.append(version)
@@ -190,8 +206,12 @@ class _Batch:
         self.device = engine.device
         self.layer_types = engine.layer_types
         self.cache: DynamicCache | None = None
-        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L] real key positions
-        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] position id of the next input
+        self.valid = torch.zeros(
+            0, 0, dtype=torch.bool, device=self.device
+        )  # [B, L] real key positions
+        self.positions = torch.zeros(
+            0, dtype=torch.long, device=self.device
+        )  # [B] position id of the next input
         self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
 
     @property
@@ -209,13 +229,16 @@ class _Batch:
         vocab = self.model.config.vocab_size
         unique_logits = torch.empty(len(unique), vocab, device=self.device)
         unique_kv: dict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for length, group in by_length.items():
+        for _length, group in by_length.items():
             cache = DynamicCache(config=self.model.config)
             ids = torch.tensor(group, dtype=torch.long, device=self.device)
             out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
             for j, prompt in enumerate(group):
                 unique_logits[unique[prompt]] = out.logits[j, -1]
-                unique_kv[prompt] = ([layer.keys[j] for layer in cache.layers], [layer.values[j] for layer in cache.layers])
+                unique_kv[prompt] = (
+                    [layer.keys[j] for layer in cache.layers],
+                    [layer.values[j] for layer in cache.layers],
+                )
         if self.cache is None:
             self._adopt_empty(cache)
         self._place([unique_kv[tuple(p)] for p in prompts], [len(p) for p in prompts], targets)
@@ -241,8 +264,8 @@ class _Batch:
             self.positions = torch.cat([self.positions, self.positions.new_zeros(grow_rows)])
             self.next_tokens = torch.cat([self.next_tokens, self.next_tokens.new_zeros(grow_rows)])
         width = self.valid.shape[1]
-        for (keys, values), length, row in zip(kvs, lengths, targets):
-            for layer, key, value in zip(self.cache.layers, keys, values):
+        for (keys, values), length, row in zip(kvs, lengths, targets, strict=True):
+            for layer, key, value in zip(self.cache.layers, keys, values, strict=True):
                 layer.keys[row].zero_()
                 layer.keys[row, :, width - length :] = key
                 layer.values[row].zero_()

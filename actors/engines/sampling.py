@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 
-def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def processed_logprobs(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
     """[B, V] logits -> [B, V] log-probs of the sampling distribution; filtered tokens are -inf."""
     scaled = logits.float() / temperature
     vocab = scaled.shape[-1]

@@ -58,7 +58,9 @@ def engine_args(cfg, seed: int = 0) -> dict:
         "logprobs_mode": "processed_logprobs",
         "seed": seed,
         "enable_prefix_caching": True,  # the G completions of a group share their prompt
-        "weight_transfer_config": {"backend": "nccl" if cfg.weightsync.transport == "dist" else "ipc"},
+        "weight_transfer_config": {
+            "backend": "nccl" if cfg.weightsync.transport == "dist" else "ipc"
+        },
     }
 
 
@@ -86,7 +88,8 @@ def to_output(request_id: str, completion, version_at_start: int) -> Output:
             f"request {request_id}: vLLM returned no per-token log-probs; it needs SamplingParams(logprobs=0)"
         )
     logprobs = np.asarray(
-        [step[int(token)].logprob for step, token in zip(completion.logprobs, tokens)], dtype=np.float32
+        [step[int(token)].logprob for step, token in zip(completion.logprobs, tokens, strict=True)],
+        dtype=np.float32,
     )
     spans = getattr(completion, "weight_versions", None)
     if spans:
@@ -106,7 +109,9 @@ class VLLMEngine(Engine):
         self.version = 0
         self.seed = seed
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="vllm-engine", daemon=True
+        )
         self._thread.start()
         self.llm = self._call(self._create(AsyncLLM, args))
 
@@ -143,13 +148,15 @@ class VLLMEngine(Engine):
         done = await asyncio.gather(*tasks, return_exceptions=True)
         return [
             d if isinstance(d, Output) else Output(r.request_id, *_empty(), finish_reason="abort")
-            for r, d in zip(requests, done)
+            for r, d in zip(requests, done, strict=True)
         ]
 
     async def _one(self, request: Request, vllm_id: str, sampling) -> Output:
         start_version = self.version
         final = None
-        async for out in self.llm.generate({"prompt_token_ids": request.prompt_token_ids}, sampling, vllm_id):
+        async for out in self.llm.generate(
+            {"prompt_token_ids": request.prompt_token_ids}, sampling, vllm_id
+        ):
             final = out
         return to_output(request.request_id, final.outputs[0], start_version)
 
