@@ -3,7 +3,8 @@
 Owns the generation engines (``engines``: hf everywhere, vllm on GPUs), the
 prompt source shared through a Redis cursor (``prompts``), reward functions and
 the code-execution sandbox (``rewards``, ``sandbox``), the demo task
-(``demo_task``) and the actor loop (``__main__``).
+(``demo_task``), the actor loop (``loop``) and its
+process entry point (``__main__``); metrics are defined once in ``metrics``.
 
 Talks to: Redis through ``broker`` (stream, admission, heartbeats) and the
 learner's weights through ``weightsync`` subscribers. May import: ``configs``,

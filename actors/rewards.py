@@ -223,15 +223,16 @@ class _Worker:
 class RewardPool:
     """Scores samples in ``workers`` processes, each sample under a time limit."""
 
-    def __init__(self, reward_cfg, sandbox_defaults: bool = True) -> None:
+    def __init__(self, reward_cfg) -> None:
         self.specs = [spec.model_dump() for spec in reward_cfg.functions]
-        if sandbox_defaults:
-            for spec in self.specs:
-                if spec["fn"] == "code":
-                    spec["kwargs"] = {
-                        "timeout_s": reward_cfg.sandbox_timeout_s,
-                        "memory_mb": reward_cfg.sandbox_memory_mb,
-                    } | spec["kwargs"]
+        for spec in self.specs:
+            if (
+                spec["fn"] == "code"
+            ):  # the sandbox limits come from cfg.reward unless a spec overrides them
+                spec["kwargs"] = {
+                    "timeout_s": reward_cfg.sandbox_timeout_s,
+                    "memory_mb": reward_cfg.sandbox_memory_mb,
+                } | spec["kwargs"]
         for spec in self.specs:
             resolve(spec["fn"])  # a bad name or plug-in fails here, before anything starts
         self.timeout_s = reward_cfg.timeout_s

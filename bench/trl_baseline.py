@@ -210,7 +210,6 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
     for i in marks:
         t, r, e = curve[i]
         rows.append(f"| {i + 1} | {t:.1f} | {r:.3f} | {e:.2f} |")
-    cfg = {k: v for k, v in grpo_config_kwargs(seed, "<workdir>/trl").items()}
     return "\n".join(
         [
             "## TRL GRPOTrainer baseline",
@@ -247,7 +246,7 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
             "<details><summary>GRPOConfig used</summary>",
             "",
             "```json",
-            json.dumps(cfg, indent=1),
+            json.dumps(grpo_config_kwargs(seed, "<workdir>/trl"), indent=1),
             "```",
             "",
             "</details>",

@@ -46,7 +46,9 @@ def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
         Sample(
             input_ids=np.concatenate([prompt, np.asarray(c.token_ids, dtype=np.int64)]),
             prompt_len=int(prompt.shape[0]),
-            behaviour_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy of the wire buffer
+            behaviour_logprobs=np.array(
+                c.logprobs, dtype=np.float32
+            ),  # a writable copy of the wire buffer
             versions=np.array(c.versions, dtype=np.int64),
             advantage=float(adv),
             reward=float(c.reward),

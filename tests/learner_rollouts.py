@@ -21,13 +21,21 @@ from broker.wire import Completion, RolloutGroup, encode_group
 
 @torch.no_grad()
 def sample_groups(
-    model, tokenizer, rng: random.Random, groups: int, group_size: int, version: int, max_new_tokens: int = 8
+    model,
+    tokenizer,
+    rng: random.Random,
+    groups: int,
+    group_size: int,
+    version: int,
+    max_new_tokens: int = 8,
 ) -> list[RolloutGroup]:
     """``groups`` demo prompts x ``group_size`` completions at temperature 1, tagged with ``version``."""
     model.eval()
     examples = [make_example(rng) for _ in range(groups)]
     prompts = [tokenizer(ex["prompt"])["input_ids"] for ex in examples]
-    ids = torch.tensor([p for p in prompts for _ in range(group_size)])  # demo prompts share one length
+    ids = torch.tensor(
+        [p for p in prompts for _ in range(group_size)]
+    )  # demo prompts share one length
     gen = torch.Generator().manual_seed(rng.randrange(1 << 31))
     prompt_len, eos = ids.shape[1], tokenizer.eos_token_id
     logprobs = []

@@ -39,7 +39,9 @@ def ref_advantages(rewards: list[float], mode: str, eps: float, threshold: float
     mode=st.sampled_from(["grpo", "drgrpo"]),
 )
 def test_group_advantages_match_reference(rewards, mode):
-    adv, zero = algorithm.group_advantages(torch.tensor(rewards, dtype=torch.float64), mode, 1e-4, 1e-6)
+    adv, zero = algorithm.group_advantages(
+        torch.tensor(rewards, dtype=torch.float64), mode, 1e-4, 1e-6
+    )
     for i, group in enumerate(rewards):
         expected = ref_advantages(group, mode, 1e-4, 1e-6)
         assert adv[i].tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
@@ -47,7 +49,9 @@ def test_group_advantages_match_reference(rewards, mode):
 
 
 def test_all_equal_rewards_are_zero_variance_with_zero_advantage():
-    adv, zero = algorithm.group_advantages(torch.tensor([[0.7] * 8, [0.0, 1.0] * 4]), "grpo", 1e-4, 1e-6)
+    adv, zero = algorithm.group_advantages(
+        torch.tensor([[0.7] * 8, [0.0, 1.0] * 4]), "grpo", 1e-4, 1e-6
+    )
     assert zero.tolist() == [True, False]
     assert adv[0].abs().max().item() == 0.0
     assert torch.isfinite(adv).all()
@@ -57,7 +61,9 @@ def test_tiny_std_falls_back_to_mean_subtraction():
     rewards = torch.tensor([[1.0, 1.0 + 1e-9, 1.0, 1.0]], dtype=torch.float64)
     adv, zero = algorithm.group_advantages(rewards, "grpo", 1e-4, 1e-6)
     assert not zero[0]
-    assert adv[0].tolist() == pytest.approx([r - rewards.mean().item() for r in rewards[0].tolist()], abs=1e-15)
+    assert adv[0].tolist() == pytest.approx(
+        [r - rewards.mean().item() for r in rewards[0].tolist()], abs=1e-15
+    )
 
 
 def test_unknown_modes_are_refused():
@@ -75,11 +81,29 @@ def test_staleness_and_stale_mask_and_tightening():
     assert staleness.tolist() == [[0, 1, 2, 5]]
     assert algorithm.stale_mask(staleness, 2).tolist() == [[False, False, False, True]]
     assert algorithm.tighten(0.2, staleness, 0.0).tolist()[0] == pytest.approx([0.2] * 4)
-    assert algorithm.tighten(0.2, staleness, 0.25).tolist()[0] == pytest.approx([0.2, 0.15, 0.1, 0.0])
-    assert algorithm.tighten(3.0, staleness, 0.5, floor=1.0).tolist()[0] == pytest.approx([3.0, 2.0, 1.0, 1.0])
+    assert algorithm.tighten(0.2, staleness, 0.25).tolist()[0] == pytest.approx(
+        [0.2, 0.15, 0.1, 0.0]
+    )
+    assert algorithm.tighten(3.0, staleness, 0.5, floor=1.0).tolist()[0] == pytest.approx(
+        [3.0, 2.0, 1.0, 1.0]
+    )
 
 
-def ref_loss(theta, mu, prox, adv, mask, clip_low, clip_high, rho, correction, ref, kl_coef, aggregation, constant):
+def ref_loss(
+    theta,
+    mu,
+    prox,
+    adv,
+    mask,
+    clip_low,
+    clip_high,
+    rho,
+    correction,
+    ref,
+    kl_coef,
+    aggregation,
+    constant,
+):
     """Per-token Python loop of DESIGN.md's loss."""
     per_seq, total, count = [], 0.0, 0
     stats = {"clip": 0, "w": 0.0, "trunc": 0, "kl": 0.0}
@@ -129,12 +153,22 @@ def ref_loss(theta, mu, prox, adv, mask, clip_low, clip_high, rho, correction, r
     with_prox=st.booleans(),
     with_ref=st.booleans(),
 )
-def test_policy_loss_matches_per_token_reference(seed, rows, width, aggregation, correction, with_prox, with_ref):
+def test_policy_loss_matches_per_token_reference(
+    seed, rows, width, aggregation, correction, with_prox, with_ref
+):
     g = torch.Generator().manual_seed(seed)
     theta = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
     mu = (theta + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.5).clamp(max=0)
-    prox = (theta + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.3) if with_prox else None
-    ref = (theta + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.3) if with_ref else None
+    prox = (
+        (theta + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.3)
+        if with_prox
+        else None
+    )
+    ref = (
+        (theta + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.3)
+        if with_ref
+        else None
+    )
     adv = torch.randn(rows, generator=g, dtype=torch.float64)
     mask = torch.rand(rows, width, generator=g) > 0.3
     kwargs = dict(clip_low=0.2, clip_high=0.28, rho_max=1.5)
@@ -160,7 +194,9 @@ def test_padding_and_stale_positions_never_contribute_even_when_infinite():
     theta = torch.tensor([[-0.5, -1.0, float("-inf")]], requires_grad=True)
     mu = torch.tensor([[-0.4, -1.2, 0.0]])
     mask = torch.tensor([[True, True, False]])
-    loss, stats = algorithm.policy_loss(theta, mu, torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.2, rho_max=2.0)
+    loss, stats = algorithm.policy_loss(
+        theta, mu, torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.2, rho_max=2.0
+    )
     loss.backward()
     assert torch.isfinite(loss) and stats.tokens == 2
     assert theta.grad[0, 2].item() == 0.0 and theta.grad[0, :2].abs().sum() > 0
@@ -171,7 +207,14 @@ def test_all_tokens_stale_gives_zero_loss_and_zero_gradient():
     mask = torch.zeros(2, 3, dtype=torch.bool)
     for aggregation in ("token_mean", "seq_mean"):
         loss, stats = algorithm.policy_loss(
-            theta, theta.detach(), torch.ones(2), mask, clip_low=0.2, clip_high=0.2, rho_max=2.0, aggregation=aggregation
+            theta,
+            theta.detach(),
+            torch.ones(2),
+            mask,
+            clip_low=0.2,
+            clip_high=0.2,
+            rho_max=2.0,
+            aggregation=aggregation,
         )
         loss.backward()
         assert loss.item() == 0.0 and stats.tokens == 0
@@ -182,7 +225,13 @@ def test_length_one_completions_on_policy_gradient_is_minus_advantage_over_count
     theta = torch.tensor([[-0.3], [-2.0]], requires_grad=True)
     adv = torch.tensor([1.0, -1.0])
     loss, _ = algorithm.policy_loss(
-        theta, theta.detach(), adv, torch.ones(2, 1, dtype=torch.bool), clip_low=0.2, clip_high=0.2, rho_max=2.0
+        theta,
+        theta.detach(),
+        adv,
+        torch.ones(2, 1, dtype=torch.bool),
+        clip_low=0.2,
+        clip_high=0.2,
+        rho_max=2.0,
     )
     loss.backward()
     # on-policy r = 1: d/dtheta (-r A) / N = -A / N
@@ -194,10 +243,15 @@ def test_micro_batch_losses_with_batch_normalizer_add_up_to_the_batch_loss():
     theta, mu = -torch.rand(6, 5, generator=g), -torch.rand(6, 5, generator=g)
     adv, mask = torch.randn(6, generator=g), torch.rand(6, 5, generator=g) > 0.2
     kw = dict(clip_low=0.2, clip_high=0.2, rho_max=2.0)
-    for aggregation, norm in (("token_mean", float(mask.sum())), ("seq_mean", float((mask.sum(-1) > 0).sum()))):
+    for aggregation, norm in (
+        ("token_mean", float(mask.sum())),
+        ("seq_mean", float((mask.sum(-1) > 0).sum())),
+    ):
         whole, _ = algorithm.policy_loss(theta, mu, adv, mask, aggregation=aggregation, **kw)
         parts = sum(
-            algorithm.policy_loss(theta[s], mu[s], adv[s], mask[s], aggregation=aggregation, normalizer=norm, **kw)[0]
+            algorithm.policy_loss(
+                theta[s], mu[s], adv[s], mask[s], aggregation=aggregation, normalizer=norm, **kw
+            )[0]
             for s in (slice(0, 2), slice(2, 3), slice(3, 6))
         )
         assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
@@ -217,8 +271,14 @@ def _sample(length: int, prompt: int = 2, gid: str = "g") -> Sample:
 
 
 @SETTINGS
-@given(lengths=st.lists(st.integers(3, 40), min_size=1, max_size=30), world=st.integers(1, 4), budget=st.integers(1, 120))
-def test_partition_and_packing_keep_every_sample_once_and_respect_the_budget(lengths, world, budget):
+@given(
+    lengths=st.lists(st.integers(3, 40), min_size=1, max_size=30),
+    world=st.integers(1, 4),
+    budget=st.integers(1, 120),
+)
+def test_partition_and_packing_keep_every_sample_once_and_respect_the_budget(
+    lengths, world, budget
+):
     samples = [_sample(n, gid=str(i)) for i, n in enumerate(lengths)]
     shares = partition_across_ranks(samples, world)
     assert sorted(id(s) for share in shares for s in share) == sorted(id(s) for s in samples)
@@ -237,11 +297,16 @@ def test_collate_aligns_targets_with_completion_tokens_and_masks_padding():
     short, long = _sample(4, prompt=2), _sample(7, prompt=3)
     mb = collate([short, long], pad_id=99)
     assert mb.input_ids.shape == (2, 7) and mb.completion_mask.shape == (2, 6)
-    assert mb.input_ids[0, 4:].tolist() == [99, 99, 99] and mb.attention_mask[0].tolist() == [1] * 4 + [0] * 3
+    assert (
+        mb.input_ids[0, 4:].tolist() == [99, 99, 99]
+        and mb.attention_mask[0].tolist() == [1] * 4 + [0] * 3
+    )
     for row, s in enumerate((short, long)):
         positions = mb.completion_mask[row].nonzero().squeeze(-1)
         assert (mb.input_ids[row, positions + 1].numpy() == s.input_ids[s.prompt_len :]).all()
-        assert mb.behaviour_logprobs[row, positions].tolist() == pytest.approx(s.behaviour_logprobs.tolist())
+        assert mb.behaviour_logprobs[row, positions].tolist() == pytest.approx(
+            s.behaviour_logprobs.tolist()
+        )
         assert mb.versions[row, positions].tolist() == s.versions.tolist()
     assert mb.num_tokens == 2 + 4
     assert masked_out(mb).num_tokens == 0

@@ -42,8 +42,15 @@ def _overrides(cfg: Config) -> list[str]:
     return flat
 
 
-def _stream_of(cfg: Config, policy: str, steps: int, seed: int) -> list:
-    groups = sample_groups(load_policy(policy), load_tokenizer(policy), random.Random(seed), steps * GROUPS_PER_STEP, 8, 0)
+def _stream_of(policy: str, steps: int, seed: int) -> list:
+    groups = sample_groups(
+        load_policy(policy),
+        load_tokenizer(policy),
+        random.Random(seed),
+        steps * GROUPS_PER_STEP,
+        8,
+        0,
+    )
     return groups
 
 
@@ -57,7 +64,9 @@ def _in_process_weights(cfg: Config) -> dict[str, torch.Tensor]:
 
 def _checkpoint_weights(cfg: Config) -> dict[str, torch.Tensor]:
     latest = Path(cfg.run.dir) / "checkpoints" / "latest"
-    state = torch.load(latest / "state" / "mp_rank_00_model_states.pt", weights_only=False, map_location="cpu")
+    state = torch.load(
+        latest / "state" / "mp_rank_00_model_states.pt", weights_only=False, map_location="cpu"
+    )
     return state["module"]
 
 
@@ -74,10 +83,15 @@ def _assert_same_weights(actual: dict, expected: dict, atol: float) -> None:
 
 def _config(redis_cfg: Config, policy: str, name: str, tmp_path: Path, **sections) -> Config:
     base = Config.model_validate(
-        {"run": {"name": name, "dir": str(tmp_path / name)}, "broker": {"redis_url": redis_cfg.broker.redis_url}}
+        {
+            "run": {"name": name, "dir": str(tmp_path / name)},
+            "broker": {"redis_url": redis_cfg.broker.redis_url},
+        }
     )
     sections.setdefault("algo", {}).update(max_staleness=100)  # the stream was sampled at version 0
-    sections.setdefault("learner", {}).update(groups_per_step=GROUPS_PER_STEP, micro_batch_tokens=64)
+    sections.setdefault("learner", {}).update(
+        groups_per_step=GROUPS_PER_STEP, micro_batch_tokens=64
+    )
     return learner_config(base, policy, **sections)
 
 
@@ -94,11 +108,13 @@ torch.save({n: p.detach() for n, p in learner.model.named_parameters()}, f"{sys.
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_two_zero2_ranks_under_torchrun_train_identical_weights_equal_to_one_rank(redis_cfg, demo_policy, tmp_path):
+def test_two_zero2_ranks_under_torchrun_train_identical_weights_equal_to_one_rank(
+    redis_cfg, demo_policy, tmp_path
+):
     run_id = redis_cfg.run.name
     two = _config(redis_cfg, demo_policy, f"{run_id}-two", tmp_path, run={"max_steps": 3})
     one = _config(redis_cfg, demo_policy, f"{run_id}-one", tmp_path, run={"max_steps": 3})
-    groups = _stream_of(two, demo_policy, 3, seed=3)
+    groups = _stream_of(demo_policy, 3, seed=3)
     xadd_groups(two, groups)
     xadd_groups(one, groups)
     script = tmp_path / "harness.py"
@@ -106,7 +122,9 @@ def test_two_zero2_ranks_under_torchrun_train_identical_weights_equal_to_one_ran
     out = tmp_path / "weights"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(script), str(out), *_overrides(two)]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rank0, rank1 = torch.load(f"{out}-0.pt"), torch.load(f"{out}-1.pt")
     _assert_same_weights(rank1, rank0, atol=0.0)
@@ -117,12 +135,19 @@ def test_two_zero2_ranks_under_torchrun_train_identical_weights_equal_to_one_ran
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_twice(redis_cfg, demo_policy, tmp_path):
+def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_twice(
+    redis_cfg, demo_policy, tmp_path
+):
     run_id, steps = redis_cfg.run.name, 5
-    common = dict(run={"max_steps": steps}, learner={"checkpoint_every": 2, "ack_policy": "checkpoint", "read_timeout_s": 60})
-    killed = _config(redis_cfg, demo_policy, f"{run_id}-killed", tmp_path, metrics={"enabled": True}, **common)
+    common = dict(
+        run={"max_steps": steps},
+        learner={"checkpoint_every": 2, "ack_policy": "checkpoint", "read_timeout_s": 60},
+    )
+    killed = _config(
+        redis_cfg, demo_policy, f"{run_id}-killed", tmp_path, metrics={"enabled": True}, **common
+    )
     straight = _config(redis_cfg, demo_policy, f"{run_id}-straight", tmp_path, **common)
-    groups = _stream_of(killed, demo_policy, steps, seed=5)
+    groups = _stream_of(demo_policy, steps, seed=5)
     xadd_groups(straight, groups)
 
     # Three steps and half of the fourth are in the stream: the learner trains 3, checkpoints after 2,
@@ -130,7 +155,9 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
     cut = 3 * GROUPS_PER_STEP + GROUPS_PER_STEP // 2
     xadd_groups(killed, groups[:cut])
     cmd = [sys.executable, "-m", "learner", *_overrides(killed)]
-    first = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + TIMEOUT_S
     while len(_steps_logged(killed)) < 3:
         assert first.poll() is None, first.stdout.read()[-3000:]
@@ -142,10 +169,14 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
     keys = Keys.from_config(killed)
     client = redis.Redis.from_url(killed.broker.redis_url)
     try:
-        assert client.scard(keys.trained) == 2 * GROUPS_PER_STEP  # only the checkpointed steps are acked
+        assert (
+            client.scard(keys.trained) == 2 * GROUPS_PER_STEP
+        )  # only the checkpointed steps are acked
 
         xadd_groups(killed, groups[cut:])
-        second = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+        second = subprocess.run(
+            cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert client.scard(keys.trained) == steps * GROUPS_PER_STEP
         assert client.xlen(keys.stream) == 0  # every entry acked (and deleted), none left pending

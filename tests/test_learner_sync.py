@@ -99,5 +99,8 @@ def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg,
     for name, expected in sync_model.named_parameters():
         diff = (learned[name] - expected).abs().max().item()
         assert diff < 1e-5, f"{name}: learner and synchronous GRPO differ by {diff:.2e}"
-    moved = max((p - q).abs().max().item() for p, q in zip(load_policy(demo_policy).parameters(), sync_model.parameters(), strict=True))
+    moved = max(
+        (p - q).abs().max().item()
+        for p, q in zip(load_policy(demo_policy).parameters(), sync_model.parameters(), strict=True)
+    )
     assert moved > 1e-3  # the comparison is not between two untouched models

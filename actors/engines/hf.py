@@ -106,8 +106,8 @@ class HFEngine(Engine):
         with torch.inference_mode():
             while pending or rows:
                 if should_abort is not None and should_abort():
-                    for row in rows:
-                        row.finish = row.finish or "abort"  # rows that just finished keep their reason
+                    for row in rows:  # rows that just finished keep their reason
+                        row.finish = row.finish or "abort"
                         done[row.index] = row
                     for index in pending:
                         done[index] = _Row(index, 0)
