@@ -40,8 +40,8 @@ class _EveryNSteps:
         self.version += 1
         return self.version, self.tensors
 
-    def applied(self, version: int) -> None:
-        pass
+    def applied(self, version: int, recycled: dict | None = None) -> None:
+        self.tensors = recycled  # the swapped-out weights are the next staging copy, as in weightsync
 
 
 def _prompts(tokenizer, batch: int) -> list[list[int]]:

@@ -215,9 +215,9 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
 
 
 def measure(url: str, server_pid: int, quick: bool) -> dict:
-    n = 200 if quick else 800
+    n = 200 if quick else 600
     raw, full = [], []
-    for _ in range(2 if quick else 3):  # alternate, so drift on a shared machine hits both alike
+    for _ in range(2 if quick else 5):  # alternate, so drift on a shared machine hits both alike
         raw.append(end_to_end(url, server_pid, "raw", n))
         full.append(end_to_end(url, server_pid, "stream", n))
     payload = encode_group(make_group(np.random.default_rng(2)))

@@ -206,7 +206,8 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
     last = curve[-TARGET_WINDOW:]
     ttt = result["time_to_target_s"]
     rows = []
-    marks = sorted({0, *range(9, len(curve), 10), len(curve) - 1}) if curve else []
+    every = max(10, round(len(curve) / 200) * 10)  # about 20 rows, at round step numbers
+    marks = sorted({0, *range(every - 1, len(curve), every), len(curve) - 1}) if curve else []
     for i in marks:
         t, r, e = curve[i]
         rows.append(f"| {i + 1} | {t:.1f} | {r:.3f} | {e:.2f} |")
@@ -258,7 +259,7 @@ def run(quick: bool = False) -> str:
     """Benchmark section: one seed, stop at the target or the time cap."""
     import tempfile
 
-    max_time_s = 60.0 if quick else 240.0
+    max_time_s = 60.0 if quick else 480.0
     with tempfile.TemporaryDirectory(prefix="trl-baseline-") as workdir:
         result = run_trl(0, max_time_s, workdir, stop_at_target=True)
     return markdown(result, 0, max_time_s, "make bench" + (" --quick" if quick else ""))

@@ -105,7 +105,7 @@ def publisher_main(url: str, run: str, transport: str, slots: int, params: int) 
 
 def subscriber_main(url: str, run: str, transport: str, slots: int, params: int) -> None:
     from weightsync import make_subscriber
-    from weightsync.subscriber import apply_to_model
+    from weightsync.subscriber import swap_into_model
 
     model = torch.nn.Module()
     for i, n in enumerate(_shapes(params)):
@@ -123,8 +123,8 @@ def subscriber_main(url: str, run: str, transport: str, slots: int, params: int)
             time.sleep(0.0005)
             continue
         version, tensors = staged
-        apply_s = apply_to_model(model, tensors)
-        sub.applied(version)
+        apply_s, replaced = swap_into_model(model, tensors)
+        sub.applied(version, recycled=replaced)
         _emit(
             event="applied",
             version=version,

@@ -78,6 +78,7 @@ class EmbeddedRedis:
     def _command(self) -> list[str]:
         cmd = [
             redis_executable(),
+            "-",  # the rest of the config (the password) comes on stdin, never in `ps` output
             "--port",
             str(self.port),
             "--bind",
@@ -95,9 +96,13 @@ class EmbeddedRedis:
             "--logfile",
             str(self.data_dir / "redis.log"),
         ]
-        if self.cfg.password:
-            cmd += ["--requirepass", self.cfg.password]
         return cmd
+
+    def _stdin_config(self) -> bytes:
+        if not self.cfg.password:
+            return b""
+        quoted = self.cfg.password.replace("\\", "\\\\").replace('"', '\\"')
+        return f'requirepass "{quoted}"\n'.encode()
 
     def start(self) -> EmbeddedRedis:
         if self.proc is not None and self.proc.poll() is None:
@@ -110,10 +115,12 @@ class EmbeddedRedis:
                 self.port = free_port(self.cfg.host)
             self.proc = subprocess.Popen(
                 self._command(),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
+            self.proc.stdin.write(self._stdin_config())
+            self.proc.stdin.close()
             if self._wait_ready():
                 break
             if chosen:

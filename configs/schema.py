@@ -130,7 +130,7 @@ class AlgoConfig(Section):
     clip_high: float = Field(0.2, ge=0, description="Upper clip range (DAPO's clip-higher when > clip_low).")
     rho_max: float = Field(2.0, gt=0, description="Truncation of the importance weight exp(pi_prox - mu) (V-trace rho-bar).")
     importance_correction: bool = Field(True, description="Decoupled objective with the truncated IS weight; off = plain PPO ratio against the behaviour policy.")
-    staleness_tighten: float = Field(0.0, ge=0, description="Per version of staleness, shrink clip ranges and rho_max by this fraction (0 = off).")
+    staleness_tighten: float = Field(0.0, ge=0, description="Per version of staleness, shrink the clip ranges towards 0 and rho_max towards 1 by this fraction of their size (0 = off).")
     proximal: Literal["recompute", "behaviour"] = Field("recompute", description="pi_prox source: recompute with a no-grad pass, or reuse the behaviour log-probs.")
     aggregation: Literal["token_mean", "seq_mean", "constant"] = Field("token_mean", description="Loss aggregation: over all tokens, per sequence then mean, or sum / constant (Dr.GRPO).")
     constant_normalizer: int = Field(0, ge=0, description="Normaliser for aggregation=constant (0 = max_new_tokens x batch size).")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from broker.wire import Completion, RolloutGroup
@@ -12,7 +14,7 @@ VOCAB = 50
 def make_group(
     group_id: str, n_completions: int = 2, length: int = 4, version: int = 0
 ) -> RolloutGroup:
-    rng = np.random.default_rng(abs(hash(group_id)) % (2**32))
+    rng = np.random.default_rng(zlib.crc32(group_id.encode()))
     comps = [
         Completion(
             rng.integers(0, VOCAB, length).astype(np.int32),

@@ -98,7 +98,7 @@ class _SwapAfter:
         self.polls += 1
         return (1, self.tensors) if self.polls == self.swap_at else None
 
-    def applied(self, version: int) -> None:
+    def applied(self, version: int, recycled: dict | None = None) -> None:
         self.applied_versions.append(version)
 
 

@@ -28,10 +28,12 @@ def test_non_loopback_bind_without_password_is_refused(tmp_path):
         EmbeddedRedis(cfg, tmp_path)
 
 
-def test_password_server_rejects_clients_without_it(tmp_path):
-    cfg = Config.model_validate({"broker": {"password": "s3cret/pw"}}).broker
+def test_password_server_rejects_clients_without_it_and_hides_the_password(tmp_path):
+    password = 's3cret/p w"\\x'
+    cfg = Config.model_validate({"broker": {"password": password}}).broker
     with EmbeddedRedis(cfg, tmp_path) as server:
-        assert "s3cret" in server.url
+        assert password not in " ".join(server.proc.args)  # not visible in `ps`
+        assert redis.Redis(host="127.0.0.1", port=server.port, password=password).ping()
         assert redis.Redis.from_url(server.url).ping()
         bare = redis.Redis(
             host="127.0.0.1", port=server.port, socket_timeout=2, retry=Retry(NoBackoff(), 0)

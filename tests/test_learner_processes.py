@@ -143,9 +143,11 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
         run={"max_steps": steps},
         learner={"checkpoint_every": 2, "ack_policy": "checkpoint", "read_timeout_s": 60},
     )
+    # The killed learner also serves metrics and publishes weights over shm, as in a real run.
     killed = _config(
-        redis_cfg, demo_policy, f"{run_id}-killed", tmp_path, metrics={"enabled": True}, **common
-    )
+        redis_cfg, demo_policy, f"{run_id}-killed", tmp_path,
+        metrics={"enabled": True}, weightsync={"transport": "shm"}, **common,
+    )  # fmt: skip
     straight = _config(redis_cfg, demo_policy, f"{run_id}-straight", tmp_path, **common)
     groups = _stream_of(demo_policy, steps, seed=5)
     xadd_groups(straight, groups)

@@ -69,5 +69,12 @@ def test_parsers_read_our_benchmark_tables_and_return_none_when_absent():
     actors_md = "| batch | ours tokens/s | HF |\n|---:|---:|---:|\n| 1 | 812 | 586 |\n| 16 | 8,851 | 7,412 |\n"
     assert parse_actor_tps(actors_md) == 8851.0
     assert parse_actor_tps("nothing here") is None
-    assert parse_learner_tps("| learner step | 21,345 tokens/s |") == 21345.0
+    learner_md = (
+        "| model | params | batch | plain AdamW ms | ZeRO-2 ms | ratio | ZeRO-2 completion tokens/s |\n"
+        "|---|---|---|---|---|---|---|\n"
+        "| demo (0.5M) | 0.5M | 64x128 (1 micro) | 300 | 320 | 1.07x | 22,400 |\n"
+        "| qwen2-10M | 10.6M | 64x128 (2 micro) | 900 | 1000 | 1.11x | 7,168 |\n"
+    )
+    # completion tokens/s scaled to all tokens: 22,400 x (16 + 112) / 112
+    assert parse_learner_tps(learner_md) == pytest.approx(25_600)
     assert parse_learner_tps("| step | 5 ms |") is None

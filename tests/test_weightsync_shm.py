@@ -15,7 +15,7 @@ from weightsync_procs import check, engine_template, learner_tensors
 
 from weightsync import make_publisher, make_subscriber
 from weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
-from weightsync.subscriber import apply_to_model
+from weightsync.subscriber import apply_to_model, swap_into_model
 
 
 def _cfg(redis_cfg, **ws):
@@ -207,6 +207,36 @@ def test_engine_model_receives_learner_weights_through_apply_to_model(redis_cfg)
         ):
             assert torch.equal(a, b), name
         assert engine.lm_head.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis_cfg):
+    from actors.demo_task import build_model
+
+    torch.manual_seed(1)
+    engine = build_model(vocab_size=40, eos_id=1, pad_id=0).eval()
+    cfg = _cfg(redis_cfg)
+    pub = make_publisher(cfg)
+    sub = make_subscriber(cfg, "engine", dict(engine.named_parameters())).start()
+    published = {}
+    try:
+        for version in (1, 2, 3):
+            torch.manual_seed(10 + version)
+            published[version] = build_model(vocab_size=40, eos_id=1, pad_id=0).state_dict()
+            pub.publish(version, published[version])
+            assert sub.wait_staged(10)
+            staged_version, tensors = sub.take_staged()
+            _seconds, replaced = swap_into_model(engine, tensors)
+            sub.applied(staged_version, recycled=replaced)
+            assert staged_version == version
+            for name, value in engine.state_dict().items():
+                assert torch.equal(value, published[version][name]), (version, name)
+            assert engine.lm_head.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+        # the buffers handed back are reused for receiving, never aliased with the live weights
+        live = {p.data_ptr() for p in engine.parameters()}
+        assert not live & {t.data_ptr() for t in replaced.values()}
     finally:
         sub.close()
         pub.close()

@@ -1,6 +1,8 @@
 """The actor-side subscriber: a background thread receives the newest announced version into one staging
-copy while generation goes on; the engine takes it between two decode steps (``take_staged``), copies it
-into the live model (``apply_to_model``) and reports ``applied(version)``.
+copy while generation goes on; the engine takes it between two decode steps (``take_staged``), swaps it
+into the live model (``swap_into_model``: the staged storages become the parameters and the old
+parameters become the next staging copy, so the engine pauses for pointer swaps, not a copy) and reports
+``applied(version, recycled)``. ``apply_to_model`` is the in-place copy for engines that cannot swap.
 
 Staging states: empty -> filling -> ready -> lent (engine copying) -> empty.
 The thread only writes while the copy is not lent, so there is never more
@@ -49,6 +51,37 @@ def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> 
         for name, tensor in tensors.items():
             targets[name].copy_(tensor)
     return time.perf_counter() - start
+
+
+def swap_into_model(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor]
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """Make the staged tensors the model's parameters; returns (seconds, the replaced tensors).
+
+    Hand the replaced tensors back with ``applied(version, recycled=...)``: they
+    become the next staging copy, so the actor still holds exactly one copy
+    beyond its live weights. A tensor whose dtype, device or shape differs from
+    its parameter is copied in place instead (and is itself handed back).
+    """
+    start = time.perf_counter()
+    targets = dict(model.named_parameters())
+    targets.update(model.named_buffers())
+    unknown = sorted(set(tensors) - set(targets))
+    if unknown:
+        raise KeyError(
+            f"staged tensors the model does not have: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
+        )
+    replaced = {}
+    with torch.no_grad():
+        for name, staged in tensors.items():
+            live = targets[name]
+            if (staged.dtype, staged.device, staged.shape) == (live.dtype, live.device, live.shape):
+                replaced[name] = live.data
+                live.data = staged
+            else:
+                live.copy_(staged)
+                replaced[name] = staged
+    return time.perf_counter() - start, replaced
 
 
 class Subscriber:
@@ -134,12 +167,16 @@ class Subscriber:
             self._state = "lent"
             return self._staged_version, self._staging
 
-    def applied(self, version: int) -> None:
-        """The engine now runs ``version``; the staging copy is free again."""
+    def applied(self, version: int, recycled: dict[str, torch.Tensor] | None = None) -> None:
+        """The engine now runs ``version``; the staging copy (or ``recycled``, what a swap replaced) is free."""
         with self._cond:
             if self._state == "lent":
                 if version == self._staged_version:
                     self._live_publisher = self._staged_publisher
+                if recycled is not None:
+                    if recycled.keys() != self._staging.keys():
+                        raise ValueError("recycled tensors must be exactly the ones take_staged lent")
+                    self._staging = recycled
                 self._state = "empty"
             self._live_version = version
             self._cond.notify_all()

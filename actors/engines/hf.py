@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
 from actors.engines.sampling import sample
-from weightsync.subscriber import apply_to_model
+from weightsync.subscriber import swap_into_model
 
 
 class _Row:
@@ -76,10 +76,11 @@ class HFEngine(Engine):
         if staged is None:
             return False
         version, tensors = staged
-        metrics.WEIGHT_SWAP_SECONDS.observe(apply_to_model(self.model, tensors))
+        seconds, replaced = swap_into_model(self.model, tensors)
+        metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
         self.version = version
         metrics.POLICY_VERSION.set(version)
-        self.weight_source.applied(version)
+        self.weight_source.applied(version, recycled=replaced)
         return True
 
     # -- generation ----------------------------------------------------------------------------
