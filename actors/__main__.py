@@ -68,11 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         return _spawn_children(args)
 
     from actors.loop import default_actor_id, run_actor
+    from actors.prompts import PromptDataError
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    run_actor(cfg, args.actor_id or default_actor_id(), stop)
+    try:
+        run_actor(cfg, args.actor_id or default_actor_id(), stop)
+    except PromptDataError as exc:  # raised while loading, before Redis is touched
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 

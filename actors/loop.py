@@ -32,6 +32,7 @@ from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams
 from actors.prompts import Prompt, PromptDataset, PromptSource
 from actors.rewards import RewardPool, Score
+from broker.audit import JsonlLog, published_path
 from broker.wire import Completion, RolloutGroup
 from configs.schema import Config
 
@@ -153,6 +154,9 @@ class Actor:
         seed = cfg.run.seed * 1_000_003 + (hash(self.actor_id) & 0xFFFF)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
         metrics.POLICY_VERSION.set(self.engine.version)
+        self.publish_log = (
+            JsonlLog(published_path(cfg.run.dir, self.actor_id)) if cfg.actor.publish_log else None
+        )
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -233,7 +237,9 @@ class Actor:
         for g, pending in enumerate(complete):
             group_scores = scores[g * group_size : (g + 1) * group_size]
             group = build_group(self.actor_id, self.seq, pending, group_scores)
-            await self.producer.publish(group, pending.lease_id)
+            entry_id = await self.producer.publish(group, pending.lease_id)
+            if self.publish_log is not None:
+                self.publish_log.write({"group_id": group.group_id, "entry_id": entry_id})
             self.leases.discard(pending.lease_id)
             self.seq += 1
             self._observe(group)
@@ -278,6 +284,8 @@ class Actor:
             self.subscriber.close()
         self.engine.close()
         self.rewards.close()
+        if self.publish_log is not None:
+            self.publish_log.close()
         await self.redis.aclose()
 
 

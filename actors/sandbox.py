@@ -10,10 +10,15 @@ Isolation, layer by layer, and how strong each one is:
   or unprivileged user namespaces; where the kernel refuses, only the audit hook
   below blocks sockets.
 - **Identity (kernel-enforced when the actor runs as root):** the child drops to
-  ``nobody`` (uid/gid 65534), so it cannot read other processes' ``/proc/*/environ``
-  or write files owned by others, and ``RLIMIT_NPROC`` caps its processes (root
-  ignores that limit, hence the drop). As a non-root actor the child keeps the
-  actor's uid and NPROC is not lowered (it counts all of the user's threads).
+  a fresh unprivileged uid/gid of its own (no account behind it, like ``nobody``
+  but one per run), so it cannot read other processes' ``/proc/*/environ`` or
+  write files owned by others, and ``RLIMIT_NPROC`` caps its processes (root
+  ignores that limit, hence the drop). Because the uid is the run's alone, the
+  end of a run kills every process of that uid (``kill(-1)`` from a helper
+  running as it): a grandchild that double-forked and left the process group
+  with ``setsid`` dies too. As a non-root actor the child keeps the actor's
+  uid, NPROC is not lowered (it counts all of the user's threads) and only the
+  process group is killed.
 - **Interpreter (best effort, not a security boundary):** ``python -I -S -B``
   with an empty environment (only ``HOME``/``TMPDIR`` = its own temp dir, which
   is also the cwd) and a ``sys.addaudithook`` installed before the code runs
@@ -29,6 +34,7 @@ import ctypes
 import functools
 import os
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +43,9 @@ import tempfile
 from dataclasses import dataclass
 
 NOBODY = 65534
+SANDBOX_UID_BASE = 1 << 30  # far above real accounts; each run draws its own uid from here
+SANDBOX_UIDS = 1 << 24
+KILL_ROUNDS = 50
 CLONE_NEWNET = 0x40000000
 MAX_OUTPUT_BYTES = 1 << 20
 NPROC_LIMIT = 16
@@ -100,7 +109,7 @@ class SandboxResult:
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _limits(timeout_s: float, memory_mb: int, drop_to_nobody: bool):
+def _limits(timeout_s: float, memory_mb: int, uid: int | None):
     cpu = max(1, int(timeout_s) + 1)
 
     def apply() -> None:  # runs in the child between fork and exec
@@ -112,17 +121,42 @@ def _limits(timeout_s: float, memory_mb: int, drop_to_nobody: bool):
         _LIBC.unshare(
             CLONE_NEWNET
         )  # refused without privileges: then only the audit hook blocks sockets
-        if drop_to_nobody:
+        if uid is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (NPROC_LIMIT, NPROC_LIMIT))
-            _drop_to_nobody()
+            _drop_to(uid)
 
     return apply
 
 
-def _drop_to_nobody() -> None:
+def _drop_to(uid: int) -> None:
     os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+def _drop_to_nobody() -> None:
+    _drop_to(NOBODY)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of the run's uid, wherever it went (another session, reparented to init).
+
+    A forked helper becomes that uid and calls kill(-1): the kernel delivers it to
+    exactly the processes that uid may signal, i.e. its own. Repeated until none is
+    left, so a process forked during one sweep dies in the next (NPROC bounds them).
+    """
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _drop_to(uid)
+            for _ in range(KILL_ROUNDS):
+                os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+        os._exit(1)
+    os.waitpid(pid, 0)
 
 
 @functools.cache
@@ -184,9 +218,10 @@ def run_python(
         program = os.path.join(workdir, "main.py")
         with open(program, "w") as f:
             f.write(code)
-        if drop:
-            os.chown(workdir, NOBODY, NOBODY)
-            os.chown(program, NOBODY, NOBODY)
+        uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UIDS) if drop else None
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+            os.chown(program, uid, uid)
         env = {"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
@@ -207,7 +242,7 @@ def run_python(
                 cwd=workdir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_limits(timeout_s, memory_mb, drop),
+                preexec_fn=_limits(timeout_s, memory_mb, uid),
                 close_fds=True,
             )
             timed_out = False
@@ -217,6 +252,8 @@ def run_python(
                 timed_out = True
             finally:
                 _kill_group(proc.pid)
+                if uid is not None:
+                    _kill_uid(uid)
                 proc.wait(timeout=10)
             return SandboxResult(
                 returncode=None if timed_out else proc.returncode,

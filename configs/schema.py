@@ -116,6 +116,7 @@ class ActorConfig(Section):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port of the first actor (0 = free port); later actors use free ports.")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM: fraction of GPU memory for weights and KV cache.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM: tensor parallel degree of one actor.")
+    publish_log: bool = Field(False, description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).")
 
 
 class AlgoConfig(Section):
@@ -154,6 +155,7 @@ class LearnerConfig(Section):
     ack_policy: Literal["step", "checkpoint"] = Field("checkpoint", description="Ack consumed entries after every step, or only once a checkpoint holds the step (crash replays exactly the lost steps).")
     read_timeout_s: float = Field(0.0, ge=0, description="Give up waiting for data after this long and exit (0 = wait forever).")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port of learner rank 0 (0 = free port).")
+    commit_log: bool = Field(False, description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).")
 
 
 class WeightSyncConfig(Section):

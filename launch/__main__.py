@@ -13,6 +13,8 @@ import time
 from rich.console import Console
 from rich.live import Live
 
+from actors.prompts import PromptDataError
+from broker.server import RedisServerError
 from configs import ConfigError, load_config
 from launch.scrape import sync_targets, write_prometheus_config
 from launch.status import read_steps, snapshot
@@ -49,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     started = time.monotonic()
-    reason = "learner finished"
+    reason = "start failed"
     try:
         sup.start()
         prom_dir = sup.run_dir / "prometheus"
         write_prometheus_config(prom_dir)
         console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
         last_plain = 0.0
+        reason = "learner finished"
         with Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else _NoLive() as live:
             while not sup.learner_finished:
                 sup.tick()
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                     last_plain = elapsed
                     print(plain_line(snap, elapsed), flush=True)
                 time.sleep(REFRESH_S)
+    except (PromptDataError, RedisServerError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except _Stop as stop:
         reason = f"{stop} received"
     finally:

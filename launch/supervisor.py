@@ -118,6 +118,11 @@ class Supervisor:
             ensure_demo_policy(self.cfg.model.path, seed=self.cfg.run.seed)
         if self.cfg.data.build_demo and not Path(self.cfg.data.path).exists():
             ensure_demo_dataset(self.cfg.data.path, seed=self.cfg.run.seed)
+        # A broken dataset fails here, naming file and row, before Redis or any child starts.
+        from actors.prompts import PromptDataset
+        from weightsync.policy import load_tokenizer
+
+        PromptDataset.from_config(self.cfg.data, load_tokenizer(self.cfg.model.path))
 
     def _start_redis(self) -> None:
         url = os.environ.get("REDIS_URL") or self.cfg.broker.redis_url

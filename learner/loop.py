@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from broker.audit import JsonlLog, commits_path
 from configs.schema import Config
 from learner import algorithm, checkpoint
 from learner import metrics as m
@@ -79,6 +80,9 @@ class Batch:
     samples: list[Sample]
     entries: list[tuple[str, str]]  # every entry taken off the stream for this step
     log: dict
+    # zero-variance groups' samples: not trained (their advantage is 0) but counted by the loss
+    # normaliser, so skipping them saves compute without changing the objective
+    skipped: list[Sample] = field(default_factory=list)
 
 
 def _exact(completion) -> bool:
@@ -91,7 +95,10 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
     """Drop fully stale and zero-variance groups (counted), attach group advantages."""
     a = cfg.algo
     samples: list[Sample] = []
+    skipped: list[Sample] = []
     rewards, exact, staleness = [], [], []
+    by_actor: dict[str, int] = {}
+    spanning = 0
     dropped_stale = zero_variance = 0
     for d in deliveries:
         g = d.group
@@ -104,11 +111,15 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
             continue
         rewards += [c.reward for c in g.completions]
         exact += [_exact(c) for c in g.completions]
+        by_actor[g.actor_id] = by_actor.get(g.actor_id, 0) + 1
+        # completions that saw a weight swap between two of their tokens
+        spanning += sum(int(c.versions[0] != c.versions[-1]) for c in g.completions)
         advantages, zero_var = algorithm.group_advantages(
             torch.tensor(g.rewards)[None], a.advantage, a.adv_eps, a.std_threshold
         )
         if a.skip_zero_variance and bool(zero_var[0]):
             zero_variance += 1
+            skipped += samples_from_group(g, advantages[0].tolist())
             continue
         samples += samples_from_group(g, advantages[0].tolist())
         for s in group_staleness:
@@ -136,7 +147,10 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
             "zero_variance_groups": zero_variance,
             "advantage_abs_mean": adv_abs,
             "wait_s": wait_s,
+            "groups_by_actor": by_actor,
+            "version_spanning_completions": spanning,
         },
+        skipped=skipped,
     )
 
 
@@ -160,6 +174,7 @@ class RankZeroIO:
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = open(run_dir / "learner_steps.jsonl", "a")  # noqa: SIM115 (closed in close())
+        self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer = []
         self.wait_s = 0.0
         self.last_progress = time.monotonic()
@@ -216,6 +231,8 @@ class RankZeroIO:
     def ack(self, progress: Progress) -> None:
         if progress.unacked:
             self.consumer.ack([e for e, _ in progress.unacked], [g for _, g in progress.unacked])
+            if self.commit_log is not None:
+                self.commit_log.write({"step": progress.step, "groups": [g for _, g in progress.unacked]})
             progress.unacked = []
 
     def record(
@@ -259,6 +276,8 @@ class RankZeroIO:
         if self.metrics_port:
             broker_metrics.unregister(self.cfg, "learner", "0", self.metrics_port)
         self.steps_log.close()
+        if self.commit_log is not None:
+            self.commit_log.close()
         self.consumer.close()
         self.admission.close()
 
@@ -351,6 +370,7 @@ class Learner:
                 self.pad_id,
                 self.ref_model,
                 after_update,
+                skipped=batch.skipped,
             )
             progress.step += 1
             progress.samples += len(batch.samples)

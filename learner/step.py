@@ -10,7 +10,7 @@ Staleness is measured once, against the version the batch was taken at.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -116,14 +116,16 @@ def train_batch(
     pad_id: int,
     ref_model=None,
     after_update: Callable[[UpdateStats], None] | None = None,
+    skipped: Sequence[Sample] = (),
 ) -> list[UpdateStats]:
     """Train on ``samples`` (the whole batch, identical on every rank); one ``UpdateStats`` per optimizer step.
 
     ``after_update`` runs after each optimizer step (rank 0 publishes the new version there).
+    ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser.
     """
     batches = _rank_micro_batches(samples, cfg, rank, world, pad_id)
     temperature = cfg.rollout.temperature
-    normalizer = loss_normalizer(cfg, samples, version)
+    normalizer = loss_normalizer(cfg, [*samples, *skipped], version)
     need_prox = cfg.algo.importance_correction and cfg.algo.proximal == "recompute"
     prox = (
         _logprobs_no_grad(engine.module, batches, temperature)

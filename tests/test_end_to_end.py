@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.chaos_checks import delivery
+from broker.audit import commits_path, published_path, read_jsonl
 from broker.keys import Keys
 from broker.wire import decode_group
 from configs import load_config
@@ -27,8 +29,13 @@ from weightsync.shm import SHM_DIR, segment_prefix
 CONFIG = "configs/demo_cpu.yaml"
 
 
-def _groups(redis, keys: Keys) -> list[tuple[bytes, object]]:
-    return [(entry_id, decode_group(fields[b"g"])) for entry_id, fields in redis.xrange(keys.stream)]
+def _queued_group_ids(redis, keys: Keys) -> set[str]:
+    """Groups still in the stream: acked entries are deleted, so these were not trained yet."""
+    return {decode_group(fields[b"g"]).group_id for _, fields in redis.xrange(keys.stream)}
+
+
+def _contributed(run_dir: Path, actor_id: str) -> bool:
+    return any(actor_id in s.get("groups_by_actor", {}) for s in read_steps(run_dir))
 
 
 def _alive(pid: int) -> bool:
@@ -51,6 +58,8 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(tmp_pat
         "run.max_steps=40",
         "run.max_time_s=0",
         "learner.checkpoint_every=10",
+        "actor.publish_log=true",
+        "learner.commit_log=true",
     ]
     cfg = load_config(CONFIG, overrides, env={})
     keys = Keys.from_config(cfg)
@@ -68,41 +77,32 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(tmp_pat
 
         sup.scale(3)
         newcomer = sup.actors[-1].name
-        assert sup.wait_until(
-            lambda: any(g.actor_id == newcomer for _, g in _groups(sup.redis, keys)), timeout=120
-        ), "an actor added mid-run published nothing"
+        assert sup.wait_until(lambda: _contributed(run_dir, newcomer), timeout=120), "an actor added mid-run trained nothing"
 
         assert sup.wait_until(lambda: sup.learner_finished, timeout=240), "the run did not reach max_steps"
         pids += [c.proc.pid for c in [sup.learner, *sup.actors] if c.proc is not None]
-
-        groups = _groups(sup.redis, keys)
-        trained = {m.decode() for m in sup.redis.smembers(keys.trained)}
-        pending = {e[0] if isinstance(e, (list, tuple)) else e["message_id"] for e in
-                   sup.redis.xpending_range(keys.stream, cfg.broker.consumer_group, "-", "+", 10_000)}
-        info = {g[b"name"].decode(): g for g in sup.redis.xinfo_groups(keys.stream)}
-        last_delivered = info[cfg.broker.consumer_group][b"last-delivered-id"]
+        queued = _queued_group_ids(sup.redis, keys)
     finally:
         sup.stop()
 
     steps = read_steps(run_dir)
-    assert steps[-1]["version"] >= 40
-    assert [s["version"] for s in steps] == sorted(s["version"] for s in steps), "versions went backwards"
+    assert steps[-1]["step"] >= 40
+    versions = [s["version"] for s in steps]
+    assert versions == sorted(versions), "versions went backwards"
     first = statistics.fmean(s["reward_mean"] for s in steps[:5])
     last = statistics.fmean(s["reward_mean"] for s in steps[-5:])
-    assert last > first + 0.1, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    assert last > first + 0.05, f"reward did not rise: {first:.3f} -> {last:.3f}"
 
-    # Actors swapped weights between decode steps: some completions span two versions.
-    spans = [c for _, g in groups for c in g.completions if c.versions[0] != c.versions[-1]]
-    assert max(int(c.versions.max()) for _, g in groups for c in g.completions) > 0
-    assert spans, "no completion was generated across a weight update"
+    # Actors swapped weights between two decode steps: some trained completions span two versions.
+    assert sum(s["version_spanning_completions"] for s in steps) > 0
 
-    # Nothing the broker accepted is lost: every entry is trained, pending, or not yet delivered.
-    def key(entry_id: bytes) -> tuple[int, int]:
-        ms, seq = entry_id.decode().split("-")
-        return int(ms), int(seq)
-
-    for entry_id, group in groups:
-        assert group.group_id in trained or entry_id in pending or key(entry_id) > key(last_delivered), group.group_id
+    # Nothing the broker accepted is lost, nothing is trained twice (audit logs of actors and learner).
+    published = {}
+    for actor in {c.name for c in sup.actors} | {c.name for c in sup.retired}:
+        published.update({r["group_id"]: r["entry_id"] for r in read_jsonl(published_path(run_dir, actor))})
+    report = delivery(published, read_jsonl(commits_path(run_dir)), queued, wipes_ms=[])
+    assert report.published > 40 * cfg.learner.groups_per_step // 2
+    assert not report.lost and not report.committed_twice, report
 
     for pid in pids:
         assert not _alive(pid), f"process {pid} outlived the shutdown"

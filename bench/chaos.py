@@ -1,0 +1,384 @@
+"""Chaos soak: the whole system under the `make run` supervisor, with faults injected at random points.
+
+    python -m bench.chaos --rounds N --seed S        (make chaos ROUNDS=N)
+
+Each round starts Redis (AOF persistence on or off, chosen by the seed), the
+learner and two actors on the CPU demo config with small steps, then injects
+faults in a seeded order at seeded moments, waiting after each until the
+system recovered by itself:
+
+- ``kill_actor``: SIGKILL one actor; recovered when the supervisor restarted it
+  and it published again.
+- ``kill_learner``: SIGKILL the learner; recovered at its next step record.
+- ``stop_actor``: SIGSTOP one actor's process group for longer than
+  ``weightsync.timeout_s``, then SIGCONT; the learner must keep stepping
+  meanwhile; recovered when the actor published again.
+- ``restart_redis``: ``EmbeddedRedis.restart()``; recovered at the next step.
+
+At the end of the round everything is stopped cleanly (actors, then learner,
+through the supervisor) and the invariants of ``bench.chaos_checks`` are
+checked from the run's records and Redis; then the run's keys are deleted
+(``broker.cleanup``) and the system shut down, after which no process of the
+run, no shared-memory segment and no key may remain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from bench import chaos_checks as checks
+from broker.audit import commits_path, published_path, read_jsonl
+from broker.cleanup import delete_run_keys, ephemeral_leftovers, run_keys
+from broker.wire import WireError, decode_group
+from configs import load_config
+from launch.status import read_steps
+from launch.supervisor import Supervisor
+from learner import checkpoint
+from weightsync.shm import SHM_DIR, segment_prefix
+
+CONFIG = "configs/demo_cpu.yaml"
+FAULTS = ("kill_actor", "kill_learner", "stop_actor", "restart_redis")
+SYNC_TIMEOUT_S = 3.0
+STOP_FOR_S = 2.5 * SYNC_TIMEOUT_S
+RECOVERY_TIMEOUT_S = 150.0
+START_TIMEOUT_S = 240.0
+
+
+def overrides(run_name: str, run_dir: Path, policy: str, dataset: str, appendonly: bool) -> list[str]:
+    """Small steps so a round sees many steps and checkpoints in a minute on 2 cores."""
+    return [
+        f"run.name={run_name}",
+        f"run.dir={run_dir}",
+        f"model.path={policy}",
+        f"data.path={dataset}",
+        "run.max_time_s=0",
+        "run.max_steps=0",
+        "rollout.group_size=8",
+        "actor.batch_slots=16",
+        "learner.groups_per_step=4",
+        "learner.checkpoint_every=3",
+        "actor.heartbeat_s=1",
+        "broker.lease_ttl_s=20",
+        "broker.claim_idle_ms=10000",
+        f"broker.appendonly={str(appendonly).lower()}",
+        f"weightsync.timeout_s={SYNC_TIMEOUT_S}",
+        "actor.publish_log=true",
+        "learner.commit_log=true",
+    ]
+
+
+@dataclass
+class Fault:
+    kind: str
+    recovery_s: float | None  # None: did not recover within RECOVERY_TIMEOUT_S
+    detail: str = ""
+
+
+@dataclass
+class RoundResult:
+    index: int
+    appendonly: bool
+    faults: list[Fault] = field(default_factory=list)
+    delivery: checks.Delivery | None = None
+    steps: int = 0
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    shm_removed_by_supervisor: int = 0
+
+
+class _Processes:
+    """Every process of the run ever seen (pid + start time, so a reused pid is not blamed)."""
+
+    def __init__(self):
+        self.seen: dict[int, float] = {}
+
+    def snapshot(self) -> None:
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                self.seen.setdefault(proc.pid, proc.create_time())
+            except psutil.NoSuchProcess:
+                continue
+
+    def survivors(self) -> list[str]:
+        alive = []
+        for pid, created in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{pid} {' '.join(proc.cmdline())[:120]}")
+            except psutil.NoSuchProcess:
+                continue
+        return alive
+
+
+class ChaosRound:
+    def __init__(self, index: int, rng: random.Random, work: Path, policy: str, dataset: str, faults: list[str], appendonly: bool):
+        self.index = index
+        self.rng = rng
+        self.faults = faults
+        self.run_name = f"chaos-{index}-{uuid.uuid4().hex[:6]}"
+        self.run_dir = work / self.run_name
+        self.overrides = overrides(self.run_name, self.run_dir, policy, dataset, appendonly)
+        self.cfg = load_config(CONFIG, self.overrides, env={})
+        self.result = RoundResult(index, appendonly)
+        self.procs = _Processes()
+        self.kills: list[checks.LearnerKill] = []
+        self.wipes_ms: list[int] = []
+
+    # ----- records ---------------------------------------------------------------------------
+    def steps(self) -> list[dict]:
+        return read_steps(self.run_dir)
+
+    def published_by(self, actor_id: str) -> int:
+        return len(read_jsonl(published_path(self.run_dir, actor_id)))
+
+    def wait(self, predicate, timeout: float) -> bool:
+        def watched() -> bool:
+            self.procs.snapshot()
+            return predicate()
+
+        return self.sup.wait_until(watched, timeout, interval=0.2)
+
+    # ----- faults ----------------------------------------------------------------------------
+    def kill_actor(self) -> Fault:
+        victim = self.rng.choice([a for a in self.sup.actors if a.alive])
+        before = self.published_by(victim.name)
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        ok = self.wait(lambda: victim.alive and self.published_by(victim.name) > before, RECOVERY_TIMEOUT_S)
+        return Fault("kill_actor", time.monotonic() - t0 if ok else None, victim.name)
+
+    def kill_learner(self) -> Fault:
+        learner = self.sup.learner
+        learner.proc.kill()
+        learner.proc.wait(30)  # the supervisor's next tick reaps the exit code and schedules the restart
+        latest = checkpoint.latest(self.run_dir / "checkpoints")
+        ckpt_step = int(latest.name.split("-")[1]) if latest is not None else 0
+        rows = len(self.steps())
+        self.kills.append(checks.LearnerKill(rows, ckpt_step))
+        t0 = time.monotonic()
+        ok = self.wait(lambda: len(self.steps()) > rows, RECOVERY_TIMEOUT_S)
+        return Fault("kill_learner", time.monotonic() - t0 if ok else None, f"checkpoint step {ckpt_step}")
+
+    def stop_actor(self) -> Fault:
+        victim = self.rng.choice([a for a in self.sup.actors if a.alive])
+        baseline = [r["time"] for r in self.steps()][-4:]
+        pgid = victim.proc.pid  # each child leads its own session: this freezes its reward workers too
+        before = self.published_by(victim.name)
+        t_stop = time.time()
+        os.killpg(pgid, signal.SIGSTOP)
+        try:
+            self.wait(lambda: False, STOP_FOR_S)
+        finally:
+            os.killpg(pgid, signal.SIGCONT)
+        t_cont = time.time()
+        gap = checks.max_step_gap([r["time"] for r in self.steps()], (t_stop, t_cont))
+        normal = statistics.median(b - a for a, b in zip(baseline, baseline[1:], strict=False)) if len(baseline) > 2 else gap
+        bound = SYNC_TIMEOUT_S + 3 * normal
+        if gap > bound:
+            self.result.violations.append(
+                f"learner went {gap:.1f} s without a step while {victim.name} was frozen "
+                f"(bound {bound:.1f} s = weightsync.timeout_s + 3 x normal step gap {normal:.1f} s)"
+            )
+        t0 = time.monotonic()
+        ok = self.wait(lambda: self.published_by(victim.name) > before, RECOVERY_TIMEOUT_S)
+        detail = f"{victim.name} frozen {t_cont - t_stop:.1f} s; longest learner gap {gap:.1f} s (normal {normal:.1f} s)"
+        return Fault("stop_actor", time.monotonic() - t0 if ok else None, detail)
+
+    def restart_redis(self) -> Fault:
+        rows = len(self.steps())
+        self.sup.redis_server.restart()
+        if not self.cfg.broker.appendonly:
+            self.wipes_ms.append(int(time.time() * 1000))
+        t0 = time.monotonic()
+        ok = self.wait(lambda: len(self.steps()) > rows, RECOVERY_TIMEOUT_S)
+        return Fault("restart_redis", time.monotonic() - t0 if ok else None, "AOF" if self.cfg.broker.appendonly else "no persistence")
+
+    # ----- the round -------------------------------------------------------------------------
+    def run(self) -> RoundResult:
+        started = time.monotonic()
+        self.sup = Supervisor(self.cfg, CONFIG, self.overrides, actors=2)
+        try:
+            self.sup.start()
+            if not self.wait(lambda: len(self.steps()) >= 3, START_TIMEOUT_S):
+                self.result.violations.append("the learner made no 3 steps after start")
+                return self.result
+            for kind in self.faults:
+                self.wait(lambda: False, self.rng.uniform(0.0, 4.0))
+                fault = getattr(self, kind)()
+                self.result.faults.append(fault)
+                if fault.recovery_s is None:
+                    self.result.violations.append(f"no recovery within {RECOVERY_TIMEOUT_S:.0f} s after {kind} ({fault.detail})")
+                    return self.result
+            rows = len(self.steps())
+            if not self.wait(lambda: len(self.steps()) >= rows + 2, RECOVERY_TIMEOUT_S):
+                self.result.violations.append("no progress after the last fault")
+            self._stop_processes()
+            self._check_records_and_redis()
+        finally:
+            self.procs.snapshot()
+            self.sup.stop()
+            self.result.seconds = time.monotonic() - started
+        self.result.shm_removed_by_supervisor = sum("stale shared-memory" in e for e in self.sup.events)
+        self._check_nothing_left()
+        return self.result
+
+    def _stop_processes(self) -> None:
+        """A clean stop through the supervisor (actors, then the learner), Redis still up."""
+        self.sup.scale(0)
+        self.sup.learner.proc.send_signal(signal.SIGTERM)
+        if not self.wait(lambda: self.sup.learner_finished, 120):
+            self.result.violations.append("the learner did not stop within 120 s of SIGTERM")
+
+    def _check_records_and_redis(self) -> None:
+        redis, keys = self.sup.redis, self.sup.keys
+        published = {}
+        for path in (self.run_dir / "published").glob("*.jsonl"):
+            published.update({r["group_id"]: r["entry_id"] for r in read_jsonl(path)})
+        queued = set()
+        for _, fields in redis.xrange(keys.stream):
+            try:
+                queued.add(decode_group(fields[b"g"]).group_id)
+            except (WireError, KeyError):
+                self.result.violations.append("an undecodable entry in the stream")
+        dead = redis.xrange(keys.dead)
+        if dead:
+            self.result.violations.append(f"{len(dead)} dead-lettered entries: {dead[0][1].get(b'reason')!r}")
+        d = checks.delivery(published, read_jsonl(commits_path(self.run_dir)), queued, self.wipes_ms)
+        self.result.delivery = d
+        self.result.violations += checks.delivery_violations(d, self.cfg.broker.appendonly)
+        steps = self.steps()
+        self.result.steps = len(steps)
+        self.result.violations += checks.version_violations(steps, self.kills)
+        if left := ephemeral_leftovers(redis, keys):
+            self.result.violations.append(f"per-process Redis state left after a clean stop: {left}")
+        delete_run_keys(redis, keys)
+        if left := run_keys(redis, keys):
+            self.result.violations.append(f"Redis keys left after cleanup: {left[:5]}")
+
+    def _check_nothing_left(self) -> None:
+        if survivors := self.procs.survivors():
+            self.result.violations.append(f"processes outlived the shutdown: {survivors}")
+        if segments := list(SHM_DIR.glob(segment_prefix(self.run_name) + "*")):
+            self.result.violations.append(f"shared memory left: {[s.name for s in segments]}")
+
+
+def plan(rng: random.Random, quick: bool) -> tuple[list[str], bool]:
+    """Faults of one round (each kind at least once per round in a seeded order) and AOF on/off."""
+    faults = list(FAULTS) + ([] if quick else rng.sample(FAULTS, 2))
+    rng.shuffle(faults)
+    return faults, rng.random() < 0.5
+
+
+def soak(rounds: int, seed: int, quick: bool = False, work: Path | None = None, echo=print) -> list[RoundResult]:
+    from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="streamrl-chaos-") as tmp:
+        work = work or Path(tmp)
+        policy = str(ensure_demo_policy(work / "demo-policy"))
+        dataset = str(ensure_demo_dataset(work / "train.jsonl", size=200))
+        results = []
+        for i in range(rounds):
+            faults, appendonly = plan(rng, quick)
+            if i < 2:  # the first two rounds cover both persistence modes whatever the seed
+                appendonly = i == 0
+            echo(f"round {i}: AOF {'on' if appendonly else 'off'}, faults {faults}")
+            result = ChaosRound(i, random.Random(rng.random()), work, policy, dataset, faults, appendonly).run()
+            results.append(result)
+            for f in result.faults:
+                echo(f"  {f.kind}: recovered in {f.recovery_s if f.recovery_s is None else round(f.recovery_s, 1)} s ({f.detail})")
+            echo(f"  {result.steps} steps in {result.seconds:.0f} s; delivery {result.delivery}; violations {result.violations or 'none'}")
+    return results
+
+
+def report(results: list[RoundResult], seed: int, command: str) -> str:
+    from bench.__main__ import machine
+
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        for f in r.faults:
+            if f.recovery_s is not None:
+                by_kind[f.kind].append(f.recovery_s)
+    lines = [
+        "## Chaos soak",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M')} · {machine()} · `{command}` (seed {seed})",
+        "",
+        "Redis + learner + 2 actors under the `make run` supervisor, CPU demo policy, 4 groups x 8 completions per step, "
+        f"checkpoint every 3 steps, `weightsync.timeout_s={SYNC_TIMEOUT_S:g}`; an actor is frozen for {STOP_FOR_S:g} s.",
+        "",
+        "| fault | injected | recovery median | recovery max |",
+        "|---|---|---|---|",
+    ]
+    for kind in FAULTS:
+        times = by_kind.get(kind, [])
+        injected = sum(f.kind == kind for r in results for f in r.faults)
+        med = f"{statistics.median(times):.1f} s" if times else "-"
+        worst = f"{max(times):.1f} s" if times else "-"
+        lines.append(f"| {kind} | {injected} | {med} | {worst} |")
+    lines += [
+        "",
+        "| round | AOF | steps | published | committed once | committed twice | still queued | lost (all to wipes w/o AOF) | violations |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        d = r.delivery
+        cells = (
+            [d.published, d.committed_once, len(d.committed_twice), d.still_queued, f"{len(d.lost)} ({d.lost_to_wipes})"]
+            if d
+            else ["-"] * 5
+        )
+        lines.append(
+            f"| {r.index} | {'on' if r.appendonly else 'off'} | {r.steps} | "
+            + " | ".join(str(c) for c in cells)
+            + f" | {'; '.join(r.violations) or 'none'} |"
+        )
+    total_lost = sum(len(r.delivery.lost) for r in results if r.delivery)
+    clean = sum(not r.violations for r in results)
+    lines += [
+        "",
+        f"{clean}/{len(results)} rounds with every invariant holding; {total_lost} group(s) lost in total, "
+        "each published before a Redis restart without persistence (with AOF none may be lost). "
+        "Recovery = fault (or SIGCONT) until the victim published again / the learner wrote its next step.",
+    ]
+    return "\n".join(lines)
+
+
+def run(quick: bool = False) -> str:
+    rounds = 1 if quick else 3
+    return report(soak(rounds, seed=0, quick=quick), 0, "make bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="each fault kind once per round")
+    parser.add_argument("--out", type=Path, default=Path("docs/bench/chaos.md"))
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    results = soak(args.rounds, args.seed, args.quick)
+    text = report(results, args.seed, f"python -m bench.chaos --rounds {args.rounds} --seed {args.seed}")
+    args.out.write_text(text + "\n")
+    print(text)
+    return 0 if all(not r.violations for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

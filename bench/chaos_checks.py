@@ -1,0 +1,105 @@
+"""Invariants of a chaos round, computed from the run's own records (pure functions, no processes).
+
+Inputs are what the system writes anyway or on request (``actor.publish_log``,
+``learner.commit_log``): the actors' published group ids with their stream
+entry ids, the learner's commit records, its step log, and what Redis still
+holds at the end. Each check returns a list of human-readable violations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Delivery:
+    """Where every published group ended up."""
+
+    published: int
+    committed_once: int
+    committed_twice: list[str] = field(default_factory=list)
+    still_queued: int = 0
+    lost: list[str] = field(default_factory=list)  # published, never committed, not in Redis
+    lost_to_wipes: int = 0  # of `lost`, published before a Redis restart without persistence
+    committed_unlogged: int = 0  # committed, but the actor died before logging its publish
+
+
+def entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-")[0])
+
+
+def delivery(
+    published: dict[str, str],
+    commits: list[dict],
+    queued: set[str],
+    wipes_ms: list[int],
+) -> Delivery:
+    """``published``: group id -> stream entry id; ``commits``: {step, groups} records (a resumed
+    learner re-acks its checkpoint's list under the same step, which is one commit, not two);
+    ``queued``: group ids still in the stream; ``wipes_ms``: times of restarts without persistence."""
+    steps_of: dict[str, set[int]] = {}
+    for record in commits:
+        for gid in record["groups"]:
+            steps_of.setdefault(gid, set()).add(record["step"])
+    twice = sorted(g for g, steps in steps_of.items() if len(steps) > 1)
+    lost = sorted(g for g in published if g not in steps_of and g not in queued)
+    latest_wipe = max(wipes_ms, default=-1)
+    return Delivery(
+        published=len(published),
+        committed_once=sum(1 for g in published if len(steps_of.get(g, ())) == 1),
+        committed_twice=twice,
+        still_queued=sum(1 for g in published if g in queued and g not in steps_of),
+        lost=lost,
+        lost_to_wipes=sum(1 for g in lost if entry_ms(published[g]) <= latest_wipe),
+        committed_unlogged=sum(1 for g in steps_of if g not in published),
+    )
+
+
+def delivery_violations(d: Delivery, persistent: bool) -> list[str]:
+    out = [f"group {g} committed by more than one step" for g in d.committed_twice[:5]]
+    if persistent and d.lost:
+        out.append(f"{len(d.lost)} accepted group(s) lost with AOF persistence on: {d.lost[:5]}")
+    if not persistent and len(d.lost) > d.lost_to_wipes:
+        out.append(
+            f"{len(d.lost) - d.lost_to_wipes} lost group(s) were published after the last Redis wipe"
+        )
+    return out
+
+
+@dataclass
+class LearnerKill:
+    rows_before: int  # step records written before the kill
+    checkpoint_step: int  # what `checkpoints/latest` held when the learner died (0 = none)
+
+
+def version_violations(rows: list[dict], kills: list[LearnerKill]) -> list[str]:
+    """Versions rise within one learner life; a restarted learner resumes from its checkpoint, never
+    from scratch (first new step = checkpoint step + 1, version above the checkpoint's)."""
+    out = []
+    bounds = [k.rows_before for k in kills] + [len(rows)]
+    start = 0
+    for i, end in enumerate(bounds):
+        life = rows[start:end]
+        versions = [r["version"] for r in life]
+        if versions != sorted(set(versions)):
+            out.append(f"learner life {i}: versions not strictly increasing: {versions[:10]}")
+        if i > 0 and life:
+            kill = kills[i - 1]
+            ckpt_rows = [r for r in rows[:start] if r["step"] == kill.checkpoint_step]
+            ckpt_version = ckpt_rows[-1]["version"] if ckpt_rows else 0
+            first = life[0]
+            if first["step"] != kill.checkpoint_step + 1 or first["version"] <= ckpt_version:
+                out.append(
+                    f"learner life {i} started at step {first['step']} version {first['version']}, "
+                    f"checkpoint was step {kill.checkpoint_step} version {ckpt_version}"
+                )
+        start = end
+    return out
+
+
+def max_step_gap(times: list[float], window: tuple[float, float]) -> float:
+    """Longest stretch inside ``window`` without a learner step (window edges count as boundaries)."""
+    lo, hi = window
+    inside = sorted(t for t in times if lo <= t <= hi)
+    edges = [lo, *inside, hi]
+    return max(b - a for a, b in zip(edges, edges[1:], strict=False))

@@ -1,0 +1,55 @@
+"""Opt-in audit records of what crossed the broker: groups published (actors) and groups committed (learner).
+
+Plain JSONL under the run directory, one line per event, flushed per line so
+a SIGKILLed writer loses at most the line it was writing (readers skip a torn
+last line). The chaos harness checks delivery against them: every published
+group id must be committed by exactly one checkpoint step, or still be in the
+stream, or have been wiped by a Redis restart without persistence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+PUBLISHED_DIR = "published"
+COMMITS_FILE = "learner_commits.jsonl"
+
+
+def published_path(run_dir: str | os.PathLike, actor_id: str) -> Path:
+    return Path(run_dir) / PUBLISHED_DIR / f"{actor_id}.jsonl"
+
+
+def commits_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / COMMITS_FILE
+
+
+class JsonlLog:
+    """Append-only JSONL file; ``write`` returns once the line is in the OS page cache."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")  # noqa: SIM115 (closed in close())
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every complete record; a torn last line (writer killed mid-write) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

@@ -1,0 +1,83 @@
+"""Remove every Redis key of one run: ``python -m broker.cleanup --config X [key=value ...]``.
+
+A run's keys all live under ``streamrl:{run.name}:`` (``broker.keys.Keys``),
+so SCAN + UNLINK on that prefix removes exactly this run's state and nothing
+of another run sharing the server. Meant for after a run is stopped: the
+stream, the ``trained`` set and the counters are the run's memory, and a
+learner resumed later against an emptied Redis would re-train nothing it has
+acked but would lose the backlog.
+
+What counts as leaked after a clean stop (``ephemeral_leftovers``): state that
+belongs to a live process and must be gone once every process exited cleanly
+(heartbeat hashes, members of the alive-actors zset, admission leases, metrics
+scrape targets). Everything else is run state kept until this cleanup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import redis
+
+from broker.client import RedisNotConfigured, connect_sync
+from broker.keys import Keys
+from configs import ConfigError, load_config
+
+SCAN_COUNT = 1000
+
+
+def run_keys(client: redis.Redis, keys: Keys) -> list[bytes]:
+    """Every key under the run's prefix (SCAN, so a big server is not blocked)."""
+    pattern = keys.prefix.replace("[", r"\[").replace("]", r"\]") + "*"
+    return sorted(client.scan_iter(match=pattern, count=SCAN_COUNT))
+
+
+def delete_run_keys(client: redis.Redis, keys: Keys) -> int:
+    """UNLINK every key of the run; returns how many went."""
+    found = run_keys(client, keys)
+    removed = 0
+    for i in range(0, len(found), SCAN_COUNT):
+        removed += client.unlink(*found[i : i + SCAN_COUNT])
+    return removed
+
+
+def ephemeral_leftovers(client: redis.Redis, keys: Keys) -> dict[str, object]:
+    """Per-process state still present; empty after every process of the run stopped cleanly."""
+    left: dict[str, object] = {}
+    heartbeats = [k.decode() for k in client.scan_iter(match=keys.actor("*"), count=SCAN_COUNT)]
+    if heartbeats:
+        left["heartbeats"] = heartbeats
+    for name, key in (("alive actors", keys.actors), ("admission leases", keys.leases)):
+        if members := client.zrange(key, 0, -1):
+            left[name] = [m.decode() for m in members]
+    if targets := client.hkeys(keys.metrics_targets):
+        left["metrics targets"] = sorted(t.decode() for t in targets)
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m broker.cleanup", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.name=demo")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        client = connect_sync(cfg)
+    except (ConfigError, RedisNotConfigured) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    keys = Keys.from_config(cfg)
+    try:
+        removed = delete_run_keys(client, keys)
+    except redis.RedisError as exc:
+        print(f"cleanup of run {cfg.run.name!r} failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(f"removed {removed} key(s) of run {cfg.run.name!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

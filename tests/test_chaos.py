@@ -1,0 +1,53 @@
+"""A short chaos round: every fault kind once against the real system, then every invariant.
+
+The soak (`make chaos`, bench/chaos.py) runs many seeded rounds; this is one
+round with AOF off, the harder case for delivery (a Redis restart wipes
+queued work, and only that may be lost), so `make test` exercises the whole
+harness and its invariants on every change.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.chaos import FAULTS, ChaosRound
+from bench.chaos_checks import Delivery, LearnerKill, delivery, delivery_violations, version_violations
+
+
+def test_delivery_accounting_tells_wiped_lost_and_twice_committed_groups_apart():
+    published = {"a": "100-0", "b": "200-0", "c": "300-0", "d": "400-0"}
+    commits = [{"step": 3, "groups": ["a"]}, {"step": 3, "groups": ["a"]}, {"step": 6, "groups": ["b"]}]
+    d = delivery(published, commits, queued={"d"}, wipes_ms=[250])
+    assert (d.committed_once, d.committed_twice, d.still_queued, d.lost, d.lost_to_wipes) == (2, [], 1, ["c"], 0)
+    assert delivery_violations(d, persistent=False) == ["1 lost group(s) were published after the last Redis wipe"]
+    assert delivery_violations(delivery(published, commits, {"d"}, [350]), persistent=False) == []
+    assert "lost with AOF" in delivery_violations(delivery(published, commits, {"d"}, []), persistent=True)[0]
+    twice = delivery(published, [*commits, {"step": 9, "groups": ["b"]}], {"c", "d"}, [])
+    assert twice.committed_twice == ["b"] and delivery_violations(twice, True)
+    assert isinstance(twice, Delivery)
+
+
+def test_a_restarted_learner_must_resume_from_its_checkpoint_not_from_scratch():
+    rows = [{"step": s, "version": s} for s in range(1, 7)]
+    resumed = rows + [{"step": 4, "version": 4}, {"step": 5, "version": 5}]
+    assert version_violations(resumed, [LearnerKill(rows_before=6, checkpoint_step=3)]) == []
+    from_scratch = rows + [{"step": 1, "version": 1}]
+    assert version_violations(from_scratch, [LearnerKill(6, 3)])
+    backwards = [{"step": 1, "version": 2}, {"step": 2, "version": 1}]
+    assert version_violations(backwards, [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_system_recovers_from_each_fault_and_keeps_every_invariant(tmp_path, demo_policy, demo_dataset):
+    rng = random.Random(7)
+    faults = list(FAULTS)
+    rng.shuffle(faults)
+    result = ChaosRound(0, rng, tmp_path, demo_policy, demo_dataset, faults, appendonly=False).run()
+    assert [f.kind for f in result.faults] == faults
+    assert all(f.recovery_s is not None for f in result.faults), result.faults
+    assert result.violations == []
+    d = result.delivery
+    assert d.published > 0 and d.committed_once + d.still_queued + len(d.lost) == d.published

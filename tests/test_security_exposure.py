@@ -1,0 +1,133 @@
+"""Exposure and code-execution surface: what listens where, who may talk to Redis, what could run data.
+
+The static scan is meaningful here because the data path has exactly two
+doors for bytes from other processes: the msgpack stream entries (decoded by
+``broker.wire``) and the weight tensors (raw shared memory / torch.distributed
+buffers copied into preallocated tensors). Neither format can carry code, so
+the only way to turn a malicious stream entry or weight message into code
+execution is a deserialiser that runs code (pickle and everything built on it:
+``torch.load`` without ``weights_only=True``, ``numpy.load(allow_pickle=True)``,
+``marshal``, ``shelve``) or ``eval``/``exec`` on received text. Those are
+visible in the source, so a scan of the data-path packages catches a
+regression before it ships.
+"""
+
+from __future__ import annotations
+
+import ast
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from broker import metrics
+from broker.server import EmbeddedRedis, RedisServerError
+from configs import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_PATH = ("broker", "learner", "actors", "weightsync")
+PICKLING_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+
+# (file, what) pairs that are allowed, each with the reason.
+ALLOWED = {
+    # The sandbox module's job is to run model-written code, inside the contained child process.
+    ("actors/sandbox.py", "exec"),
+    # Per-rank RNG state (numpy/python tuples) in a checkpoint folder the learner wrote itself under
+    # run.dir; DeepSpeed's own checkpoint loading pickles the same local files. Checkpoints are
+    # never received from another process or host.
+    ("learner/checkpoint.py", "torch.load without weights_only=True"),
+}
+
+
+def _keyword(call: ast.Call, name: str):
+    for kw in call.keywords:
+        if kw.arg == name and isinstance(kw.value, ast.Constant):
+            return kw.value.value
+    return None
+
+
+def code_execution_sinks(source: str) -> list[tuple[int, str]]:
+    """Lines that import a pickling module or call eval/exec/torch.load/np.load unsafely."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [(node.lineno, f"import {n}") for n in names if n.split(".")[0] in PICKLING_MODULES]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in ("eval", "exec"):
+                found.append((node.lineno, func.id))
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                target = f"{func.value.id}.{func.attr}"
+                if target == "torch.load" and _keyword(node, "weights_only") is not True:
+                    found.append((node.lineno, "torch.load without weights_only=True"))
+                if target in ("np.load", "numpy.load") and _keyword(node, "allow_pickle") is True:
+                    found.append((node.lineno, "numpy.load(allow_pickle=True)"))
+    return found
+
+
+def test_the_scan_finds_every_kind_of_code_execution_sink():
+    source = (
+        "import pickle\nfrom dill import loads\nimport torch, numpy as np\n"
+        "torch.load(f)\ntorch.load(f, weights_only=False)\ntorch.load(f, weights_only=True)\n"
+        "np.load(f, allow_pickle=True)\neval('1')\nexec('x')\nmodel.eval()\n"
+    )
+    assert [line for line, _ in code_execution_sinks(source)] == [1, 2, 4, 5, 7, 8, 9]
+
+
+def test_nothing_on_the_data_path_unpickles_or_evaluates_data():
+    found = []
+    for package in DATA_PATH:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for line, what in code_execution_sinks(path.read_text()):
+                if (rel, what) not in ALLOWED:
+                    found.append(f"{rel}:{line}: {what}")
+    assert not found, "code-execution sinks on the data path:\n" + "\n".join(found)
+
+
+def test_embedded_redis_binds_loopback_by_default(tmp_path):
+    cfg = Config().broker
+    assert cfg.host == "127.0.0.1"
+    with EmbeddedRedis(cfg, tmp_path) as server:
+        listening = {c.laddr.ip for c in psutil.Process(server.proc.pid).net_connections("inet") if c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}
+
+
+def test_a_non_loopback_redis_needs_a_password_and_refuses_unauthenticated_commands(tmp_path):
+    with pytest.raises(RedisServerError, match="without a password"):
+        EmbeddedRedis(Config().broker.model_copy(update={"host": "0.0.0.0"}), tmp_path)
+    cfg = Config().broker.model_copy(update={"host": "0.0.0.0", "password": "s3cret-pw"})
+    with EmbeddedRedis(cfg, tmp_path) as server:
+        anonymous = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.set("streamrl:x", 1)
+        anonymous.close()
+        assert redis.Redis.from_url(server.url, socket_timeout=2).ping()
+
+
+def _non_loopback_address() -> str | None:
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
+    assert redis_cfg.metrics.host == "127.0.0.1"
+    port = metrics.serve(redis_cfg, "test", "exposure")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+        address = _non_loopback_address()
+        if address is None:  # no other interface on this host: check what the socket is bound to
+            server = metrics._servers[port]
+            assert server.server_address[0] == "127.0.0.1"
+        else:
+            with pytest.raises(OSError), socket.create_connection((address, port), timeout=2):
+                pass
+    finally:
+        metrics.unregister(redis_cfg, "test", "exposure", port)
