@@ -57,7 +57,9 @@ RECOVERY_TIMEOUT_S = 150.0
 START_TIMEOUT_S = 240.0
 
 
-def overrides(run_name: str, run_dir: Path, policy: str, dataset: str, appendonly: bool) -> list[str]:
+def overrides(
+    run_name: str, run_dir: Path, policy: str, dataset: str, appendonly: bool
+) -> list[str]:
     """Small steps so a round sees many steps and checkpoints in a minute on 2 cores."""
     return [
         f"run.name={run_name}",
@@ -125,7 +127,16 @@ class _Processes:
 
 
 class ChaosRound:
-    def __init__(self, index: int, rng: random.Random, work: Path, policy: str, dataset: str, faults: list[str], appendonly: bool):
+    def __init__(
+        self,
+        index: int,
+        rng: random.Random,
+        work: Path,
+        policy: str,
+        dataset: str,
+        faults: list[str],
+        appendonly: bool,
+    ):
         self.index = index
         self.rng = rng
         self.faults = faults
@@ -158,25 +169,33 @@ class ChaosRound:
         before = self.published_by(victim.name)
         os.kill(victim.proc.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        ok = self.wait(lambda: victim.alive and self.published_by(victim.name) > before, RECOVERY_TIMEOUT_S)
+        ok = self.wait(
+            lambda: victim.alive and self.published_by(victim.name) > before, RECOVERY_TIMEOUT_S
+        )
         return Fault("kill_actor", time.monotonic() - t0 if ok else None, victim.name)
 
     def kill_learner(self) -> Fault:
         learner = self.sup.learner
         learner.proc.kill()
-        learner.proc.wait(30)  # the supervisor's next tick reaps the exit code and schedules the restart
+        learner.proc.wait(
+            30
+        )  # the supervisor's next tick reaps the exit code and schedules the restart
         latest = checkpoint.latest(self.run_dir / "checkpoints")
         ckpt_step = int(latest.name.split("-")[1]) if latest is not None else 0
         rows = len(self.steps())
         self.kills.append(checks.LearnerKill(rows, ckpt_step))
         t0 = time.monotonic()
         ok = self.wait(lambda: len(self.steps()) > rows, RECOVERY_TIMEOUT_S)
-        return Fault("kill_learner", time.monotonic() - t0 if ok else None, f"checkpoint step {ckpt_step}")
+        return Fault(
+            "kill_learner", time.monotonic() - t0 if ok else None, f"checkpoint step {ckpt_step}"
+        )
 
     def stop_actor(self) -> Fault:
         victim = self.rng.choice([a for a in self.sup.actors if a.alive])
         baseline = [r["time"] for r in self.steps()][-4:]
-        pgid = victim.proc.pid  # each child leads its own session: this freezes its reward workers too
+        pgid = (
+            victim.proc.pid
+        )  # each child leads its own session: this freezes its reward workers too
         before = self.published_by(victim.name)
         t_stop = time.time()
         os.killpg(pgid, signal.SIGSTOP)
@@ -186,7 +205,11 @@ class ChaosRound:
             os.killpg(pgid, signal.SIGCONT)
         t_cont = time.time()
         gap = checks.max_step_gap([r["time"] for r in self.steps()], (t_stop, t_cont))
-        normal = statistics.median(b - a for a, b in zip(baseline, baseline[1:], strict=False)) if len(baseline) > 2 else gap
+        normal = (
+            statistics.median(b - a for a, b in zip(baseline, baseline[1:], strict=False))
+            if len(baseline) > 2
+            else gap
+        )
         bound = SYNC_TIMEOUT_S + 3 * normal
         if gap > bound:
             self.result.violations.append(
@@ -205,7 +228,11 @@ class ChaosRound:
             self.wipes_ms.append(int(time.time() * 1000))
         t0 = time.monotonic()
         ok = self.wait(lambda: len(self.steps()) > rows, RECOVERY_TIMEOUT_S)
-        return Fault("restart_redis", time.monotonic() - t0 if ok else None, "AOF" if self.cfg.broker.appendonly else "no persistence")
+        return Fault(
+            "restart_redis",
+            time.monotonic() - t0 if ok else None,
+            "AOF" if self.cfg.broker.appendonly else "no persistence",
+        )
 
     # ----- the round -------------------------------------------------------------------------
     def run(self) -> RoundResult:
@@ -221,7 +248,9 @@ class ChaosRound:
                 fault = getattr(self, kind)()
                 self.result.faults.append(fault)
                 if fault.recovery_s is None:
-                    self.result.violations.append(f"no recovery within {RECOVERY_TIMEOUT_S:.0f} s after {kind} ({fault.detail})")
+                    self.result.violations.append(
+                        f"no recovery within {RECOVERY_TIMEOUT_S:.0f} s after {kind} ({fault.detail})"
+                    )
                     return self.result
             rows = len(self.steps())
             if not self.wait(lambda: len(self.steps()) >= rows + 2, RECOVERY_TIMEOUT_S):
@@ -232,7 +261,9 @@ class ChaosRound:
             self.procs.snapshot()
             self.sup.stop()
             self.result.seconds = time.monotonic() - started
-        self.result.shm_removed_by_supervisor = sum("stale shared-memory" in e for e in self.sup.events)
+        self.result.shm_removed_by_supervisor = sum(
+            "stale shared-memory" in e for e in self.sup.events
+        )
         self._check_nothing_left()
         return self.result
 
@@ -256,15 +287,21 @@ class ChaosRound:
                 self.result.violations.append("an undecodable entry in the stream")
         dead = redis.xrange(keys.dead)
         if dead:
-            self.result.violations.append(f"{len(dead)} dead-lettered entries: {dead[0][1].get(b'reason')!r}")
-        d = checks.delivery(published, read_jsonl(commits_path(self.run_dir)), queued, self.wipes_ms)
+            self.result.violations.append(
+                f"{len(dead)} dead-lettered entries: {dead[0][1].get(b'reason')!r}"
+            )
+        d = checks.delivery(
+            published, read_jsonl(commits_path(self.run_dir)), queued, self.wipes_ms
+        )
         self.result.delivery = d
         self.result.violations += checks.delivery_violations(d, self.cfg.broker.appendonly)
         steps = self.steps()
         self.result.steps = len(steps)
         self.result.violations += checks.version_violations(steps, self.kills)
         if left := ephemeral_leftovers(redis, keys):
-            self.result.violations.append(f"per-process Redis state left after a clean stop: {left}")
+            self.result.violations.append(
+                f"per-process Redis state left after a clean stop: {left}"
+            )
         delete_run_keys(redis, keys)
         if left := run_keys(redis, keys):
             self.result.violations.append(f"Redis keys left after cleanup: {left[:5]}")
@@ -283,7 +320,9 @@ def plan(rng: random.Random, quick: bool) -> tuple[list[str], bool]:
     return faults, rng.random() < 0.5
 
 
-def soak(rounds: int, seed: int, quick: bool = False, work: Path | None = None, echo=print) -> list[RoundResult]:
+def soak(
+    rounds: int, seed: int, quick: bool = False, work: Path | None = None, echo=print
+) -> list[RoundResult]:
     from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
 
     rng = random.Random(seed)
@@ -297,11 +336,17 @@ def soak(rounds: int, seed: int, quick: bool = False, work: Path | None = None, 
             if i < 2:  # the first two rounds cover both persistence modes whatever the seed
                 appendonly = i == 0
             echo(f"round {i}: AOF {'on' if appendonly else 'off'}, faults {faults}")
-            result = ChaosRound(i, random.Random(rng.random()), work, policy, dataset, faults, appendonly).run()
+            result = ChaosRound(
+                i, random.Random(rng.random()), work, policy, dataset, faults, appendonly
+            ).run()
             results.append(result)
             for f in result.faults:
-                echo(f"  {f.kind}: recovered in {f.recovery_s if f.recovery_s is None else round(f.recovery_s, 1)} s ({f.detail})")
-            echo(f"  {result.steps} steps in {result.seconds:.0f} s; delivery {result.delivery}; violations {result.violations or 'none'}")
+                echo(
+                    f"  {f.kind}: recovered in {f.recovery_s if f.recovery_s is None else round(f.recovery_s, 1)} s ({f.detail})"
+                )
+            echo(
+                f"  {result.steps} steps in {result.seconds:.0f} s; delivery {result.delivery}; violations {result.violations or 'none'}"
+            )
     return results
 
 
@@ -338,7 +383,13 @@ def report(results: list[RoundResult], seed: int, command: str) -> str:
     for r in results:
         d = r.delivery
         cells = (
-            [d.published, d.committed_once, len(d.committed_twice), d.still_queued, f"{len(d.lost)} ({d.lost_to_wipes})"]
+            [
+                d.published,
+                d.committed_once,
+                len(d.committed_twice),
+                d.still_queued,
+                f"{len(d.lost)} ({d.lost_to_wipes})",
+            ]
             if d
             else ["-"] * 5
         )
@@ -374,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     results = soak(args.rounds, args.seed, args.quick)
-    text = report(results, args.seed, f"python -m bench.chaos --rounds {args.rounds} --seed {args.seed}")
+    text = report(
+        results, args.seed, f"python -m bench.chaos --rounds {args.rounds} --seed {args.seed}"
+    )
     args.out.write_text(text + "\n")
     print(text)
     return 0 if all(not r.violations for r in results) else 1

@@ -57,7 +57,9 @@ def ephemeral_leftovers(client: redis.Redis, keys: Keys) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker.cleanup", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m broker.cleanup", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.name=demo")
     args = parser.parse_args(argv)

@@ -155,6 +155,7 @@ class LearnerConfig(Section):
     ack_policy: Literal["step", "checkpoint"] = Field("checkpoint", description="Ack consumed entries after every step, or only once a checkpoint holds the step (crash replays exactly the lost steps).")
     read_timeout_s: float = Field(0.0, ge=0, description="Give up waiting for data after this long and exit (0 = wait forever).")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port of learner rank 0 (0 = free port).")
+    ranks: int = Field(1, ge=1, description="Learner processes `make run` starts on this host (data parallel, torchrun --nproc_per_node); several hosts launch with torchrun/deepspeed directly.")
     commit_log: bool = Field(False, description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).")
 
 

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     started = time.monotonic()
+    started_unix = time.time()
     reason = "start failed"
     try:
         sup.start()
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         console.print(f"stopping ({reason}) ...")
         sup.stop()
-    console.print(summary(read_steps(sup.run_dir), time.monotonic() - started, sup.events))
+    console.print(summary(read_steps(sup.run_dir), started_unix, time.monotonic() - started, sup.events))
     return 0
 
 

@@ -7,6 +7,7 @@ process directly, so they work the same for actors started elsewhere.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,3 +58,17 @@ def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
     steps = read_steps(run_dir)
     snap.last_step = steps[-1] if steps else None
     return snap
+
+
+def time_to_target(
+    steps: list[dict], started_unix: float, reward: float = 0.0, exact: float = 0.0, window: int = 5
+) -> float | None:
+    """Seconds from ``started_unix`` until the ``window``-step means of reward and exact match
+    first reach both targets; None if they never do."""
+    for end in range(window, len(steps) + 1):
+        chunk = steps[end - window : end]
+        if statistics.fmean(s["reward_mean"] for s in chunk) >= reward and statistics.fmean(
+            s["exact_match"] for s in chunk
+        ) >= exact:
+            return chunk[-1]["time"] - started_unix
+    return None

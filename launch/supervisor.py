@@ -104,7 +104,7 @@ class Supervisor:
         self._start_redis()
         self.redis = connect_sync(self.cfg, self.redis_url)
         self._write_run_file()
-        self.learner = self._spawn(Child("learner", "learner", self._argv("learner"), self.log_dir / "learner.log"))
+        self.learner = self._spawn(Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log"))
         for _ in range(self.want_actors):
             self._add_actor()
         return self
@@ -142,6 +142,14 @@ class Supervisor:
         if self.config_path:
             argv += ["--config", self.config_path]
         return argv + list(extra) + self.overrides
+
+    def _learner_argv(self) -> list[str]:
+        ranks = self.cfg.learner.ranks
+        if ranks == 1:
+            return self._argv("learner")
+        # torchrun restarts nothing here (--max-restarts 0): a dead rank ends the job, the supervisor restarts it
+        launcher = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "--max-restarts=0"]
+        return launcher + self._argv("learner")[1:]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

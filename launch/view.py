@@ -6,11 +6,18 @@ import statistics
 
 from rich.table import Table
 
-from launch.status import Snapshot
+from launch.status import Snapshot, time_to_target
 
 
 def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def trained_tokens_per_s(step: dict) -> float | None:
+    """Completion tokens per second of the last step (its own time, without waiting for data)."""
+    if not step.get("step_s"):
+        return None
+    return step.get("tokens", 0) / step["step_s"]
 
 
 def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
@@ -22,8 +29,8 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
     table.add_row("reward (last step)", _fmt(step.get("reward_mean")))
     table.add_row("exact match", _fmt(step.get("exact_match")))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
-    table.add_row("tokens/s trained", _fmt(step.get("tokens_per_s"), ",.0f"))
-    table.add_row("stream lag (length / pending)", f"{snap.stream_length} / {snap.pending}")
+    table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
+    table.add_row("stream: unread / awaiting ack", f"{snap.stream_length - snap.pending} / {snap.pending}")
     table.add_row("staleness (mean versions)", _fmt(step.get("staleness_mean"), ".2f"))
     table.add_row("dead letters", str(snap.dead_letters))
     alive = ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in snap.actors) or "none"
@@ -38,22 +45,12 @@ def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     return (
         f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
         f"exact={_fmt(step.get('exact_match'))} gen={snap.generate_tokens_per_s:,.0f} tok/s "
-        f"train={_fmt(step.get('tokens_per_s'), ',.0f')} tok/s lag={snap.stream_length}/{snap.pending} "
+        f"train={_fmt(trained_tokens_per_s(step), ',.0f')} tok/s unread={snap.stream_length - snap.pending} "
         f"stale={_fmt(step.get('staleness_mean'), '.2f')} actors={len(snap.actors)}"
     )
 
 
-def first_time_reaching(steps: list[dict], key: str, target: float, window: int = 5) -> float | None:
-    """Seconds since the run started at which the ``window``-step mean of ``key`` first reached ``target``."""
-    values = [s.get(key) for s in steps]
-    for end in range(window, len(steps) + 1):
-        chunk = values[end - window : end]
-        if None not in chunk and statistics.fmean(chunk) >= target:
-            return steps[end - 1].get("elapsed_s")
-    return None
-
-
-def summary(steps: list[dict], wall_s: float, events: list[str]) -> str:
+def summary(steps: list[dict], started_unix: float, wall_s: float, events: list[str]) -> str:
     if not steps:
         return f"run ended after {wall_s:.0f} s with no learner step (see logs under the run directory)"
 
@@ -69,8 +66,9 @@ def summary(steps: list[dict], wall_s: float, events: list[str]) -> str:
         f"  learner steps        {steps[-1].get('step')}   policy versions {steps[-1].get('version')}",
         f"  reward               {_fmt(mean('reward_mean', head))} (first 5 steps) -> {_fmt(mean('reward_mean', tail))} (last 5)",
         f"  exact match          {_fmt(mean('exact_match', head))} -> {_fmt(mean('exact_match', tail))}",
-        f"  reward >= 0.9 at     {_fmt(first_time_reaching(steps, 'reward_mean', 0.9), '.0f')} s",
-        f"  exact >= 0.8 at      {_fmt(first_time_reaching(steps, 'exact_match', 0.8), '.0f')} s",
+        f"  reward >= 0.9 at     {_fmt(time_to_target(steps, started_unix, reward=0.9), '.0f')} s",
+        f"  exact >= 0.8 at      {_fmt(time_to_target(steps, started_unix, exact=0.8), '.0f')} s",
+        f"  both (demo target)   {_fmt(time_to_target(steps, started_unix, reward=0.9, exact=0.8), '.0f')} s",
         f"  tokens trained       {tokens:,} ({tokens / max(wall_s, 1e-9):,.0f}/s over the run)",
         f"  staleness            mean {_fmt(mean('staleness_mean', steps), '.2f')} versions",
     ]

@@ -232,7 +232,8 @@ class RankZeroIO:
         if progress.unacked:
             self.consumer.ack([e for e, _ in progress.unacked], [g for _, g in progress.unacked])
             if self.commit_log is not None:
-                self.commit_log.write({"step": progress.step, "groups": [g for _, g in progress.unacked]})
+                groups = [g for _, g in progress.unacked]
+                self.commit_log.write({"step": progress.step, "groups": groups})
             progress.unacked = []
 
     def record(

@@ -91,3 +91,39 @@ def test_a_fork_bomb_is_contained_and_the_next_program_runs(audit_hook):
 def test_memory_past_the_limit_fails_inside_the_program():
     result = run_python("x = bytearray(1 << 30)\nprint('allocated')", memory_mb=128)
     assert "MemoryError" in result.stderr and "allocated" not in result.stdout
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan stays a zombie where pid 1 does not reap)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("audit_hook", LAYERS)
+def test_a_double_forked_grandchild_in_its_own_session_dies_with_the_timeout(audit_hook):
+    _kernel_layers_or_skip(audit_hook, need_nobody=True)
+    escape = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"  # leaves the sandbox's process group, so killpg alone misses it
+        "    if os.fork() == 0:\n"
+        "        print('grandchild', os.getpid(), flush=True)\n"
+        "        time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.5)\n"
+        "while True:\n    pass\n"
+    )
+    result = run_python(escape, timeout_s=2, audit_hook=audit_hook)
+    assert result.timed_out or not result.ok
+    if audit_hook:  # the hook refuses the fork itself
+        assert "grandchild" not in result.stdout and "PermissionError" in result.stderr
+        return
+    pid = int(result.stdout.split()[1])
+    deadline = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid), f"grandchild {pid} survived the sandbox timeout"

@@ -21,16 +21,29 @@ TIMEOUT_S = 120
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("REDIS_URL", None)
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
 
 
 def _redis_servers_under(path: Path) -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if any(str(path) in part for part in p.info["cmdline"] or [])]
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(str(path) in part for part in p.info["cmdline"] or [])
+    ]
 
 
 def _broken_dataset(tmp_path: Path) -> Path:
     path = tmp_path / "broken.jsonl"
-    path.write_text('{"prompt": "123>", "answer": "321"}\n{"prompt": "456>", "answer": "654"}\n{"prompt": "78\n')
+    path.write_text(
+        '{"prompt": "123>", "answer": "321"}\n{"prompt": "456>", "answer": "654"}\n{"prompt": "78\n'
+    )
     return path
 
 
@@ -43,19 +56,40 @@ def test_launch_with_a_bad_config_exits_2_naming_the_key_before_starting_redis(t
     assert not (tmp_path / "run").exists()
 
 
-def test_launch_with_a_broken_dataset_exits_2_naming_file_and_row_before_starting_redis(tmp_path, demo_policy):
+def test_launch_with_a_broken_dataset_exits_2_naming_file_and_row_before_starting_redis(
+    tmp_path, demo_policy
+):
     dataset = _broken_dataset(tmp_path)
     run_dir = tmp_path / "run"
-    result = _run("launch", "--config", "configs/demo_cpu.yaml", "--actors", "1", f"run.dir={run_dir}", f"model.path={demo_policy}", f"data.path={dataset}")
+    result = _run(
+        "launch",
+        "--config",
+        "configs/demo_cpu.yaml",
+        "--actors",
+        "1",
+        f"run.dir={run_dir}",
+        f"model.path={demo_policy}",
+        f"data.path={dataset}",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{dataset}: row 3" in result.stderr
     assert not (run_dir / "redis").exists() and not _redis_servers_under(run_dir)
     assert "Traceback" not in result.stderr
 
 
-def test_an_actor_with_a_broken_dataset_exits_2_naming_file_and_row_without_redis(tmp_path, demo_policy):
+def test_an_actor_with_a_broken_dataset_exits_2_naming_file_and_row_without_redis(
+    tmp_path, demo_policy
+):
     dataset = _broken_dataset(tmp_path)
     # Nothing listens on port 1: the actor must fail on its input before it ever connects.
-    result = _run("actors", "--config", "configs/demo_cpu.yaml", f"model.path={demo_policy}", f"data.path={dataset}", "broker.redis_url=redis://127.0.0.1:1/0", f"run.dir={tmp_path / 'run'}")
+    result = _run(
+        "actors",
+        "--config",
+        "configs/demo_cpu.yaml",
+        f"model.path={demo_policy}",
+        f"data.path={dataset}",
+        "broker.redis_url=redis://127.0.0.1:1/0",
+        f"run.dir={tmp_path / 'run'}",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{dataset}: row 3" in result.stderr and "Traceback" not in result.stderr

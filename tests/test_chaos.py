@@ -13,17 +13,38 @@ import random
 import pytest
 
 from bench.chaos import FAULTS, ChaosRound
-from bench.chaos_checks import Delivery, LearnerKill, delivery, delivery_violations, version_violations
+from bench.chaos_checks import (
+    Delivery,
+    LearnerKill,
+    delivery,
+    delivery_violations,
+    version_violations,
+)
 
 
 def test_delivery_accounting_tells_wiped_lost_and_twice_committed_groups_apart():
     published = {"a": "100-0", "b": "200-0", "c": "300-0", "d": "400-0"}
-    commits = [{"step": 3, "groups": ["a"]}, {"step": 3, "groups": ["a"]}, {"step": 6, "groups": ["b"]}]
+    commits = [
+        {"step": 3, "groups": ["a"]},
+        {"step": 3, "groups": ["a"]},
+        {"step": 6, "groups": ["b"]},
+    ]
     d = delivery(published, commits, queued={"d"}, wipes_ms=[250])
-    assert (d.committed_once, d.committed_twice, d.still_queued, d.lost, d.lost_to_wipes) == (2, [], 1, ["c"], 0)
-    assert delivery_violations(d, persistent=False) == ["1 lost group(s) were published after the last Redis wipe"]
+    assert (d.committed_once, d.committed_twice, d.still_queued, d.lost, d.lost_to_wipes) == (
+        2,
+        [],
+        1,
+        ["c"],
+        0,
+    )
+    assert delivery_violations(d, persistent=False) == [
+        "1 lost group(s) were published after the last Redis wipe"
+    ]
     assert delivery_violations(delivery(published, commits, {"d"}, [350]), persistent=False) == []
-    assert "lost with AOF" in delivery_violations(delivery(published, commits, {"d"}, []), persistent=True)[0]
+    assert (
+        "lost with AOF"
+        in delivery_violations(delivery(published, commits, {"d"}, []), persistent=True)[0]
+    )
     twice = delivery(published, [*commits, {"step": 9, "groups": ["b"]}], {"c", "d"}, [])
     assert twice.committed_twice == ["b"] and delivery_violations(twice, True)
     assert isinstance(twice, Delivery)
@@ -41,7 +62,9 @@ def test_a_restarted_learner_must_resume_from_its_checkpoint_not_from_scratch():
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_system_recovers_from_each_fault_and_keeps_every_invariant(tmp_path, demo_policy, demo_dataset):
+def test_the_system_recovers_from_each_fault_and_keeps_every_invariant(
+    tmp_path, demo_policy, demo_dataset
+):
     rng = random.Random(7)
     faults = list(FAULTS)
     rng.shuffle(faults)

@@ -38,7 +38,9 @@ scalars = (
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner, max_size=5)
+    ),
     max_leaves=20,
 )
 
@@ -51,7 +53,10 @@ def _to_bytes(dtype: str, xs: list) -> bytes:
 arrays = st.builds(
     _to_bytes,
     st.sampled_from(["<i4", "<f4", "<f8", "<i8", "u1"]),
-    st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32) | st.integers(-(2**31), 2**31 - 1), max_size=20),
+    st.lists(
+        st.floats(allow_nan=True, allow_infinity=True, width=32) | st.integers(-(2**31), 2**31 - 1),
+        max_size=20,
+    ),
 )
 
 
@@ -70,7 +75,11 @@ def assert_decodes_or_rejects(data: bytes) -> None:
 
 def assert_valid(group: RolloutGroup) -> None:
     assert isinstance(group.group_id, str) and group.completions
-    assert group.prompt_token_ids.size and 0 <= group.prompt_token_ids.min() and group.prompt_token_ids.max() < VOCAB
+    assert (
+        group.prompt_token_ids.size
+        and 0 <= group.prompt_token_ids.min()
+        and group.prompt_token_ids.max() < VOCAB
+    )
     for c in group.completions:
         n = len(c)
         assert n > 0 and c.logprobs.shape == (n,) and c.versions.shape == (n,)
@@ -115,7 +124,9 @@ def test_arbitrary_msgpack_maps_decode_or_raise_wire_error(obj):
 
 @FUZZ
 @given(st.sampled_from(FIELDS), values | arrays, st.booleans())
-def test_a_valid_entry_with_one_field_replaced_decodes_or_raises_wire_error(field, value, drop_other):
+def test_a_valid_entry_with_one_field_replaced_decodes_or_raises_wire_error(
+    field, value, drop_other
+):
     obj = msgpack.unpackb(VALID, raw=False)
     obj[field] = value
     if drop_other:  # also lose a second field
@@ -131,7 +142,9 @@ def test_a_valid_entry_with_one_field_replaced_decodes_or_raises_wire_error(fiel
 )
 def test_hostile_numbers_inside_arrays_are_rejected_or_valid(column, value, index):
     obj = msgpack.unpackb(VALID, raw=False)
-    dtype = {"tok": "<i4", "lp": "<f4", "ver": "<i4", "r": "<f8", "prompt": "<i4", "len": "<i4"}[column]
+    dtype = {"tok": "<i4", "lp": "<f4", "ver": "<i4", "r": "<f8", "prompt": "<i4", "len": "<i4"}[
+        column
+    ]
     array = np.frombuffer(obj[column], dtype=dtype).copy()
     with np.errstate(invalid="ignore", over="ignore"):
         array[index % array.size] = np.array(value).astype(dtype)
@@ -159,7 +172,13 @@ def test_huge_declared_sizes_are_rejected_without_allocating():
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.binary(max_size=200) | st.builds(lambda v: msgpack.packb(v, use_bin_type=True), values), min_size=40, max_size=60))
+@given(
+    st.lists(
+        st.binary(max_size=200) | st.builds(lambda v: msgpack.packb(v, use_bin_type=True), values),
+        min_size=40,
+        max_size=60,
+    )
+)
 def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_ones(redis_cfg, bad):
     cfg = redis_cfg.model_copy(deep=True)
     cfg.run.name = f"{cfg.run.name}-{time.monotonic_ns()}"
@@ -189,5 +208,8 @@ def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_on
     assert [d.group.group_id for d in got] == good
     dead = {f[b"source_id"].decode(): f[b"reason"] for _, f in sync.xrange(keys.dead, count=10_000)}
     assert set(dead) == set(dead_ids) and all(dead.values())
-    assert sync.xlen(keys.stream) == 0 and sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 0
+    assert (
+        sync.xlen(keys.stream) == 0
+        and sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 0
+    )
     sync.close()

@@ -28,7 +28,16 @@ from configs import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_PATH = ("broker", "learner", "actors", "weightsync")
-PICKLING_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+PICKLING_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "dill",
+    "cloudpickle",
+    "marshal",
+    "shelve",
+    "joblib",
+}
 
 # (file, what) pairs that are allowed, each with the reason.
 ALLOWED = {
@@ -53,8 +62,14 @@ def code_execution_sinks(source: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            found += [(node.lineno, f"import {n}") for n in names if n.split(".")[0] in PICKLING_MODULES]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            found += [
+                (node.lineno, f"import {n}") for n in names if n.split(".")[0] in PICKLING_MODULES
+            ]
         elif isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name) and func.id in ("eval", "exec"):
@@ -92,7 +107,11 @@ def test_embedded_redis_binds_loopback_by_default(tmp_path):
     cfg = Config().broker
     assert cfg.host == "127.0.0.1"
     with EmbeddedRedis(cfg, tmp_path) as server:
-        listening = {c.laddr.ip for c in psutil.Process(server.proc.pid).net_connections("inet") if c.status == "LISTEN"}
+        listening = {
+            c.laddr.ip
+            for c in psutil.Process(server.proc.pid).net_connections("inet")
+            if c.status == "LISTEN"
+        }
     assert listening == {"127.0.0.1"}
 
 
