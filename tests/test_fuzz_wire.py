@@ -24,7 +24,7 @@ from broker.stream import RolloutConsumer
 from broker.wire import FINISH_REASONS, RolloutGroup, WireError, decode_group, encode_group
 
 MAX_DECODE_S = 1.0
-FUZZ = settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
 VALID = encode_group(make_group("fuzz", n_completions=3, length=5))
 FIELDS = list(msgpack.unpackb(VALID, raw=False))
 
