@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-PARTS = ["broker", "learner", "weightsync", "actors", "dashboards", "system"]
+PARTS = ["broker", "learner", "weightsync", "actors", "dashboards", "trl_baseline", "system", "projection", "chaos"]
 OUT = Path("docs/benchmarks.md")
 PART_DIR = Path("docs/bench")
 

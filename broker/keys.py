@@ -34,6 +34,9 @@ class Keys:
         self.prompts_cursor = p + "prompts:cursor"
         self.weights = p + "weights"
         self.weights_notify = p + "weights:notify"
+        self.weights_dist_members = p + "weights:dist:members"  # dist transport rendezvous
+        self.weights_dist_group = p + "weights:dist:group"
+        self.weights_dist_epoch = p + "weights:dist:group:epoch"
         self.metrics_targets = p + "metrics:targets"
         self.launch_control = p + "launch:control"  # `make scale` -> the supervisor of `make run`
 

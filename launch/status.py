@@ -6,12 +6,12 @@ process directly, so they work the same for actors started elsewhere.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.audit import read_jsonl
 from broker.keys import Keys
 from broker.liveness import alive_actors
 
@@ -33,16 +33,7 @@ class Snapshot:
 
 def read_steps(run_dir: str | Path) -> list[dict]:
     """All step records the learner wrote (a partial last line from a crash is skipped)."""
-    path = Path(run_dir) / "learner_steps.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    return read_jsonl(Path(run_dir) / "learner_steps.jsonl")
 
 
 def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:

@@ -23,7 +23,6 @@ Ack policy (``learner.ack_policy``):
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -44,6 +43,8 @@ from learner.engine import build_engine, device, init_distributed
 from learner.step import UpdateStats, train_batch
 
 log = logging.getLogger(__name__)
+
+ALIVE_EVERY_S = 2.0  # how often rank 0 counts live actors for streamrl_actors_alive
 
 EXACT_TOLERANCE = 1e-6
 IDLE_BROADCAST_S = (
@@ -160,11 +161,14 @@ class RankZeroIO:
     def __init__(self, cfg: Config, vocab_size: int):
         from broker import metrics as broker_metrics
         from broker.admission import Admission
+        from broker.liveness import Heartbeats
         from broker.stream import Blocking, RolloutConsumer
 
         self.cfg = cfg
         self.consumer = Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "learner-0", vocab_size))
         self.admission = Blocking(cfg, lambda r: Admission(r, cfg))
+        self.heartbeats = Blocking(cfg, lambda r: Heartbeats(r, cfg))
+        self.alive_checked = 0.0
         self.publisher = None
         if cfg.weightsync.transport != "none":
             from weightsync import make_publisher
@@ -173,7 +177,7 @@ class RankZeroIO:
         self.metrics_port = broker_metrics.serve(cfg, "learner", "0", cfg.learner.metrics_port)
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.steps_log = open(run_dir / "learner_steps.jsonl", "a")  # noqa: SIM115 (closed in close())
+        self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer = []
         self.wait_s = 0.0
@@ -255,8 +259,10 @@ class RankZeroIO:
             "step_s": step_s,
             "time": time.time(),
         }
-        self.steps_log.write(json.dumps(row) + "\n")
-        self.steps_log.flush()
+        self.steps_log.write(row)
+        if time.monotonic() - self.alive_checked > ALIVE_EVERY_S:
+            self.alive_checked = time.monotonic()
+            m.ACTORS_ALIVE.set(len(self.heartbeats.alive()))
         if last:
             m.LOSS.set(last.loss)
             m.CLIP_FRACTION.set(last.clip_fraction)
@@ -281,6 +287,7 @@ class RankZeroIO:
             self.commit_log.close()
         self.consumer.close()
         self.admission.close()
+        self.heartbeats.close()
 
 
 def _broadcast(obj, rank: int, world: int):

@@ -60,3 +60,6 @@ GRAD_NORM = Gauge(
 ADVANTAGE_ABS_MEAN = Gauge(
     "streamrl_learner_advantage_abs_mean", "Mean |advantage| of the last batch."
 )
+ACTORS_ALIVE = Gauge(
+    "streamrl_actors_alive", "Actors whose heartbeat has not expired, as the learner last saw them."
+)

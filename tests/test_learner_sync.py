@@ -41,12 +41,14 @@ def learner_config(redis_cfg: Config, policy: str, **sections) -> Config:
 
 
 def synchronous_grpo_step(model, optimizer, groups) -> bool:
-    """Textbook on-policy GRPO: (r - mean)/(std + eps), ratio against the sampling log-probs, token mean."""
+    """Textbook on-policy GRPO: (r - mean)/(std + eps), ratio against the sampling log-probs, mean over
+    every completion token of the batch (a group whose rewards are all equal has advantage 0: it adds
+    tokens to the mean and nothing to the sum). A batch without any signal takes no step."""
+    if all(min(c.reward for c in g.completions) == max(c.reward for c in g.completions) for g in groups):
+        return False
     terms, tokens = [], 0
     for group in groups:
         rewards = torch.tensor([c.reward for c in group.completions], dtype=torch.float64)
-        if rewards.max() == rewards.min():
-            continue
         advantages = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + EPS)
         prompt = torch.from_numpy(group.prompt_token_ids.astype("int64"))
         for completion, advantage in zip(group.completions, advantages, strict=True):
@@ -55,11 +57,9 @@ def synchronous_grpo_step(model, optimizer, groups) -> bool:
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
             logprobs = F.log_softmax(logits, dim=-1).gather(-1, completion_ids[:, None]).squeeze(-1)
             ratio = torch.exp(logprobs - torch.from_numpy(completion.logprobs))
-            a = float(advantage)
+            a = float(advantage) if rewards.max() > rewards.min() else 0.0
             terms.append(-torch.minimum(ratio * a, ratio.clamp(1 - CLIP, 1 + CLIP) * a).sum())
             tokens += len(completion_ids)
-    if not terms:
-        return False
     optimizer.zero_grad()
     (torch.stack(terms).sum() / tokens).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -75,13 +75,15 @@ def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg,
     sync_model = load_policy(demo_policy)
     optimizer = torch.optim.AdamW(sync_model.parameters(), lr=LR, betas=BETAS, weight_decay=0.0)
     rng = random.Random(1)
-    version = 0
+    version = uniform = 0
     for _ in range(STEPS):
         groups = sample_groups(sync_model, tokenizer, rng, GROUPS, GROUP_SIZE, version)
+        uniform += sum(len({c.reward for c in g.completions}) == 1 for g in groups)
         xadd_groups(redis_cfg, groups)
         sync_model.train()
         version += synchronous_grpo_step(sync_model, optimizer, groups)
     assert version >= 2, "the sampled groups carried too little signal to compare anything"
+    assert uniform, "no zero-variance group: the learner's skip path would go untested"
 
     # A small token budget forces gradient accumulation over several micro-batches.
     cfg = learner_config(

@@ -11,7 +11,6 @@ from weightsync_helpers import InProcessActor, Proc
 from weightsync_procs import learner_tensors
 
 from weightsync import make_publisher
-from weightsync.dist import members_key
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +30,7 @@ def _cfg(redis_cfg, **ws):
 
 def _wait_members(pub, n: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
-    while len(pub.client.hkeys(members_key(pub.keys))) < n:
+    while len(pub.client.hkeys(pub.keys.weights_dist_members)) < n:
         assert time.monotonic() < deadline, "subscribers never registered"
         time.sleep(0.05)
 

@@ -38,14 +38,6 @@ log = logging.getLogger(__name__)
 Window = list[tuple[str, int, int, int]]
 
 
-def members_key(keys: Keys) -> str:
-    return keys.weights + ":dist:members"
-
-
-def group_key(keys: Keys) -> str:
-    return keys.weights + ":dist:group"
-
-
 def windows(layout: Layout, bucket_bytes: int) -> list[Window]:
     """Cut the layout's byte stream into consecutive buckets of ``bucket_bytes`` (the last may be shorter).
 
@@ -121,7 +113,7 @@ class DistSender:
         self.plan = windows(layout, bucket_bytes)
         self.sizes = bucket_sizes(layout, bucket_bytes)
         self.bucket = torch.empty(max(self.sizes, default=0), dtype=torch.uint8, device=self.device)
-        self.epoch = int(client.get(group_key(keys) + ":epoch") or 0)
+        self.epoch = int(client.get(keys.weights_dist_epoch) or 0)
         self.members: list[str] = []
         self.store: tdist.TCPStore | None = None
         self.group = None
@@ -130,13 +122,13 @@ class DistSender:
 
     def live_members(self) -> list[str]:
         now = time.time()
-        raw = self.client.hgetall(members_key(self.keys))
+        raw = self.client.hgetall(self.keys.weights_dist_members)
         live, expired = [], []
         for member, expiry in raw.items():
             member = member.decode() if isinstance(member, bytes) else member
             (live if float(expiry) > now else expired).append(member)
         if expired:
-            self.client.hdel(members_key(self.keys), *expired)
+            self.client.hdel(self.keys.weights_dist_members, *expired)
         return sorted(live)
 
     def _announce_group(self, members: list[str]) -> None:
@@ -148,8 +140,8 @@ class DistSender:
             "members": members,
         }
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(group_key(self.keys), json.dumps(record))
-        pipe.set(group_key(self.keys) + ":epoch", self.epoch)
+        pipe.set(self.keys.weights_dist_group, json.dumps(record))
+        pipe.set(self.keys.weights_dist_epoch, self.epoch)
         pipe.publish(self.keys.weights_notify, f"group {self.epoch}")
         pipe.execute()
 
@@ -192,7 +184,7 @@ class DistSender:
                 self.timeout_s,
             )
             metrics.TRANSFER_FAILURES.labels(reason="peer_dropped").inc(len(missing))
-            self.client.hdel(members_key(self.keys), *missing)
+            self.client.hdel(self.keys.weights_dist_members, *missing)
             members = [m for m in members if m not in missing]
         self.members = members if self.group is not None else []
         self.seq = 0
@@ -283,7 +275,7 @@ class DistReceiver:
     def heartbeat(self) -> None:
         now = time.time()
         if now >= self._next_beat:
-            self.client.hset(members_key(self.keys), self.actor_id, now + self.timeout_s)
+            self.client.hset(self.keys.weights_dist_members, self.actor_id, now + self.timeout_s)
             self._next_beat = now + self.timeout_s / 4
 
     def _leave(self) -> None:
@@ -291,7 +283,7 @@ class DistReceiver:
         self.epoch = None
 
     def _join_if_listed(self) -> None:
-        raw = self.client.get(group_key(self.keys))
+        raw = self.client.get(self.keys.weights_dist_group)
         if raw is None:
             return
         record = json.loads(raw)
@@ -382,7 +374,7 @@ class DistReceiver:
 
     def close(self) -> None:
         try:
-            self.client.hdel(members_key(self.keys), self.actor_id)
+            self.client.hdel(self.keys.weights_dist_members, self.actor_id)
         except redis.RedisError:
             pass  # Redis gone too: the heartbeat expires on its own
         self._leave()
