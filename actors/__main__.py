@@ -16,18 +16,16 @@ import subprocess
 import sys
 import threading
 
-from configs import ConfigError, load_config
+from configs import Config, config_from_cli
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(prog="python -m actors", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML preset (default: built-in defaults)")
     parser.add_argument("--count", type=int, default=1, help="actor processes to start")
     parser.add_argument(
         "--actor-id", help="actor id (default host-pid; with --count N, ID-0 .. ID-N-1)"
     )
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
-    return parser.parse_args(argv)
+    return config_from_cli(parser, argv)
 
 
 def _spawn_children(args: argparse.Namespace) -> int:
@@ -54,13 +52,8 @@ def _spawn_children(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    args, cfg = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
     if args.count < 1:
         print("--count must be >= 1", file=sys.stderr)
         return 2

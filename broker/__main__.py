@@ -18,7 +18,7 @@ import redis
 
 from broker.client import connect_sync, url_file
 from broker.server import EmbeddedRedis, RedisServerError
-from configs import ConfigError, load_config
+from configs import config_from_cli
 
 
 def masked(url: str) -> str:
@@ -27,14 +27,7 @@ def masked(url: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. broker.port=6390")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    _args, cfg = config_from_cli(parser, argv)
 
     if cfg.broker.redis_url:
         client = connect_sync(cfg, cfg.broker.redis_url)

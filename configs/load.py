@@ -6,7 +6,9 @@ process calls ``load_config`` before it touches Redis, shm or a model.
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -99,3 +101,18 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format(exc, source)) from None
+
+
+def config_from_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
+    """Add ``--config`` and the dotted overrides to ``parser``, parse ``argv`` and load the config.
+
+    A bad config ends the process with exit code 2 and the message, before anything starts.
+    """
+    parser.add_argument("--config", help="YAML preset (configs/*.yaml); built-in defaults without it")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5")
+    args = parser.parse_args(argv)
+    try:
+        return args, load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None

@@ -15,7 +15,7 @@ from rich.live import Live
 
 from actors.prompts import PromptDataError
 from broker.server import RedisServerError
-from configs import ConfigError, load_config
+from configs import config_from_cli
 from launch.scrape import sync_targets, write_prometheus_config
 from launch.status import read_steps, snapshot
 from launch.supervisor import Supervisor
@@ -35,16 +35,9 @@ def _raise_stop(signum, _frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run broker + learner + actors with a live view.")
-    parser.add_argument("--config", default=None, help="YAML preset (configs/demo_cpu.yaml)")
     parser.add_argument("--actors", type=int, default=2, help="actor processes to start")
     parser.add_argument("--resume", action="store_true", help="keep the run directory (learner resumes from its checkpoint)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-4")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    args, cfg = config_from_cli(parser, argv)
 
     console = Console()
     sup = Supervisor(cfg, args.config, args.overrides, actors=args.actors, resume=args.resume)

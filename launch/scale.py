@@ -15,22 +15,15 @@ import sys
 
 from broker.client import connect_sync
 from broker.keys import Keys
-from configs import ConfigError, load_config
+from configs import config_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=None)
     parser.add_argument("--actors", type=int, required=True, help="wanted number of supervised actors")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args, cfg = config_from_cli(parser, argv)
     if args.actors < 0:
         parser.error("--actors must be >= 0")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
     client = connect_sync(cfg)
     client.rpush(Keys.from_config(cfg).launch_control, json.dumps({"actors": args.actors}))
     print(f"asked the supervisor of run {cfg.run.name!r} for {args.actors} actors")

@@ -17,20 +17,13 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch  # noqa: E402
 
-from configs.load import ConfigError, load_config  # noqa: E402
+from configs import config_from_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    _args, cfg = config_from_cli(parser, argv)
     torch.set_num_threads(cfg.run.torch_threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
 

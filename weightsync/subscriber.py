@@ -37,9 +37,8 @@ BUSY_WAIT_S = 0.02  # a newer version is pending while the engine holds the stag
 RETRIES = 3  # stale/torn shm reads retried at once with the newest announcement
 
 
-def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> float:
-    """Copy staged tensors into the model's parameters/buffers in place; returns the seconds it took."""
-    start = time.perf_counter()
+def _model_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers by name; every staged name must be one of them."""
     targets = dict(model.named_parameters())
     targets.update(model.named_buffers())
     unknown = sorted(set(tensors) - set(targets))
@@ -47,6 +46,13 @@ def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> 
         raise KeyError(
             f"staged tensors the model does not have: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
         )
+    return targets
+
+
+def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> float:
+    """Copy staged tensors into the model's parameters/buffers in place; returns the seconds it took."""
+    start = time.perf_counter()
+    targets = _model_tensors(model, tensors)
     with torch.no_grad():
         for name, tensor in tensors.items():
             targets[name].copy_(tensor)
@@ -64,13 +70,7 @@ def swap_into_model(
     its parameter is copied in place instead (and is itself handed back).
     """
     start = time.perf_counter()
-    targets = dict(model.named_parameters())
-    targets.update(model.named_buffers())
-    unknown = sorted(set(tensors) - set(targets))
-    if unknown:
-        raise KeyError(
-            f"staged tensors the model does not have: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
-        )
+    targets = _model_tensors(model, tensors)
     replaced = {}
     with torch.no_grad():
         for name, staged in tensors.items():
