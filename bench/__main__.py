@@ -19,7 +19,17 @@ from pathlib import Path
 
 import torch
 
-PARTS = ["broker", "learner", "weightsync", "actors", "dashboards", "trl_baseline", "system", "projection", "chaos"]
+PARTS = [
+    "broker",
+    "learner",
+    "weightsync",
+    "actors",
+    "dashboards",
+    "trl_baseline",
+    "system",
+    "projection",
+    "chaos",
+]
 OUT = Path("docs/benchmarks.md")
 PART_DIR = Path("docs/bench")
 
@@ -51,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_page() -> None:
     """docs/benchmarks.md = header + the latest section of every part (docs/bench/<part>.md)."""
-    sections = [(PART_DIR / f"{p}.md").read_text() for p in PARTS if (PART_DIR / f"{p}.md").exists()]
+    sections = [
+        (PART_DIR / f"{p}.md").read_text() for p in PARTS if (PART_DIR / f"{p}.md").exists()
+    ]
     header = (
         "# Benchmarks\n\n"
         f"Produced by `make bench` (`python -m bench`); page assembled {time.strftime('%Y-%m-%d')} on {machine()}.\n"

@@ -41,7 +41,9 @@ class _EveryNSteps:
         return self.version, self.tensors
 
     def applied(self, version: int, recycled: dict | None = None) -> None:
-        self.tensors = recycled  # the swapped-out weights are the next staging copy, as in weightsync
+        self.tensors = (
+            recycled  # the swapped-out weights are the next staging copy, as in weightsync
+        )
 
 
 def _prompts(tokenizer, batch: int) -> list[list[int]]:

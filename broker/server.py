@@ -64,7 +64,9 @@ class EmbeddedRedis:
                 "set broker.password (or bind 127.0.0.1)"
             )
         self.cfg = cfg
-        self.data_dir = Path(data_dir).resolve()  # redis-server chdirs to --dir: relative paths would break
+        self.data_dir = Path(
+            data_dir
+        ).resolve()  # redis-server chdirs to --dir: relative paths would break
         self.url_file = Path(url_file) if url_file is not None else None
         self.port = cfg.port
         self.proc: subprocess.Popen | None = None

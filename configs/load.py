@@ -71,7 +71,11 @@ def _format(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = (), env: dict[str, str] | None = None) -> Config:
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+) -> Config:
     """Read ``path`` (YAML, optional), apply ``overrides``, then ``REDIS_URL`` from the environment."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
@@ -89,7 +93,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+            raise ConfigError(
+                f"config file {path}: top level must be a mapping, got {type(loaded).__name__}"
+            )
         data = loaded
     overrides = list(overrides)
     if overrides:
@@ -103,12 +109,16 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
         raise ConfigError(_format(exc, source)) from None
 
 
-def config_from_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
+def config_from_cli(
+    parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> tuple[argparse.Namespace, Config]:
     """Add ``--config`` and the dotted overrides to ``parser``, parse ``argv`` and load the config.
 
     A bad config ends the process with exit code 2 and the message, before anything starts.
     """
-    parser.add_argument("--config", help="YAML preset (configs/*.yaml); built-in defaults without it")
+    parser.add_argument(
+        "--config", help="YAML preset (configs/*.yaml); built-in defaults without it"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5")
     args = parser.parse_args(argv)
     try:

@@ -39,9 +39,13 @@ def render() -> str:
         lines += [f"## `{section_name}`", "", (section.__doc__ or "").strip().splitlines()[0], ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for name, field in section.model_fields.items():
-            kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+            kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace(
+                "typing.", ""
+            )
             desc = (field.description or "").replace("|", "\\|")
-            lines.append(f"| `{section_name}.{name}` | {kind.replace('|', '/')} | {_default(field)} | {desc} |")
+            lines.append(
+                f"| `{section_name}.{name}` | {kind.replace('|', '/')} | {_default(field)} | {desc} |"
+            )
         lines.append("")
     return "\n".join(line for line in lines) + "\n"
 

@@ -19,34 +19,100 @@ class Section(BaseModel):
 class RunConfig(Section):
     """One run: its name, directory, seed and end."""
 
-    name: str = Field("demo", description="Run name; also the Redis key prefix, so several runs can share one Redis.")
-    dir: str = Field("runs/demo", description="Run directory: logs, checkpoints, scrape config, the Redis data dir.")
+    name: str = Field(
+        "demo",
+        description="Run name; also the Redis key prefix, so several runs can share one Redis.",
+    )
+    dir: str = Field(
+        "runs/demo",
+        description="Run directory: logs, checkpoints, scrape config, the Redis data dir.",
+    )
     seed: int = Field(0, description="Seed for prompt order, sampling and initialisation.")
-    max_steps: int = Field(0, ge=0, description="Stop after this many learner steps (0 = no limit).")
-    max_time_s: float = Field(0.0, ge=0, description="Stop after this many seconds of wall time (0 = no limit).")
-    torch_threads: int = Field(1, ge=1, description="torch threads per process; 2 threads on 2 shared cores ran 35x slower.")
+    max_steps: int = Field(
+        0, ge=0, description="Stop after this many learner steps (0 = no limit)."
+    )
+    max_time_s: float = Field(
+        0.0, ge=0, description="Stop after this many seconds of wall time (0 = no limit)."
+    )
+    torch_threads: int = Field(
+        1,
+        ge=1,
+        description="torch threads per process; 2 threads on 2 shared cores ran 35x slower.",
+    )
 
 
 class BrokerConfig(Section):
     """Redis: the embedded server or an external one, the rollout stream and its consumer group."""
 
-    redis_url: str | None = Field(None, description="External Redis URL (redis://[:password@]host:port/db). Overridden by the REDIS_URL environment variable. None = start the embedded server.")
-    host: str = Field("127.0.0.1", description="Bind address of the embedded Redis. Non-loopback requires `password`.")
-    port: int = Field(0, ge=0, le=65535, description="Port of the embedded Redis (0 = pick a free one).")
-    password: str | None = Field(None, description="requirepass for the embedded Redis; mandatory for a non-loopback bind.")
-    appendonly: bool = Field(False, description="AOF persistence for the embedded Redis, so a restarted Redis keeps the stream, pending lists and counters.")
-    appendfsync: Literal["everysec", "always"] = Field("everysec", description="AOF fsync policy. A killed redis-server loses nothing either way (the AOF is written before replies); on a machine crash everysec loses up to ~1 s of acknowledged entries, always none (slower writes).")
-    stream: str = Field("rollouts", description="Stream name (under the run prefix) that carries scored rollout groups.")
-    dead_letter_stream: str = Field("rollouts:dead", description="Stream (under the run prefix) that receives undecodable entries with the reason.")
+    redis_url: str | None = Field(
+        None,
+        description="External Redis URL (redis://[:password@]host:port/db). Overridden by the REDIS_URL environment variable. None = start the embedded server.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        description="Bind address of the embedded Redis. Non-loopback requires `password`.",
+    )
+    port: int = Field(
+        0, ge=0, le=65535, description="Port of the embedded Redis (0 = pick a free one)."
+    )
+    password: str | None = Field(
+        None, description="requirepass for the embedded Redis; mandatory for a non-loopback bind."
+    )
+    appendonly: bool = Field(
+        False,
+        description="AOF persistence for the embedded Redis, so a restarted Redis keeps the stream, pending lists and counters.",
+    )
+    appendfsync: Literal["everysec", "always"] = Field(
+        "everysec",
+        description="AOF fsync policy. A killed redis-server loses nothing either way (the AOF is written before replies); on a machine crash everysec loses up to ~1 s of acknowledged entries, always none (slower writes).",
+    )
+    stream: str = Field(
+        "rollouts",
+        description="Stream name (under the run prefix) that carries scored rollout groups.",
+    )
+    dead_letter_stream: str = Field(
+        "rollouts:dead",
+        description="Stream (under the run prefix) that receives undecodable entries with the reason.",
+    )
     consumer_group: str = Field("learner", description="Redis consumer group of the learner ranks.")
-    maxlen: int = Field(100_000, ge=1, description="Safety cap on the stream length (approximate MAXLEN); trims are counted. Real backpressure is admission control.")
-    block_ms: int = Field(1000, ge=1, description="XREADGROUP BLOCK in milliseconds; must stay below socket_timeout_s.")
-    socket_timeout_s: float = Field(10.0, gt=0, description="redis-py socket timeout for every command.")
-    claim_idle_ms: int = Field(30_000, ge=1, description="Entries pending on a consumer idle for longer are taken over with XAUTOCLAIM.")
-    max_entry_bytes: int = Field(64 << 20, ge=1024, description="Decoder size limit for one stream entry; larger entries are dead-lettered.")
-    retries: int = Field(10, ge=0, description="Retries of a failed Redis command (jittered exponential backoff) before the error surfaces.")
-    health_check_interval_s: int = Field(30, ge=0, description="redis-py pings a connection idle for longer before reusing it (0 = off).")
-    lease_ttl_s: float = Field(120.0, gt=0, description="Admission lease of an in-flight group expires after this long, so a killed actor frees its slots.")
+    maxlen: int = Field(
+        100_000,
+        ge=1,
+        description="Safety cap on the stream length (approximate MAXLEN); trims are counted. Real backpressure is admission control.",
+    )
+    block_ms: int = Field(
+        1000,
+        ge=1,
+        description="XREADGROUP BLOCK in milliseconds; must stay below socket_timeout_s.",
+    )
+    socket_timeout_s: float = Field(
+        10.0, gt=0, description="redis-py socket timeout for every command."
+    )
+    claim_idle_ms: int = Field(
+        30_000,
+        ge=1,
+        description="Entries pending on a consumer idle for longer are taken over with XAUTOCLAIM.",
+    )
+    max_entry_bytes: int = Field(
+        64 << 20,
+        ge=1024,
+        description="Decoder size limit for one stream entry; larger entries are dead-lettered.",
+    )
+    retries: int = Field(
+        10,
+        ge=0,
+        description="Retries of a failed Redis command (jittered exponential backoff) before the error surfaces.",
+    )
+    health_check_interval_s: int = Field(
+        30,
+        ge=0,
+        description="redis-py pings a connection idle for longer before reusing it (0 = off).",
+    )
+    lease_ttl_s: float = Field(
+        120.0,
+        gt=0,
+        description="Admission lease of an in-flight group expires after this long, so a killed actor frees its slots.",
+    )
 
     @model_validator(mode="after")
     def _block_below_timeout(self) -> BrokerConfig:
@@ -61,81 +127,194 @@ class BrokerConfig(Section):
 class ModelConfig(Section):
     """The policy checkpoint (a Hugging Face folder) shared by learner and actors."""
 
-    path: str = Field("runs/demo-policy", description="Hugging Face model folder (config, tokenizer, weights) loaded with from_pretrained by learner and actors.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
-    build_demo: bool = Field(True, description="If `path` does not exist, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start).")
+    path: str = Field(
+        "runs/demo-policy",
+        description="Hugging Face model folder (config, tokenizer, weights) loaded with from_pretrained by learner and actors.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
+    )
+    build_demo: bool = Field(
+        True,
+        description="If `path` does not exist, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start).",
+    )
 
 
 class DataConfig(Section):
     """The prompt dataset the actors draw from."""
 
-    path: str = Field("runs/demo-data/train.jsonl", description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file or a saved HF dataset folder.")
-    format: Literal["auto", "messages", "prompt"] = Field("auto", description="messages = RL2 style `messages` + `answer`; prompt = `prompt` + `answer`; auto picks by columns.")
+    path: str = Field(
+        "runs/demo-data/train.jsonl",
+        description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file or a saved HF dataset folder.",
+    )
+    format: Literal["auto", "messages", "prompt"] = Field(
+        "auto",
+        description="messages = RL2 style `messages` + `answer`; prompt = `prompt` + `answer`; auto picks by columns.",
+    )
     split: str = Field("train", description="Split to read from a dataset folder.")
-    apply_chat_template: bool = Field(False, description="Render `messages` (or the prompt as one user turn) through the tokenizer's chat template.")
-    build_demo: bool = Field(True, description="If `path` does not exist and it is the demo task, generate the demo dataset there.")
+    apply_chat_template: bool = Field(
+        False,
+        description="Render `messages` (or the prompt as one user turn) through the tokenizer's chat template.",
+    )
+    build_demo: bool = Field(
+        True,
+        description="If `path` does not exist and it is the demo task, generate the demo dataset there.",
+    )
 
 
 class RolloutConfig(Section):
     """How completions are sampled."""
 
-    group_size: int = Field(16, ge=1, description="Completions per prompt (G); one stream entry carries one group.")
+    group_size: int = Field(
+        16, ge=1, description="Completions per prompt (G); one stream entry carries one group."
+    )
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per completion.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature; behaviour log-probs are taken after it.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; behaviour log-probs are taken after it."
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1 = off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
-    stop: list[str] = Field(default_factory=list, description="Extra stop strings; the tokenizer's EOS always stops.")
+    stop: list[str] = Field(
+        default_factory=list, description="Extra stop strings; the tokenizer's EOS always stops."
+    )
 
 
 class RewardSpec(Section):
     """One reward function and its weight."""
 
-    fn: str = Field(..., description="Built-in reward name or a plug-in as `module:function` taking (messages, answer) -> float | dict.")
+    fn: str = Field(
+        ...,
+        description="Built-in reward name or a plug-in as `module:function` taking (messages, answer) -> float | dict.",
+    )
     weight: float = Field(1.0, description="Weight of this reward in the total.")
-    kwargs: dict = Field(default_factory=dict, description="Extra keyword arguments passed to the reward function.")
+    kwargs: dict = Field(
+        default_factory=dict, description="Extra keyword arguments passed to the reward function."
+    )
 
 
 class RewardConfig(Section):
     """Reward functions and how their failures are contained."""
 
-    functions: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(fn="reverse_digits")], description="Rewards summed with their weights into the scalar reward.")
-    timeout_s: float = Field(5.0, gt=0, description="Per-sample time limit of a reward call; past it the sample scores 0 and is counted.")
+    functions: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(fn="reverse_digits")],
+        description="Rewards summed with their weights into the scalar reward.",
+    )
+    timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Per-sample time limit of a reward call; past it the sample scores 0 and is counted.",
+    )
     workers: int = Field(1, ge=1, description="Reward worker processes per actor.")
-    worker_memory_mb: int = Field(1024, ge=16, description="Memory a reward worker may allocate beyond its start-up size (address-space limit); past it the sample scores 0.")
-    sandbox_memory_mb: int = Field(512, ge=16, description="Address-space limit of the code-execution sandbox.")
-    sandbox_timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one sandboxed program; its whole process group is killed after it.")
+    worker_memory_mb: int = Field(
+        1024,
+        ge=16,
+        description="Memory a reward worker may allocate beyond its start-up size (address-space limit); past it the sample scores 0.",
+    )
+    sandbox_memory_mb: int = Field(
+        512, ge=16, description="Address-space limit of the code-execution sandbox."
+    )
+    sandbox_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Wall-clock limit of one sandboxed program; its whole process group is killed after it.",
+    )
 
 
 class ActorConfig(Section):
     """Actor processes and their generation engine."""
 
-    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: hf (transformers, any device) or vllm (GPU, optional extra).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation engine: hf (transformers, any device) or vllm (GPU, optional extra).",
+    )
     device: str = Field("cpu", description="torch device of the hf engine.")
-    batch_slots: int = Field(64, ge=1, description="Concurrent sequences in the hf engine's decode batch (finished slots are refilled).")
-    heartbeat_s: float = Field(2.0, gt=0, description="Heartbeat period; an actor is considered dead after 3 missed beats.")
-    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port of the first actor (0 = free port); later actors use free ports.")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM: fraction of GPU memory for weights and KV cache.")
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM: tensor parallel degree of one actor.")
-    publish_log: bool = Field(False, description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).")
+    batch_slots: int = Field(
+        64,
+        ge=1,
+        description="Concurrent sequences in the hf engine's decode batch (finished slots are refilled).",
+    )
+    heartbeat_s: float = Field(
+        2.0, gt=0, description="Heartbeat period; an actor is considered dead after 3 missed beats."
+    )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Prometheus port of the first actor (0 = free port); later actors use free ports.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="vLLM: fraction of GPU memory for weights and KV cache."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM: tensor parallel degree of one actor."
+    )
+    publish_log: bool = Field(
+        False,
+        description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).",
+    )
 
 
 class AlgoConfig(Section):
     """The RL objective: advantages, staleness bound, importance weights and clipping, aggregation."""
 
-    max_staleness: int = Field(2, ge=0, description="Tokens (and groups) older than this many versions are masked/dropped; also the admission-control bound.")
-    advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="grpo = (r - mean)/(std + eps); drgrpo = r - mean (no std).")
+    max_staleness: int = Field(
+        2,
+        ge=0,
+        description="Tokens (and groups) older than this many versions are masked/dropped; also the admission-control bound.",
+    )
+    advantage: Literal["grpo", "drgrpo"] = Field(
+        "grpo", description="grpo = (r - mean)/(std + eps); drgrpo = r - mean (no std)."
+    )
     adv_eps: float = Field(1e-4, gt=0, description="eps in (r - mean)/(std + eps).")
-    std_threshold: float = Field(1e-6, ge=0, description="Adaptive fallback: a group whose reward std is below this uses mean subtraction only.")
-    skip_zero_variance: bool = Field(True, description="Drop groups whose rewards are all equal (no signal); they are counted.")
-    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip: r is clipped to [1 - clip_low, 1 + clip_high].")
-    clip_high: float = Field(0.2, ge=0, description="Upper clip range (DAPO's clip-higher when > clip_low).")
-    rho_max: float = Field(2.0, gt=0, description="Truncation of the importance weight exp(pi_prox - mu) (V-trace rho-bar).")
-    importance_correction: bool = Field(True, description="Decoupled objective with the truncated IS weight; off = plain PPO ratio against the behaviour policy.")
-    staleness_tighten: float = Field(0.0, ge=0, description="Per version of staleness, shrink the clip ranges towards 0 and rho_max towards 1 by this fraction of their size (0 = off).")
-    proximal: Literal["recompute", "behaviour"] = Field("recompute", description="pi_prox source: recompute with a no-grad pass, or reuse the behaviour log-probs.")
-    aggregation: Literal["token_mean", "seq_mean", "constant"] = Field("token_mean", description="Loss aggregation: over all tokens, per sequence then mean, or sum / constant (Dr.GRPO).")
-    constant_normalizer: int = Field(0, ge=0, description="Normaliser for aggregation=constant (0 = max_new_tokens x batch size).")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to the frozen initial policy (0 = off, no reference model kept).")
+    std_threshold: float = Field(
+        1e-6,
+        ge=0,
+        description="Adaptive fallback: a group whose reward std is below this uses mean subtraction only.",
+    )
+    skip_zero_variance: bool = Field(
+        True, description="Drop groups whose rewards are all equal (no signal); they are counted."
+    )
+    clip_low: float = Field(
+        0.2,
+        ge=0,
+        lt=1,
+        description="PPO ratio clip: r is clipped to [1 - clip_low, 1 + clip_high].",
+    )
+    clip_high: float = Field(
+        0.2, ge=0, description="Upper clip range (DAPO's clip-higher when > clip_low)."
+    )
+    rho_max: float = Field(
+        2.0,
+        gt=0,
+        description="Truncation of the importance weight exp(pi_prox - mu) (V-trace rho-bar).",
+    )
+    importance_correction: bool = Field(
+        True,
+        description="Decoupled objective with the truncated IS weight; off = plain PPO ratio against the behaviour policy.",
+    )
+    staleness_tighten: float = Field(
+        0.0,
+        ge=0,
+        description="Per version of staleness, shrink the clip ranges towards 0 and rho_max towards 1 by this fraction of their size (0 = off).",
+    )
+    proximal: Literal["recompute", "behaviour"] = Field(
+        "recompute",
+        description="pi_prox source: recompute with a no-grad pass, or reuse the behaviour log-probs.",
+    )
+    aggregation: Literal["token_mean", "seq_mean", "constant"] = Field(
+        "token_mean",
+        description="Loss aggregation: over all tokens, per sequence then mean, or sum / constant (Dr.GRPO).",
+    )
+    constant_normalizer: int = Field(
+        0,
+        ge=0,
+        description="Normaliser for aggregation=constant (0 = max_new_tokens x batch size).",
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="k3 KL penalty to the frozen initial policy (0 = off, no reference model kept).",
+    )
 
 
 class LearnerConfig(Section):
@@ -146,35 +325,83 @@ class LearnerConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0 = off).")
-    groups_per_step: int = Field(16, ge=1, description="Rollout groups consumed by one optimizer step (across all ranks).")
-    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps taken on one consumed batch (PPO epochs); each one publishes a version.")
-    micro_batch_tokens: int = Field(8192, ge=1, description="Token budget of one micro-batch; samples are never split.")
+    groups_per_step: int = Field(
+        16, ge=1, description="Rollout groups consumed by one optimizer step (across all ranks)."
+    )
+    updates_per_batch: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps taken on one consumed batch (PPO epochs); each one publishes a version.",
+    )
+    micro_batch_tokens: int = Field(
+        8192, ge=1, description="Token budget of one micro-batch; samples are never split."
+    )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
     offload_optimizer: bool = Field(False, description="ZeRO-2 optimizer state offload to CPU.")
-    checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N steps (and at shutdown).")
-    ack_policy: Literal["step", "checkpoint"] = Field("checkpoint", description="Ack consumed entries after every step, or only once a checkpoint holds the step (crash replays exactly the lost steps).")
-    read_timeout_s: float = Field(0.0, ge=0, description="Give up waiting for data after this long and exit (0 = wait forever).")
-    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port of learner rank 0 (0 = free port).")
-    ranks: int = Field(1, ge=1, description="Learner processes `make run` starts on this host (data parallel, torchrun --nproc_per_node); several hosts launch with torchrun/deepspeed directly.")
-    commit_log: bool = Field(False, description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).")
+    checkpoint_every: int = Field(
+        50, ge=1, description="Save a resumable checkpoint every N steps (and at shutdown)."
+    )
+    ack_policy: Literal["step", "checkpoint"] = Field(
+        "checkpoint",
+        description="Ack consumed entries after every step, or only once a checkpoint holds the step (crash replays exactly the lost steps).",
+    )
+    read_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="Give up waiting for data after this long and exit (0 = wait forever).",
+    )
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="Prometheus port of learner rank 0 (0 = free port)."
+    )
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="Learner processes `make run` starts on this host (data parallel, torchrun --nproc_per_node); several hosts launch with torchrun/deepspeed directly.",
+    )
+    commit_log: bool = Field(
+        False,
+        description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).",
+    )
 
 
 class WeightSyncConfig(Section):
     """Moving new weights from the learner to the actors."""
 
-    transport: Literal["shm", "dist", "none"] = Field("shm", description="shm = POSIX shared memory (one host); dist = torch.distributed broadcast (NCCL/gloo); none = actors keep version 0.")
-    slots: int = Field(3, ge=2, description="shm: ring of slots, so the publisher never overwrites a slot a reader is copying.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Dtype weights travel in; converted once on the publisher side (auto = engine dtype).")
+    transport: Literal["shm", "dist", "none"] = Field(
+        "shm",
+        description="shm = POSIX shared memory (one host); dist = torch.distributed broadcast (NCCL/gloo); none = actors keep version 0.",
+    )
+    slots: int = Field(
+        3,
+        ge=2,
+        description="shm: ring of slots, so the publisher never overwrites a slot a reader is copying.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Dtype weights travel in; converted once on the publisher side (auto = engine dtype).",
+    )
     bucket_bytes: int = Field(64 << 20, ge=1 << 16, description="dist: broadcast bucket size.")
-    timeout_s: float = Field(30.0, gt=0, description="Upper bound of every blocking transfer call; a slow or dead peer is dropped after it.")
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="dist: process-group backend (auto = nccl with CUDA, else gloo).")
-    dist_host: str = Field("127.0.0.1", description="dist: address of the publisher's rendezvous store and group as actors reach it (set to the learner host's IP across hosts).")
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Upper bound of every blocking transfer call; a slow or dead peer is dropped after it.",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="dist: process-group backend (auto = nccl with CUDA, else gloo)."
+    )
+    dist_host: str = Field(
+        "127.0.0.1",
+        description="dist: address of the publisher's rendezvous store and group as actors reach it (set to the learner host's IP across hosts).",
+    )
 
 
 class MetricsConfig(Section):
     """Prometheus endpoints of every process."""
 
-    host: str = Field("127.0.0.1", description="Bind address of every metrics endpoint (loopback unless you expose it on purpose).")
+    host: str = Field(
+        "127.0.0.1",
+        description="Bind address of every metrics endpoint (loopback unless you expose it on purpose).",
+    )
     enabled: bool = Field(True, description="Serve Prometheus metrics from every process.")
 
 

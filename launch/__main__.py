@@ -1,6 +1,6 @@
 """`make run`: Redis + learner + N actors on one machine, a live view, a summary at the end.
 
-    python -m launch --config configs/demo_cpu.yaml --actors 2 [dotted.key=value ...]
+python -m launch --config configs/demo_cpu.yaml --actors 2 [dotted.key=value ...]
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ def _raise_stop(signum, _frame):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run broker + learner + actors with a live view.")
     parser.add_argument("--actors", type=int, default=2, help="actor processes to start")
-    parser.add_argument("--resume", action="store_true", help="keep the run directory (learner resumes from its checkpoint)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the run directory (learner resumes from its checkpoint)",
+    )
     args, cfg = config_from_cli(parser, argv)
 
     console = Console()
@@ -50,10 +54,16 @@ def main(argv: list[str] | None = None) -> int:
         sup.start()
         prom_dir = sup.run_dir / "prometheus"
         write_prometheus_config(prom_dir)
-        console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
+        console.print(
+            f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything"
+        )
         last_plain = 0.0
         reason = "learner finished"
-        with Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else _NoLive() as live:
+        with (
+            Live(console=console, refresh_per_second=2, transient=False)
+            if console.is_terminal
+            else _NoLive() as live
+        ):
             while not sup.learner_finished:
                 sup.tick()
                 elapsed = time.monotonic() - started
@@ -78,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         console.print(f"stopping ({reason}) ...")
         sup.stop()
-    console.print(summary(read_steps(sup.run_dir), started_unix, time.monotonic() - started, sup.events))
+    console.print(
+        summary(read_steps(sup.run_dir), started_unix, time.monotonic() - started, sup.events)
+    )
     return 0
 
 

@@ -20,7 +20,9 @@ from configs import config_from_cli
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--actors", type=int, required=True, help="wanted number of supervised actors")
+    parser.add_argument(
+        "--actors", type=int, required=True, help="wanted number of supervised actors"
+    )
     args, cfg = config_from_cli(parser, argv)
     if args.actors < 0:
         parser.error("--actors must be >= 0")

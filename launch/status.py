@@ -58,8 +58,9 @@ def time_to_target(
     first reach both targets; None if they never do."""
     for end in range(window, len(steps) + 1):
         chunk = steps[end - window : end]
-        if statistics.fmean(s["reward_mean"] for s in chunk) >= reward and statistics.fmean(
-            s["exact_match"] for s in chunk
-        ) >= exact:
+        if (
+            statistics.fmean(s["reward_mean"] for s in chunk) >= reward
+            and statistics.fmean(s["exact_match"] for s in chunk) >= exact
+        ):
             return chunk[-1]["time"] - started_unix
     return None

@@ -104,7 +104,9 @@ class Supervisor:
         self._start_redis()
         self.redis = connect_sync(self.cfg, self.redis_url)
         self._write_run_file()
-        self.learner = self._spawn(Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log"))
+        self.learner = self._spawn(
+            Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
+        )
         for _ in range(self.want_actors):
             self._add_actor()
         return self
@@ -129,12 +131,19 @@ class Supervisor:
         if url:
             self.redis_url = url
             return
-        self.redis_server = EmbeddedRedis(self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.cfg)).start()
+        self.redis_server = EmbeddedRedis(
+            self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.cfg)
+        ).start()
         self.redis_url = self.redis_server.url
         self.event(f"redis-server on {self.redis_server.cfg.host}:{self.redis_server.port}")
 
     def _write_run_file(self) -> None:
-        info = {"run": self.cfg.run.name, "supervisor_pid": os.getpid(), "config": self.config_path, "overrides": self.overrides}
+        info = {
+            "run": self.cfg.run.name,
+            "supervisor_pid": os.getpid(),
+            "config": self.config_path,
+            "overrides": self.overrides,
+        }
         (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
     def _argv(self, module: str, *extra: str) -> list[str]:
@@ -148,7 +157,14 @@ class Supervisor:
         if ranks == 1:
             return self._argv("learner")
         # torchrun restarts nothing here (--max-restarts 0): a dead rank ends the job, the supervisor restarts it
-        launcher = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "--max-restarts=0"]
+        launcher = [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            "--max-restarts=0",
+        ]
         return launcher + self._argv("learner")[1:]
 
     def _env(self) -> dict[str, str]:
@@ -209,7 +225,9 @@ class Supervisor:
             child.crashes += 1
             delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (child.crashes - 1))
             child.next_start = now + delay
-            self.event(f"{child.name} exited with {_describe(code)}; restarting in {delay:.0f} s (log: {child.log})")
+            self.event(
+                f"{child.name} exited with {_describe(code)}; restarting in {delay:.0f} s (log: {child.log})"
+            )
             return
         if now >= child.next_start:
             self._spawn(child)
@@ -248,7 +266,9 @@ class Supervisor:
     def learner_finished(self) -> bool:
         return self.learner is not None and self.learner.done
 
-    def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
+    def wait_until(
+        self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5
+    ) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.tick()
@@ -272,7 +292,9 @@ class Supervisor:
         try:
             child.proc.wait(STOP_TIMEOUT_S[child.role])
         except subprocess.TimeoutExpired:
-            self.event(f"{child.name} ignored SIGTERM for {STOP_TIMEOUT_S[child.role]:.0f} s; killing its process group")
+            self.event(
+                f"{child.name} ignored SIGTERM for {STOP_TIMEOUT_S[child.role]:.0f} s; killing its process group"
+            )
             os.killpg(child.proc.pid, signal.SIGKILL)
             child.proc.wait(10)
         child.exit_codes.append(child.proc.returncode)

@@ -30,7 +30,9 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
     table.add_row("exact match", _fmt(step.get("exact_match")))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
     table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
-    table.add_row("stream: unread / awaiting ack", f"{snap.stream_length - snap.pending} / {snap.pending}")
+    table.add_row(
+        "stream: unread / awaiting ack", f"{snap.stream_length - snap.pending} / {snap.pending}"
+    )
     table.add_row("staleness (mean versions)", _fmt(step.get("staleness_mean"), ".2f"))
     table.add_row("dead letters", str(snap.dead_letters))
     alive = ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in snap.actors) or "none"

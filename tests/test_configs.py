@@ -18,7 +18,9 @@ def test_every_shipped_preset_validates(preset):
 
 
 def test_dotted_overrides_are_typed_yaml_values():
-    cfg = load_config(overrides=["learner.lr=1e-5", "rollout.stop=[a, b]", "broker.appendonly=true"], env={})
+    cfg = load_config(
+        overrides=["learner.lr=1e-5", "rollout.stop=[a, b]", "broker.appendonly=true"], env={}
+    )
     assert cfg.learner.lr == 1e-5
     assert cfg.rollout.stop == ["a", "b"]
     assert cfg.broker.appendonly is True
@@ -68,10 +70,15 @@ def test_a_bad_file_names_the_file(tmp_path):
 
 
 def test_redis_url_from_the_environment_wins():
-    cfg = load_config(overrides=["broker.redis_url=redis://127.0.0.1:1/0"], env={"REDIS_URL": "redis://127.0.0.1:2/0"})
+    cfg = load_config(
+        overrides=["broker.redis_url=redis://127.0.0.1:1/0"],
+        env={"REDIS_URL": "redis://127.0.0.1:2/0"},
+    )
     assert cfg.broker.redis_url == "redis://127.0.0.1:2/0"
 
 
 def test_configuration_reference_is_generated_from_the_schema():
     committed = Path("docs/configuration.md").read_text()
-    assert committed == render(), "docs/configuration.md is stale: run `python -m configs.reference > docs/configuration.md`"
+    assert committed == render(), (
+        "docs/configuration.md is stale: run `python -m configs.reference > docs/configuration.md`"
+    )

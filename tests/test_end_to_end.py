@@ -48,7 +48,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(tmp_path, demo_policy, demo_dataset):
+def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(
+    tmp_path, demo_policy, demo_dataset
+):
     run_name = f"e2e-{uuid.uuid4().hex[:8]}"
     overrides = [
         f"run.name={run_name}",
@@ -68,18 +70,26 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(tmp_pat
     pids: list[int] = []
     try:
         sup.start()
-        assert sup.wait_until(lambda: len(read_steps(run_dir)) >= 5, timeout=180), "learner made no progress"
+        assert sup.wait_until(lambda: len(read_steps(run_dir)) >= 5, timeout=180), (
+            "learner made no progress"
+        )
 
         victim = sup.actors[0]
         pids.append(victim.proc.pid)
         os.kill(victim.proc.pid, signal.SIGKILL)
-        assert sup.wait_until(lambda: victim.restarts >= 1 and victim.alive, timeout=60), "killed actor not restarted"
+        assert sup.wait_until(lambda: victim.restarts >= 1 and victim.alive, timeout=60), (
+            "killed actor not restarted"
+        )
 
         sup.scale(3)
         newcomer = sup.actors[-1].name
-        assert sup.wait_until(lambda: _contributed(run_dir, newcomer), timeout=120), "an actor added mid-run trained nothing"
+        assert sup.wait_until(lambda: _contributed(run_dir, newcomer), timeout=120), (
+            "an actor added mid-run trained nothing"
+        )
 
-        assert sup.wait_until(lambda: sup.learner_finished, timeout=240), "the run did not reach max_steps"
+        assert sup.wait_until(lambda: sup.learner_finished, timeout=240), (
+            "the run did not reach max_steps"
+        )
         pids += [c.proc.pid for c in [sup.learner, *sup.actors] if c.proc is not None]
         queued = _queued_group_ids(sup.redis, keys)
     finally:
@@ -99,7 +109,9 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(tmp_pat
     # Nothing the broker accepted is lost, nothing is trained twice (audit logs of actors and learner).
     published = {}
     for actor in {c.name for c in sup.actors} | {c.name for c in sup.retired}:
-        published.update({r["group_id"]: r["entry_id"] for r in read_jsonl(published_path(run_dir, actor))})
+        published.update(
+            {r["group_id"]: r["entry_id"] for r in read_jsonl(published_path(run_dir, actor))}
+        )
     report = delivery(published, read_jsonl(commits_path(run_dir)), queued, wipes_ms=[])
     assert report.published > 40 * cfg.learner.groups_per_step // 2
     assert not report.lost and not report.committed_twice, report

@@ -44,7 +44,9 @@ def synchronous_grpo_step(model, optimizer, groups) -> bool:
     """Textbook on-policy GRPO: (r - mean)/(std + eps), ratio against the sampling log-probs, mean over
     every completion token of the batch (a group whose rewards are all equal has advantage 0: it adds
     tokens to the mean and nothing to the sum). A batch without any signal takes no step."""
-    if all(min(c.reward for c in g.completions) == max(c.reward for c in g.completions) for g in groups):
+    if all(
+        min(c.reward for c in g.completions) == max(c.reward for c in g.completions) for g in groups
+    ):
         return False
     terms, tokens = [], 0
     for group in groups:

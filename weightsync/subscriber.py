@@ -37,7 +37,9 @@ BUSY_WAIT_S = 0.02  # a newer version is pending while the engine holds the stag
 RETRIES = 3  # stale/torn shm reads retried at once with the newest announcement
 
 
-def _model_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _model_tensors(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The model's parameters and buffers by name; every staged name must be one of them."""
     targets = dict(model.named_parameters())
     targets.update(model.named_buffers())
@@ -175,7 +177,9 @@ class Subscriber:
                     self._live_publisher = self._staged_publisher
                 if recycled is not None:
                     if recycled.keys() != self._staging.keys():
-                        raise ValueError("recycled tensors must be exactly the ones take_staged lent")
+                        raise ValueError(
+                            "recycled tensors must be exactly the ones take_staged lent"
+                        )
                     self._staging = recycled
                 self._state = "empty"
             self._live_version = version
