@@ -124,7 +124,9 @@ def format_warm_start(
     return float(loss.detach())
 
 
-def ensure_demo_policy(path: str | os.PathLike, seed: int = 0, warm_start_steps: int = 100) -> Path:
+def ensure_demo_policy(
+    path: str | os.PathLike, seed: int = 0, warm_start_steps: int = 100, warm_start_lr: float = 1e-3
+) -> Path:
     """Build (once) the warmed demo policy as a Hugging Face folder; reuse it if present."""
     path = Path(path)
     if (path / "config.json").exists():
@@ -132,7 +134,7 @@ def ensure_demo_policy(path: str | os.PathLike, seed: int = 0, warm_start_steps:
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
     if warm_start_steps:
-        format_warm_start(model, tokenizer, steps=warm_start_steps, seed=seed)
+        format_warm_start(model, tokenizer, steps=warm_start_steps, lr=warm_start_lr, seed=seed)
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

@@ -114,7 +114,15 @@ class _Processes:
             except psutil.NoSuchProcess:
                 continue
 
-    def survivors(self) -> list[str]:
+    def survivors(self, grace_s: float = 10.0) -> list[str]:
+        """Processes still running ``grace_s`` after the stop (orphans such as multiprocessing's
+        resource tracker exit on their own once they notice their parent is gone)."""
+        deadline = time.monotonic() + grace_s
+        while (alive := self._alive()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return alive
+
+    def _alive(self) -> list[str]:
         alive = []
         for pid, created in self.seen.items():
             try:

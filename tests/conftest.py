@@ -19,10 +19,16 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def demo_policy(tmp_path_factory) -> str:
-    """Path of the warmed demo policy (char tokenizer + tiny Qwen2), built once per session."""
+    """Path of a warmed demo policy (char tokenizer + tiny Qwen2), built once per session.
+
+    Tests use FACTS.md's lighter warm start (60 steps at 3e-4): the format is only
+    partly learned, so RL raises the reward within a few dozen steps (learning to
+    stop), which bounded tests can observe; the demo's stronger warm start sits on
+    a plateau at the digits' chance level for longer before it climbs."""
     from actors.demo_task import ensure_demo_policy
 
-    return str(ensure_demo_policy(tmp_path_factory.mktemp("policy") / "demo-policy"))
+    path = tmp_path_factory.mktemp("policy") / "demo-policy"
+    return str(ensure_demo_policy(path, warm_start_steps=60, warm_start_lr=3e-4))
 
 
 @pytest.fixture(scope="session")
