@@ -183,6 +183,7 @@ class Actor:
                 if self.engine.version >= learner_version - self.cfg.algo.max_staleness:
                     lease = await self.admission.try_start(self.actor_id)
                     if lease is not None:
+                        self.leases.add(lease)  # at once: a stop from here on must release it
                         break
                 await asyncio.sleep(POLL_S)
             else:
@@ -195,8 +196,8 @@ class Actor:
             extra = await self.admission.try_start(self.actor_id)
             if extra is None:
                 break
+            self.leases.add(extra)
             leases.append(extra)
-        self.leases.update(leases)
         return [_Pending(lease_id, await self.prompts.next()) for lease_id in leases]
 
     def engine_version_tick(self, learner_version: int) -> None:

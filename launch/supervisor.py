@@ -217,6 +217,7 @@ class Supervisor:
                     child.crashes = 0
                 return
             child.exit_codes.append(code)
+            _kill_group(child.proc.pid)
             child.proc = None
             if code == 0:
                 child.done = True
@@ -295,8 +296,9 @@ class Supervisor:
             self.event(
                 f"{child.name} ignored SIGTERM for {STOP_TIMEOUT_S[child.role]:.0f} s; killing its process group"
             )
-            os.killpg(child.proc.pid, signal.SIGKILL)
+            _kill_group(child.proc.pid)
             child.proc.wait(10)
+        _kill_group(child.proc.pid)
         child.exit_codes.append(child.proc.returncode)
 
     def stop(self) -> None:
@@ -323,6 +325,16 @@ class Supervisor:
         removed = cleanup_stale_segments(self.cfg.run.name)
         if removed:
             self.event(f"removed {len(removed)} stale shared-memory segment(s)")
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a child's process group once the child itself has exited (or ignored
+    SIGTERM): reward workers and multiprocessing's resource tracker of a crashed actor would
+    otherwise outlive it. Each child leads its own session, so its pid is the group id."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _describe(code: int) -> str:
