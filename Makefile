@@ -37,8 +37,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
+# The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
+# process of their own, after the rest, so nothing an earlier test left in the runner's process
+# competes with them.
+SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py
+
 test: $(STAMP) prometheus
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -106,9 +106,14 @@ class _Processes:
 
     def __init__(self):
         self.seen: dict[int, float] = {}
+        # children that predate the round (e.g. a multiprocessing resource tracker that an earlier
+        # test started in this same process) are not the round's to clean up
+        self.before = {p.pid for p in psutil.Process().children(recursive=True)}
 
     def snapshot(self) -> None:
         for proc in psutil.Process().children(recursive=True):
+            if proc.pid in self.before:
+                continue
             try:
                 self.seen.setdefault(proc.pid, proc.create_time())
             except psutil.NoSuchProcess:
