@@ -3,8 +3,9 @@
 One scenario (module fixture), several properties: two actors start, a third
 joins once groups are flowing, and together they stop at the admission bound
 (no learner runs); then a learner step is simulated with the real pieces
-(weights published over shm, version bumped, entries counted as consumed) and
-the actors continue on the new weights; then a and b get SIGTERM and c SIGKILL.
+(weights published over shm, version bumped, entries counted as consumed)
+while a and b are frozen, so c alone fills the new bound on the new weights;
+a and b resume and load them too; then a and b get SIGTERM and c SIGKILL.
 """
 
 from __future__ import annotations
@@ -168,14 +169,26 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         targets = {k.decode(): v.decode() for k, v in client.hgetall(keys.metrics_targets).items()}
         out["metrics_a"] = _scrape(targets["actor:a"])
 
-        # one learner step: version 2 over shm, entries consumed, the bound moves
+        # one learner step: version 2 over shm, entries consumed, the bound moves. a and b are
+        # frozen first (they hold no lease: the bound is full) so that the groups past the bound
+        # can only come from c; who wins a race for leases is not what this scenario tests.
+        for name in ("a", "b"):
+            procs[name].send_signal(signal.SIGSTOP)
         publisher.publish(2, _perturbed(demo_policy, seed=2))
         admission.set_version(2)
         admission.add_consumed(SECOND_BOUND - FIRST_BOUND)
         _wait_for(
             lambda: accepted() >= SECOND_BOUND,
             60,
-            "the bound after one learner step",
+            "c to fill the bound after one learner step",
+            procs.values(),
+        )
+        for name in ("a", "b"):
+            procs[name].send_signal(signal.SIGCONT)
+        _wait_for(
+            lambda: _running_version(client, keys, "a", "b", "c") == [2, 2, 2],
+            60,
+            "a and b to resume and load version 2",
             procs.values(),
         )
         time.sleep(0.5)
@@ -215,7 +228,7 @@ def test_two_actor_processes_never_take_the_same_prompt_in_an_epoch(scenario):
 def test_an_actor_added_mid_run_gets_prompts_and_the_published_weights(scenario):
     first, later = scenario["all"][:FIRST_BOUND], scenario["all"][FIRST_BOUND:]
     assert len(later) == SECOND_BOUND - FIRST_BOUND
-    assert "c" in {g.actor_id for g in scenario["all"]}
+    assert {g.actor_id for g in later} == {"c"}
     # max_staleness 0: every token comes from the learner's version at the time (1, then 2)
     for groups, version in ((first, 1), (later, 2)):
         for g in groups:
