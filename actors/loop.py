@@ -147,16 +147,28 @@ class Actor:
             self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed
         )
         self.subscriber = None
-        if cfg.weightsync.transport != "none" and self.model is not None:
+        if cfg.weightsync.transport != "none":
             self.subscriber = weightsync.make_subscriber(
-                cfg, self.actor_id, dict(self.model.named_parameters())
-            ).start()
+                cfg, self.actor_id, self._weight_template()
+            )
         seed = cfg.run.seed * 1_000_003 + (hash(self.actor_id) & 0xFFFF)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
+        if self.subscriber is not None:
+            # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
+            self.subscriber.start()
         metrics.POLICY_VERSION.set(self.engine.version)
         self.publish_log = (
             JsonlLog(published_path(cfg.run.dir, self.actor_id)) if cfg.actor.publish_log else None
         )
+
+    def _weight_template(self) -> dict:
+        """What the subscriber stages into: the hf model's parameters, else the checkpoint's (vllm)."""
+        if self.model is not None:
+            return dict(self.model.named_parameters())
+        from weightsync.policy import parameter_template
+
+        cfg = self.cfg
+        return parameter_template(cfg.model.path, cfg.model.dtype, cfg.actor.device)
 
     # -- the loop ----------------------------------------------------------------------------
 

@@ -315,6 +315,11 @@ class AlgoConfig(Section):
         ge=0,
         description="k3 KL penalty to the frozen initial policy (0 = off, no reference model kept).",
     )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Entropy bonus: subtracts coef x the policy's per-token entropy from the loss; counters collapse onto one wrong answer (0 = off).",
+    )
 
 
 class LearnerConfig(Section):

@@ -7,6 +7,7 @@ is True where a token counts (a completion token, not padding, not stale).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +116,7 @@ class LossStats:
     is_weight_mean: float
     is_truncated_fraction: float
     kl: float
+    entropy: float = math.nan  # mean policy entropy (nats) when the caller passed it
 
 
 def policy_loss(
@@ -130,6 +132,8 @@ def policy_loss(
     importance_correction: bool = True,
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
     aggregation: str = "token_mean",
     normalizer: float | None = None,
 ) -> tuple[Tensor, LossStats]:
@@ -140,7 +144,10 @@ def policy_loss(
     advantages: [B] or [B, T]; mask: [B, T] bool; clip_low/clip_high/rho_max: numbers
     or per-token [B, T] (staleness tightening). ``importance_correction=False`` is the
     plain PPO ratio against mu with no IS weight. ``kl`` in the stats is the k3 KL to
-    the reference when one is given, else to the behaviour policy (drift).
+    the reference when one is given, else to the behaviour policy (drift). ``entropy``
+    [B, T] is the policy's per-position entropy (with grad): ``entropy_coef`` > 0 subtracts
+    it from each token's loss, a bonus that keeps a policy from collapsing onto one answer
+    before it has found the right one.
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
@@ -175,6 +182,11 @@ def policy_loss(
     if ref_logprobs is not None and kl_coef > 0:
         # l_t += beta * k3
         per_token = per_token + kl_coef * kl
+    if entropy is not None:
+        entropy = torch.where(mask, entropy.to(logprobs.dtype), zero)
+        if entropy_coef > 0:
+            # l_t -= c * H_t
+            per_token = per_token - entropy_coef * entropy
     loss = aggregate(per_token, mask, aggregation, normalizer)
 
     with torch.no_grad():
@@ -187,5 +199,6 @@ def policy_loss(
             is_weight_mean=float(torch.where(mask, weight, zero).sum()) / denom,
             is_truncated_fraction=float((truncated & mask).sum()) / denom,
             kl=float(torch.where(mask, kl, zero).sum()) / denom,
+            entropy=math.nan if entropy is None else float(entropy.sum()) / denom,
         )
     return loss, stats

@@ -112,10 +112,13 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
     engine.set_gradient_accumulation_boundary(index == count - 1)
 
 
-def token_logprobs(model, batch: MicroBatch, temperature: float) -> Tensor:
+def token_logprobs(
+    model, batch: MicroBatch, temperature: float, with_entropy: bool = False
+) -> Tensor | tuple[Tensor, Tensor]:
     """log pi(token_{t+1} | prefix) for every target position [B, L - 1], at the sampling temperature.
 
     Actors report log-probs after temperature, so the learner divides the logits the same way.
+    ``with_entropy`` also returns the entropy of that tempered distribution at each position.
     """
     dev = next(model.parameters()).device
     logits = model(
@@ -123,5 +126,10 @@ def token_logprobs(model, batch: MicroBatch, temperature: float) -> Tensor:
     ).logits
     logits = logits[:, :-1].float() / temperature
     targets = batch.input_ids[:, 1:].to(dev)
+    log_probs = F.log_softmax(logits, dim=-1)
     # log pi(y_t) = logit_y - logsumexp(logits)
-    return torch.gather(F.log_softmax(logits, dim=-1), -1, targets[..., None]).squeeze(-1)
+    chosen = torch.gather(log_probs, -1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return chosen
+    # H_t = -sum_v pi(v) log pi(v)
+    return chosen, -(log_probs.exp() * log_probs).sum(-1)

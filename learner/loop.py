@@ -255,6 +255,7 @@ class RankZeroIO:
             "is_weight_mean": last.is_weight_mean if last else math.nan,
             "is_truncated_fraction": last.is_truncated_fraction if last else math.nan,
             "kl": last.kl if last else math.nan,
+            "entropy": last.entropy if last else math.nan,
             "grad_norm": last.grad_norm if last else math.nan,
             "step_s": step_s,
             "time": time.time(),
@@ -269,6 +270,7 @@ class RankZeroIO:
             m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
             m.IS_TRUNCATED.set(last.is_truncated_fraction)
             m.KL.set(last.kl)
+            m.ENTROPY.set(last.entropy)
             m.GRAD_NORM.set(last.grad_norm)
             for u in updates:
                 m.STEP_PHASE.labels("forward_backward").observe(u.forward_backward_s)

@@ -54,6 +54,10 @@ KL = Gauge(
     "streamrl_learner_kl",
     "Mean k3 KL to the reference (or to the behaviour policy when there is none).",
 )
+ENTROPY = Gauge(
+    "streamrl_learner_entropy",
+    "Mean per-token entropy (nats) of the policy on the last batch; a fall towards 0 while reward is low is collapse.",
+)
 GRAD_NORM = Gauge(
     "streamrl_learner_grad_norm", "Gradient norm before clipping, last optimizer step."
 )

@@ -1,10 +1,15 @@
-"""One batch on one rank: proximal pass, then ``updates_per_batch`` optimizer steps.
+"""One batch on one rank: ``updates_per_batch`` optimizer steps on the same micro-batches.
 
 Every rank holds the whole batch and trains on its balanced share. Losses are
 normalised by the totals of the whole batch (all ranks) and multiplied by the
 world size, because DeepSpeed averages gradients over ranks: the summed
 gradient is then exactly that of the full-batch loss, whatever the split.
 Staleness is measured once, against the version the batch was taken at.
+
+pi_prox (``proximal: recompute``) is the policy at the start of the batch: the
+first update's forward pass runs on exactly those weights (the optimizer steps
+only at the accumulation boundary), so its detached log-probs are pi_prox and no
+separate no-grad pass is needed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class UpdateStats:
     is_weight_mean: float
     is_truncated_fraction: float
     kl: float
+    entropy: float
     grad_norm: float
     forward_backward_s: float = 0.0
     optimizer_s: float = 0.0
@@ -66,7 +72,9 @@ def _rank_micro_batches(
     return batches + [filler] * (count - len(batches))
 
 
-def _loss(cfg: Config, logprobs, mb: MicroBatch, version: int, prox, ref, normalizer: float):
+def _loss(
+    cfg: Config, logprobs, entropy, mb: MicroBatch, version: int, prox, ref, normalizer: float
+):
     a = cfg.algo
     staleness = algorithm.token_staleness(version, mb.versions)
     mask = mb.completion_mask & ~algorithm.stale_mask(staleness, a.max_staleness)
@@ -89,6 +97,8 @@ def _loss(cfg: Config, logprobs, mb: MicroBatch, version: int, prox, ref, normal
         importance_correction=a.importance_correction,
         ref_logprobs=ref,
         kl_coef=a.kl_coef,
+        entropy=entropy,
+        entropy_coef=a.entropy_coef,
         aggregation=a.aggregation,
         normalizer=normalizer,
     )
@@ -127,35 +137,32 @@ def train_batch(
     temperature = cfg.rollout.temperature
     normalizer = loss_normalizer(cfg, [*samples, *skipped], version)
     need_prox = cfg.algo.importance_correction and cfg.algo.proximal == "recompute"
-    prox = (
-        _logprobs_no_grad(engine.module, batches, temperature)
-        if need_prox
-        else [None] * len(batches)
-    )
+    prox: list[torch.Tensor | None] = [None] * len(batches)
     ref = (
         _logprobs_no_grad(ref_model, batches, temperature)
         if ref_model is not None and cfg.algo.kl_coef > 0
         else [None] * len(batches)
     )
     results = []
-    for _ in range(cfg.learner.updates_per_batch):
+    for update in range(cfg.learner.updates_per_batch):
         set_micro_batches(engine, len(batches))
-        sums = [
-            0.0
-        ] * 6  # loss, tokens, clip, is_weight, truncated, kl (the last four token-weighted)
+        # loss, tokens, clip, is_weight, truncated, kl, entropy (the last five token-weighted)
+        sums = [0.0] * 7
         fb_s = opt_s = 0.0
-        for i, (mb, p, r) in enumerate(zip(batches, prox, ref, strict=True)):
+        for i, (mb, r) in enumerate(zip(batches, ref, strict=True)):
             mark_micro_batch(engine, i, len(batches))
             t0 = time.perf_counter()
-            logprobs = token_logprobs(engine, mb, temperature)
-            loss, st = _loss(cfg, logprobs, mb, version, p, r, normalizer)
+            logprobs, entropy = token_logprobs(engine, mb, temperature, with_entropy=True)
+            if need_prox and update == 0:
+                prox[i] = logprobs.detach()
+            loss, st = _loss(cfg, logprobs, entropy, mb, version, prox[i], r, normalizer)
             engine.backward(loss * world, scale_wrt_gas=False)
             t1 = time.perf_counter()
             engine.step()
             opt_s += time.perf_counter() - t1
             fb_s += t1 - t0
             n = st.tokens
-            for i, v in enumerate(
+            for k, v in enumerate(
                 (
                     float(loss.detach()),
                     n,
@@ -163,10 +170,11 @@ def train_batch(
                     st.is_weight_mean * n,
                     st.is_truncated_fraction * n,
                     st.kl * n,
+                    st.entropy * n,
                 )
             ):
-                sums[i] += v
-        loss_sum, tokens, clip, weight, trunc, kl = _all_reduce_sum(sums)
+                sums[k] += v
+        loss_sum, tokens, clip, weight, trunc, kl, ent = _all_reduce_sum(sums)
         denom = max(tokens, 1.0)
         grad_norm = engine.get_global_grad_norm()
         results.append(
@@ -177,6 +185,7 @@ def train_batch(
                 is_weight_mean=weight / denom,
                 is_truncated_fraction=trunc / denom,
                 kl=kl / denom,
+                entropy=ent / denom,
                 grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
                 forward_backward_s=fb_s,
                 optimizer_s=opt_s,

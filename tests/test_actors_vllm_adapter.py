@@ -1,16 +1,33 @@
-"""The vLLM engine's GPU-free parts: arguments, output conversion, version spans, the missing-extra error."""
+"""The vLLM engine's GPU-free parts: arguments, output conversion, version spans, the missing-extra error,
+the parameter template built from a checkpoint, and the weight task's orchestration of vLLM's weight-transfer
+protocol (against a recording stand-in for AsyncLLM: vLLM itself needs a GPU)."""
 
 from __future__ import annotations
 
 import importlib.util
+import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
+from prometheus_client import REGISTRY
 
 from actors.engines.base import SamplingParams
-from actors.engines.vllm import VLLMEngine, VLLMUnavailable, engine_args, sampling_kwargs, to_output
+from actors.engines.vllm import (
+    VLLMEngine,
+    VLLMUnavailable,
+    engine_args,
+    make_sender,
+    sampling_kwargs,
+    to_output,
+)
 from configs import Config
+from weightsync import make_publisher, make_subscriber
+from weightsync.naming import canonical_tensors, map_to_template
+from weightsync.policy import load_policy, parameter_template
+from weightsync.vllm_adapter import IPCSender, NCCLSender, staged_buckets
 
 
 @dataclass
@@ -28,7 +45,14 @@ class CompletionOutput:  # the fields of vllm.outputs.CompletionOutput that the 
     cumulative_logprob: float | None
     logprobs: list[dict[int, Logprob]] | None
     finish_reason: str | None = None
-    weight_versions: list[tuple[int, int]] | None = None
+    weight_versions: list | None = None
+
+
+@dataclass
+class WeightVersionSpan:  # what vLLM documents for CompletionOutput.weight_versions: label + token range
+    version: str | None
+    start: int
+    end: int
 
 
 def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer():
@@ -37,8 +61,23 @@ def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer():
     )
     args = engine_args(cfg, seed=7)
     assert args["logprobs_mode"] == "processed_logprobs"
-    assert args["weight_transfer_config"] == {"backend": "nccl"}
+    # the backend is the hop from this process to its own engine: one GPU shared -> CUDA IPC
+    assert args["weight_transfer_config"] == {"backend": "ipc"}
     assert args["max_num_seqs"] == 128 and args["seed"] == 7 and args["model"] == cfg.model.path
+    assert isinstance(make_sender(cfg), IPCSender)
+
+
+def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info():
+    cfg = Config.model_validate(
+        {"actor": {"engine": "vllm", "tensor_parallel_size": 2, "device": "cuda:2"}}
+    )
+    assert engine_args(cfg)["weight_transfer_config"] == {"backend": "nccl"}
+    sender = make_sender(cfg)
+    assert isinstance(sender, NCCLSender)
+    info = sender.init_info()
+    # this process is rank 0, the two workers follow it
+    assert info["rank_offset"] == 1 and info["world_size"] == 3
+    assert info["master_address"] == "127.0.0.1" and 0 < info["master_port"] < 65536
 
 
 def test_sampling_kwargs_request_the_sampled_tokens_logprob_and_map_top_k_off():
@@ -58,13 +97,19 @@ def test_sampling_kwargs_request_the_sampled_tokens_logprob_and_map_top_k_off():
 def test_a_vllm_completion_converts_with_per_token_versions_from_spans():
     tokens = [5, 6, 7, 8, 1]
     logprobs = [{t: Logprob(-0.1 * (i + 1)), 99: Logprob(-9.0)} for i, t in enumerate(tokens)]
-    completion = CompletionOutput(
-        0, "", tokens, -1.5, logprobs, "stop", weight_versions=[(0, 3), (3, 4)]
-    )
+    spans = [WeightVersionSpan("3", 0, 3), WeightVersionSpan("4", 3, 5)]
+    completion = CompletionOutput(0, "", tokens, -1.5, logprobs, "stop", weight_versions=spans)
     output = to_output("r0", completion, version_at_start=3)
     assert output.token_ids.tolist() == tokens and output.finish_reason == "stop"
     np.testing.assert_allclose(output.logprobs, [-0.1, -0.2, -0.3, -0.4, -0.5], rtol=1e-6)
     assert output.versions.tolist() == [3, 3, 3, 4, 4]
+
+
+def test_tokens_before_the_first_version_label_get_the_version_at_start():
+    logprobs = [{t: Logprob(-1.0)} for t in (5, 6, 7)]
+    spans = [WeightVersionSpan(None, 0, 1), WeightVersionSpan("1", 1, 3)]
+    completion = CompletionOutput(0, "", [5, 6, 7], None, logprobs, "length", spans)
+    assert to_output("r", completion, version_at_start=0).versions.tolist() == [0, 1, 1]
 
 
 def test_without_spans_tokens_get_the_version_the_request_started_under():
@@ -88,3 +133,263 @@ def test_missing_logprobs_or_bad_spans_are_clear_errors():
 def test_without_vllm_the_engine_names_the_extra_to_install():
     with pytest.raises(VLLMUnavailable, match=r"streamrl\[vllm\]"):
         VLLMEngine({"model": "x"})
+
+
+# -- the parameter template of an engine without a transformers model --------------------------
+
+
+def test_parameter_template_from_a_saved_checkpoint_matches_the_models_parameters(demo_policy):
+    model = load_policy(demo_policy)
+    template = parameter_template(demo_policy)
+    params = dict(model.named_parameters())
+    assert list(template) == list(params)
+    assert all(
+        template[n].shape == p.shape and template[n].dtype == p.dtype for n, p in params.items()
+    )
+    # placeholders: no weights loaded, one element per storage
+    assert all(t.untyped_storage().nbytes() <= 4 for t in template.values())
+    # the learner's published names (wrapped, tied lm_head as an alias) map onto it one to one
+    tensors, aliases = canonical_tensors({"module." + n: p for n, p in params.items()})
+    published = {name: tuple(t.shape) for name, t in tensors.items()}
+    pairs = map_to_template(published, aliases, template)
+    assert sorted(engine for engine, _ in pairs) == sorted(params)
+    assert next(iter(parameter_template(demo_policy, "bfloat16").values())).dtype == torch.bfloat16
+
+
+# -- the engine's weight task --------------------------------------------------------------------
+
+
+class RecordingLLM:
+    """Stands in for vLLM's AsyncLLM, which needs a GPU and cannot be installed here.
+
+    It only records the calls of the six async methods the weight path uses,
+    with their arguments, into a shared log: it checks our orchestration of
+    vLLM's documented weight-transfer protocol, not vLLM. ``fail_bucket = k``
+    makes the k-th ``update_weights`` of the next push raise (once).
+    """
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.fail_bucket: int | None = None
+        self._bucket = 0
+
+    async def init_weight_transfer_engine(self, request) -> None:
+        self.log.append(("init", request.init_info))
+
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        self.log.append(("pause", mode))
+
+    async def start_weight_update(self) -> None:
+        self._bucket = 0
+        self.log.append(("start",))
+
+    async def update_weights(self, request) -> None:
+        self.log.append(("update", request.update_info))
+        self._bucket += 1
+        if self.fail_bucket == self._bucket - 1:
+            self.fail_bucket = None
+            raise RuntimeError("worker failed to load bucket")
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.log.append(("finish", weight_version))
+
+    async def resume_generation(self) -> None:
+        self.log.append(("resume",))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RecordingSender:
+    """This process's side of a backend: logs each bucket it sends, with a copy of the tensors."""
+
+    def __init__(self, log: list, block: threading.Event | None = None) -> None:
+        self.log = log
+        self.block = block
+        self.connected = False
+        self.sent: list[dict[str, torch.Tensor]] = []
+
+    def init_info(self) -> dict:
+        return {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}
+
+    def connect(self) -> None:
+        self.connected = True
+
+    def update_info(self, bucket, tensors) -> dict:
+        return bucket.update_info()
+
+    def send(self, bucket, tensors) -> None:
+        if self.block is not None:
+            self.block.wait(30)
+        self.sent.append({s.name: t.clone() for s, t in zip(bucket.specs, tensors, strict=True)})
+        self.log.append(("send", [s.name for s in bucket.specs]))
+
+    def close(self) -> None:
+        pass
+
+
+class Recorded:
+    """A real weightsync Subscriber whose applied/rejected calls are recorded."""
+
+    def __init__(self, sub) -> None:
+        self.sub = sub
+        self.applied_versions: list[int] = []
+        self.rejected_versions: list[int] = []
+
+    def take_staged(self):
+        return self.sub.take_staged()
+
+    def applied(self, version, recycled=None) -> None:
+        self.applied_versions.append(version)
+        self.sub.applied(version, recycled)
+
+    def rejected(self, version) -> None:
+        self.rejected_versions.append(version)
+        self.sub.rejected(version)
+
+
+BUCKET_BYTES = 128 << 10  # several buckets for the ~2 MB demo policy
+
+
+def _until(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.01)
+
+
+def _failures() -> float:
+    value = REGISTRY.get_sample_value(
+        "streamrl_weights_transfer_failures_total", {"reason": "engine_push"}
+    )
+    return value or 0.0
+
+
+@pytest.fixture
+def rig(redis_cfg, demo_policy):
+    """Learner-side publisher (shm), the actor's real subscriber on the checkpoint's template, an engine."""
+    cfg = redis_cfg.model_copy(
+        update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
+    )
+    params = dict(load_policy(demo_policy).named_parameters())
+    pub = make_publisher(cfg)
+    sub = make_subscriber(cfg, "vllm-actor", parameter_template(demo_policy)).start()
+    log: list = []
+    state = {"engine": None}
+
+    def versioned(version: int) -> dict[str, torch.Tensor]:
+        return {n: p.detach() + version for n, p in params.items()}
+
+    def publish(version: int) -> dict[str, torch.Tensor]:
+        tensors = versioned(version)
+        pub.publish(version, {"module." + n: t for n, t in tensors.items()})
+        return tensors
+
+    def engine(**kwargs) -> tuple[VLLMEngine, RecordingLLM, RecordingSender, Recorded]:
+        llm, sender, source = RecordingLLM(log), RecordingSender(log, **kwargs), Recorded(sub)
+        timeout_s = 1.0 if "block" in kwargs else 30.0
+        state["engine"] = VLLMEngine.with_llm(
+            llm,
+            weight_source=source,
+            sender=sender,
+            bucket_bytes=BUCKET_BYTES,
+            timeout_s=timeout_s,
+            poll_s=0.01,
+        )
+        return state["engine"], llm, sender, source
+
+    rig = type("Rig", (), {})()
+    rig.sub, rig.log, rig.publish, rig.engine = sub, log, publish, engine
+    try:
+        yield rig
+    finally:
+        if state["engine"] is not None:
+            state["engine"].close()
+        sub.close()
+        pub.close()
+
+
+def _pushes(log: list) -> list[list]:
+    """The engine calls of each push, pause..resume, sends left out (they run alongside updates)."""
+    calls = [c for c in log if c[0] not in ("send", "init")]
+    pushes, current = [], None
+    for call in calls:
+        if call[0] == "pause":
+            current = []
+        current.append(call)
+        if call[0] == "resume":
+            pushes.append(current)
+    return pushes
+
+
+def test_a_staged_version_goes_through_the_protocol_bucket_by_bucket(rig):
+    engine, _llm, sender, source = rig.engine()
+    assert rig.log[0][0] == "init" and rig.log[0][1]["rank_offset"] == 1 and sender.connected
+    for version in (1, 2):
+        published = rig.publish(version)
+        _until(lambda v=version: engine.version == v)
+        expected = [b.update_info() for b in staged_buckets(published, BUCKET_BYTES)]
+        assert len(expected) > 1
+        push = _pushes(rig.log)[-1]
+        assert push == [
+            ("pause", "keep"),
+            ("start",),
+            *[("update", info) for info in expected],
+            ("finish", str(version)),
+            ("resume",),
+        ]
+        # one send per bucket, with the staged values of this version, between start and finish
+        sends = sender.sent[-len(expected) :]
+        assert [list(s) for s in sends] == [info["names"] for info in expected]
+        for bucket in sends:
+            for name, tensor in bucket.items():
+                assert torch.equal(tensor, published[name]), name
+        start = max(i for i, c in enumerate(rig.log) if c[0] == "start")
+        finish = max(i for i, c in enumerate(rig.log) if c[0] == "finish")
+        sent_at = [i for i, c in enumerate(rig.log) if c[0] == "send" and start < i < finish]
+        assert len(sent_at) == len(expected)
+    assert source.applied_versions == [1, 2] and source.rejected_versions == []
+    assert rig.sub.version == 2 and engine.push_failures == 0
+
+
+def test_a_failed_bucket_still_resumes_keeps_the_old_version_and_counts_it(rig):
+    engine, llm, _sender, source = rig.engine()
+    llm.fail_bucket = 1
+    failures = _failures()
+    rig.publish(1)
+    _until(lambda: source.rejected_versions == [1])
+    push = _pushes(rig.log)[-1]
+    assert [c[0] for c in push] == ["pause", "start", "update", "update", "resume"]
+    assert engine.version == 0 and rig.sub.version == 0 and source.applied_versions == []
+    assert engine.push_failures == 1 and _failures() == failures + 1
+    # the failed version is not pushed again; the next one is, and the engine serves it
+    rig.publish(2)
+    _until(lambda: engine.version == 2)
+    assert source.applied_versions == [2]
+    assert [c[1] for c in rig.log if c[0] == "finish"] == ["2"]
+    assert len(_pushes(rig.log)) == 2
+
+
+def test_a_hanging_send_is_bounded_by_the_timeout_and_generation_resumes(rig):
+    block = threading.Event()
+    try:
+        engine, _llm, _sender, source = rig.engine(block=block)
+        rig.publish(1)
+        _until(lambda: source.rejected_versions == [1])
+        assert _pushes(rig.log)[-1][-1] == ("resume",)
+        assert engine.version == 0 and engine.push_failures == 1
+    finally:
+        block.set()
+
+
+def test_two_versions_staged_back_to_back_push_only_the_newest(rig):
+    rig.publish(1)
+    _until(lambda: rig.sub.staged_version == 1)
+    rig.publish(2)
+    _until(lambda: rig.sub.staged_version == 2)
+    engine, _llm, _sender, source = rig.engine()
+    _until(lambda: engine.version == 2)
+    time.sleep(0.1)  # nothing else is pending
+    assert source.applied_versions == [2]
+    assert [c[1] for c in rig.log if c[0] == "finish"] == ["2"]

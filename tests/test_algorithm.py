@@ -103,10 +103,12 @@ def ref_loss(
     kl_coef,
     aggregation,
     constant,
+    ent=None,
+    ent_coef=0.0,
 ):
     """Per-token Python loop of DESIGN.md's loss."""
     per_seq, total, count = [], 0.0, 0
-    stats = {"clip": 0, "w": 0.0, "trunc": 0, "kl": 0.0}
+    stats = {"clip": 0, "w": 0.0, "trunc": 0, "kl": 0.0, "entropy": 0.0}
     for i in range(len(theta)):
         seq_total, seq_count = 0.0, 0
         for t in range(len(theta[i])):
@@ -123,6 +125,9 @@ def ref_loss(
             k3 = math.exp(target - theta[i][t]) - (target - theta[i][t]) - 1
             if ref is not None:
                 loss += kl_coef * k3
+            if ent is not None:
+                loss -= ent_coef * ent[i][t]
+                stats["entropy"] += ent[i][t]
             stats["clip"] += unclipped > clipped
             stats["w"] += w
             stats["trunc"] += correction and raw_w > rho
@@ -152,9 +157,10 @@ def ref_loss(
     correction=st.booleans(),
     with_prox=st.booleans(),
     with_ref=st.booleans(),
+    with_entropy=st.booleans(),
 )
 def test_policy_loss_matches_per_token_reference(
-    seed, rows, width, aggregation, correction, with_prox, with_ref
+    seed, rows, width, aggregation, correction, with_prox, with_ref, with_entropy
 ):
     g = torch.Generator().manual_seed(seed)
     theta = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
@@ -169,18 +175,22 @@ def test_policy_loss_matches_per_token_reference(
         if with_ref
         else None
     )
+    entropy = (
+        torch.rand(rows, width, generator=g, dtype=torch.float64) * 2 if with_entropy else None
+    )
     adv = torch.randn(rows, generator=g, dtype=torch.float64)
     mask = torch.rand(rows, width, generator=g) > 0.3
     kwargs = dict(clip_low=0.2, clip_high=0.28, rho_max=1.5)
     loss, stats = algorithm.policy_loss(
         theta, mu, adv, mask, proximal_logprobs=prox, importance_correction=correction,
-        ref_logprobs=ref, kl_coef=0.1, aggregation=aggregation,
-        normalizer=7.0 if aggregation == "constant" else None, **kwargs,
+        ref_logprobs=ref, kl_coef=0.1, entropy=entropy, entropy_coef=0.05,
+        aggregation=aggregation, normalizer=7.0 if aggregation == "constant" else None, **kwargs,
     )  # fmt: skip
     lists = [x.tolist() if x is not None else None for x in (theta, mu, prox)]
     expected, ref_stats, count = ref_loss(
         *lists, adv.tolist(), mask.tolist(), 0.2, 0.28, 1.5, correction,
         ref.tolist() if ref is not None else None, 0.1, aggregation, 7.0,
+        entropy.tolist() if entropy is not None else None, 0.05,
     )  # fmt: skip
     assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
     assert stats.tokens == count
@@ -188,6 +198,10 @@ def test_policy_loss_matches_per_token_reference(
     assert stats.is_weight_mean == pytest.approx(ref_stats["w"])
     assert stats.is_truncated_fraction == pytest.approx(ref_stats["trunc"])
     assert stats.kl == pytest.approx(ref_stats["kl"], abs=1e-12)
+    if with_entropy:
+        assert stats.entropy == pytest.approx(ref_stats["entropy"], abs=1e-12)
+    else:
+        assert math.isnan(stats.entropy)
 
 
 def test_padding_and_stale_positions_never_contribute_even_when_infinite():

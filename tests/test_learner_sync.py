@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -108,3 +109,43 @@ def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg,
         for p, q in zip(load_policy(demo_policy).parameters(), sync_model.parameters(), strict=True)
     )
     assert moved > 1e-3  # the comparison is not between two untouched models
+
+
+def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises_it(demo_policy):
+    import numpy as np
+
+    from learner.batching import Sample, collate
+    from learner.engine import token_logprobs
+
+    model = load_policy(demo_policy)
+    rng = np.random.default_rng(0)
+    samples = [
+        Sample(rng.integers(4, 60, size=n), 2, np.zeros(n - 2, np.float32), np.zeros(n - 2, np.int64), 1.0, 0.0, "g")
+        for n in (5, 8)
+    ]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    logprobs, entropy = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    assert torch.equal(logprobs, token_logprobs(model, batch, temperature=0.7))
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = logits[:, :-1].double() / 0.7
+    for i, t in batch.completion_mask.nonzero().tolist():
+        probs = [math.exp(v) for v in logits[i, t].tolist()]
+        z = sum(probs)
+        expected = -sum(p / z * math.log(p / z) for p in probs if p > 0)
+        assert entropy[i, t].item() == pytest.approx(expected, rel=1e-4)
+
+    # only the bonus (zero advantages): one SGD step on it raises the entropy where it counts
+    from learner import algorithm
+
+    mask = batch.completion_mask
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss, stats = algorithm.policy_loss(
+        logprobs, logprobs.detach(), torch.zeros(2), mask, clip_low=0.2, clip_high=0.2,
+        rho_max=2.0, entropy=entropy, entropy_coef=1.0,
+    )  # fmt: skip
+    assert stats.entropy == pytest.approx(float(entropy.detach()[mask].mean()))
+    loss.backward()
+    optimizer.step()
+    _, after = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    assert float(after[mask].mean()) > float(entropy[mask].mean())

@@ -47,6 +47,10 @@ ALLOWED = {
     # run.dir; DeepSpeed's own checkpoint loading pickles the same local files. Checkpoints are
     # never received from another process or host.
     ("learner/checkpoint.py", "torch.load without weights_only=True"),
+    # pickle.dumps only (nothing here unpickles): the CUDA IPC handles of the vllm actor's own staged
+    # tensors, in the form vLLM documents for its IPC weight-transfer backend, for its own engine's
+    # workers (children of the actor process). See docs/guarantees.md.
+    ("weightsync/vllm_adapter.py", "import pickle"),
 }
 
 

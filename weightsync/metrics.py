@@ -24,6 +24,6 @@ RECEIVE_SECONDS = Histogram(
 )
 TRANSFER_FAILURES = Counter(
     "streamrl_weights_transfer_failures",
-    "Transfers that failed or were given up, by reason (torn, stale_slot, lease_timeout, timeout, peer_dropped, error).",
+    "Transfers that failed or were given up, by reason (torn, stale_slot, lease_timeout, timeout, peer_dropped, error, engine_push).",
     ["reason"],
 )

@@ -32,6 +32,33 @@ def load_policy(path: str | os.PathLike, dtype: str | torch.dtype = "auto", devi
     return model.to(device).eval()
 
 
+def parameter_template(
+    path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The policy's parameter names and shapes on ``device``, without loading (or allocating) its weights.
+
+    For engines that hold no transformers model (vLLM): the subscriber needs a
+    template of the engine's parameters to map published names onto and to
+    allocate its staging copy on ``device``. The model is built from its config
+    on the meta device, so the names are exactly those ``load_policy`` (and so
+    the learner) gives, tied weights listed once. Each entry is a one-element
+    placeholder expanded to the parameter's shape (stride 0): the subscriber
+    reads only names, shapes, devices and which names share a storage.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"policy folder {os.fspath(path)!r} does not exist")
+    config = AutoConfig.from_pretrained(os.fspath(path))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    dtype = resolve_dtype(dtype, device)
+    return {
+        name: torch.empty((), dtype=dtype, device=device).expand(param.shape)
+        for name, param in model.named_parameters()
+    }
+
+
 def load_tokenizer(path: str | os.PathLike):
     """The tokenizer saved next to the policy."""
     from transformers import AutoTokenizer

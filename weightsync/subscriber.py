@@ -3,6 +3,7 @@ copy while generation goes on; the engine takes it between two decode steps (``t
 into the live model (``swap_into_model``: the staged storages become the parameters and the old
 parameters become the next staging copy, so the engine pauses for pointer swaps, not a copy) and reports
 ``applied(version, recycled)``. ``apply_to_model`` is the in-place copy for engines that cannot swap.
+An engine that fails to apply a lent version hands it back with ``rejected(version)``.
 
 Staging states: empty -> filling -> ready -> lent (engine copying) -> empty.
 The thread only writes while the copy is not lent, so there is never more
@@ -184,6 +185,22 @@ class Subscriber:
                 self._state = "empty"
             self._live_version = version
             self._cond.notify_all()
+
+    def rejected(self, version: int) -> None:
+        """The engine could not apply the lent ``version``: the staging copy is free again, the live
+        weights and version stay as they were, and this version is not received again (a newer one is)."""
+        with self._cond:
+            if self._state == "lent":
+                if version == self._staged_version:
+                    self._failed = (self._staged_publisher, version)
+                self._state = "empty"
+            self._cond.notify_all()
+
+    @property
+    def staged_version(self) -> int | None:
+        """The version staged and ready for ``take_staged`` (None while empty, filling or lent)."""
+        with self._cond:
+            return self._staged_version if self._state == "ready" else None
 
     def wait_staged(self, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` until a version is staged (startup and tests; engines use take_staged)."""

@@ -70,6 +70,8 @@ class WeightSource(Protocol):
 
     def applied(self, version: int, recycled: dict | None = None) -> None: ...
 
+    def rejected(self, version: int) -> None: ...
+
 
 class Engine(ABC):
     version: int
