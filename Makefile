@@ -70,9 +70,10 @@ scale: $(STAMP)
 dashboard: $(STAMP) prometheus
 	$(BIN)/python -m launch.dashboard --config $(CONFIG) $(ARGS)
 
-# Debian's Prometheus (server + promtool) for `make dashboard` and the dashboard tests; installed once.
+# Debian's Prometheus (server + promtool) for `make dashboard` and the dashboard tests, and Debian's
+# Chromium, in which the tests render the live view headless; installed once.
 prometheus:
-	@command -v prometheus >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus'; }
+	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis

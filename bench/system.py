@@ -39,6 +39,8 @@ ROOT = Path("runs/bench-system")
 IMG_DIR = Path("docs/img")
 SECTION = Path("docs/bench/system.md")
 TARGET_REWARD, TARGET_EXACT, WINDOW = 0.9, 0.8, 5
+# A bar every system clears on this task, so the three are compared even in runs that miss the target.
+MILESTONE_REWARD = 0.7
 STOP_GRACE_S = 45.0  # the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
 SCRAPE_EVERY_S = 10.0
 POLL_S = 1.0
@@ -66,7 +68,7 @@ class Settings:
 
 
 QUICK = Settings(seeds=(0,), ttt_cap_s=180.0, sweep_cap_s=90.0)
-FULL = Settings(seeds=(0, 1, 2), ttt_cap_s=240.0, sweep_cap_s=240.0)
+FULL = Settings(seeds=(0, 1, 2), ttt_cap_s=240.0, sweep_cap_s=180.0)
 
 
 # ----- Prometheus text -> numbers (pure) ------------------------------------------------------
@@ -200,16 +202,24 @@ class Outcome:
     extra: dict = field(default_factory=dict)
     scrapes: list[Scrape] = field(default_factory=list)
 
-    @property
-    def time_to_target_s(self) -> float | None:
+    def time_to(self, reward: float, exact: float = 0.0) -> float | None:
+        """Seconds since launch at the end of the first ``WINDOW`` steps whose means reach both bars."""
         for end in range(WINDOW, len(self.curve) + 1):
             recent = self.curve[end - WINDOW : end]
             if (
-                statistics.fmean(r for _, r, _ in recent) >= TARGET_REWARD
-                and statistics.fmean(e for _, _, e in recent) >= TARGET_EXACT
+                statistics.fmean(r for _, r, _ in recent) >= reward
+                and statistics.fmean(e for _, _, e in recent) >= exact
             ):
                 return recent[-1][0]
         return None
+
+    @property
+    def time_to_target_s(self) -> float | None:
+        return self.time_to(TARGET_REWARD, TARGET_EXACT)
+
+    @property
+    def time_to_milestone_s(self) -> float | None:
+        return self.time_to(MILESTONE_REWARD)
 
     @property
     def reached(self) -> tuple[float, float]:
@@ -414,20 +424,20 @@ def run_time_to_target(settings: Settings) -> dict[str, list[Outcome]]:
     return results
 
 
-def median_ttt(outcomes: list[Outcome]) -> float:
-    """Median time to target; a run that missed it counts as infinitely slow."""
-    return statistics.median(
-        o.time_to_target_s if o.time_to_target_s is not None else math.inf for o in outcomes
-    )
+def median_ttt(outcomes: list[Outcome], milestone: bool = False) -> float:
+    """Median time to the target (or the milestone); a run that missed it counts as infinitely slow."""
+    times = (o.time_to_milestone_s if milestone else o.time_to_target_s for o in outcomes)
+    return statistics.median(t if t is not None else math.inf for t in times)
 
 
-def ratio_text(num: list[Outcome], den: list[Outcome], goal: float) -> str:
-    a, b = median_ttt(num), median_ttt(den)
+def ratio_text(num: list[Outcome], den: list[Outcome], goal: float, milestone: bool = False) -> str:
+    bar = "the milestone" if milestone else "the target"
+    a, b = median_ttt(num, milestone), median_ttt(den, milestone)
     if math.isinf(a):
-        return "n/a (async did not reach the target)"
+        return f"n/a (async did not reach {bar})"
     if math.isinf(b):
         bound = a / max(o.cap_s for o in den)
-        return f"< {bound:.2f}× (the baseline missed the target within its cap) — goal ≤ {goal}×: {'met' if bound <= goal else 'not shown'}"
+        return f"< {bound:.2f}× (the baseline missed {bar} within its cap) — goal ≤ {goal}×: {'met' if bound <= goal else 'not shown'}"
     ratio = a / b
     return f"**{ratio:.2f}×** — goal ≤ {goal}×: {'met' if ratio <= goal else 'not met'}"
 
@@ -459,8 +469,10 @@ def ttt_markdown(results: dict[str, list[Outcome]], settings: Settings) -> str:
             if times
             else "–"
         )
+        milestone = median_ttt(outcomes, milestone=True)
         rows.append(
             f"| {system} | {'∞' if math.isinf(med) else f'{med:.0f} s'} | {spread} | "
+            f"{'∞' if math.isinf(milestone) else f'{milestone:.0f} s'} | "
             + "; ".join(f"s{o.seed}: {_ttt_cell(o)}" for o in outcomes)
             + f" | {statistics.fmean(o.samples_per_s for o in outcomes):.0f}"
             + f" | {statistics.fmean(o.tokens_per_s for o in outcomes):.0f} | {_stale_cell(outcomes)} |"
@@ -485,13 +497,18 @@ def ttt_markdown(results: dict[str, list[Outcome]], settings: Settings) -> str:
             "- **TRL GRPOTrainer**: `bench.trl_baseline.run_trl` (same policy, prompts, reward and hyper-parameters; "
             "generate-then-train in one process).",
             "",
-            "| system | median time to target | spread | per seed (reward / exact reached when missed) "
+            "| system | median time to target | spread | median time to reward ≥ "
+            f"{MILESTONE_REWARD} | per seed (reward / exact reached when missed) "
             "| samples/s | tokens/s | stale groups dropped; mean staleness (versions) |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"- async / sync: {ratio_text(results[ASYNC], results[SYNC], 0.6)}",
-            f"- async / TRL: {ratio_text(results[ASYNC], results[TRL], 0.5)}",
+            f"- async / sync, time to target: {ratio_text(results[ASYNC], results[SYNC], 0.6)}",
+            f"- async / TRL, time to target: {ratio_text(results[ASYNC], results[TRL], 0.5)}",
+            f"- async / sync, time to reward ≥ {MILESTONE_REWARD}: "
+            f"{ratio_text(results[ASYNC], results[SYNC], 0.6, milestone=True)}",
+            f"- async / TRL, time to reward ≥ {MILESTONE_REWARD}: "
+            f"{ratio_text(results[ASYNC], results[TRL], 0.5, milestone=True)}",
             "",
             "samples/s: completions per second of the training loop, start-up excluded (streamrl: completions the "
             "learner consumed between its first and last step; TRL: completions generated in its loop). tokens/s: "

@@ -1,16 +1,17 @@
 """TRL baseline: Hugging Face TRL's ``GRPOTrainer`` on the CPU demo task, set up like streamrl's demo.
 
 Same warmed tiny Qwen2 and char tokenizer (``actors.demo_task.ensure_demo_policy``),
-same prompts (raw ``"314>"`` strings, no chat template), same shaped reward,
-G = 16 completions x 16 prompts per optimizer step, 8 new tokens, temperature 1,
-AdamW lr 3e-4 betas (0.9, 0.99) no weight decay, constant lr, grad clip 1.0,
-clip epsilon 0.2, no KL, ``(r - mean) / (std + 1e-4)`` per group, token-mean
-loss (TRL's ``"dapo"``: normalised by the active tokens of the whole
+same prompts (raw ``"314>"`` strings, no chat template), same shaped reward, and
+every hyper-parameter TRL has an equivalent for taken from streamrl's demo preset
+(``configs/demo_cpu.yaml``, see ``grpo_config_kwargs``): group size, prompts per
+step, new tokens, sampling, AdamW lr/betas/weight decay, grad clip, clip range,
+k3 KL coefficient to the initial policy, updates per rollout batch, and the
+token-mean loss (TRL's ``"dapo"``: normalised by the active tokens of the whole
 accumulated batch; with one batch per step that is streamrl's
-``aggregation: token_mean``), one update per rollout batch, transformers
-``generate`` on the CPU with one torch thread. TRL alternates generation and
-training synchronously in one process, which is what streamrl is measured
-against.
+``aggregation: token_mean``). Zero-variance groups stay in the batch in both
+(the preset's ``skip_zero_variance: false``). Transformers ``generate`` on the
+CPU with one torch thread. TRL alternates generation and training
+synchronously in one process, which is what streamrl is measured against.
 
     python -m bench.trl_baseline --seed 0 --max-time-s 240 --workdir runs/trl-baseline
 """
@@ -27,15 +28,25 @@ from pathlib import Path
 
 from actors.demo_task import EOS, ensure_demo_dataset, ensure_demo_policy, reverse_digits_reward
 
-GROUP_SIZE = 16
-PROMPTS_PER_STEP = 16
-MAX_COMPLETION_TOKENS = 8
+DEMO_CONFIG = "configs/demo_cpu.yaml"
 EXACT_REWARD = 0.999
 TARGET_WINDOW, TARGET_REWARD, TARGET_EXACT = 5, 0.9, 0.8
 
 
-def grpo_config_kwargs(seed: int, output_dir: str) -> dict:
-    """The exact ``GRPOConfig`` arguments of the baseline (also printed in the benchmark section)."""
+def grpo_config_kwargs(seed: int, output_dir: str, config_path: str = DEMO_CONFIG) -> dict:
+    """The exact ``GRPOConfig`` arguments of the baseline (also printed in the benchmark section).
+
+    Everything with a TRL equivalent comes from streamrl's config, so the two
+    run the same algorithm as far as TRL allows.
+    """
+    from configs import load_config
+
+    cfg = load_config(config_path, [], env={})
+    r, a, lrn = cfg.rollout, cfg.algo, cfg.learner
+    if a.aggregation != "token_mean":
+        raise ValueError(
+            f"the TRL baseline maps only aggregation=token_mean, not {a.aggregation!r}"
+        )
     return {
         "output_dir": output_dir,
         "seed": seed,
@@ -48,28 +59,29 @@ def grpo_config_kwargs(seed: int, output_dir: str) -> dict:
         "logging_steps": 10,
         "disable_tqdm": True,
         "max_steps": 100_000,  # the time budget stops training, via StepRecorder
-        # One optimizer step = one generation batch of 16 prompts x 16 completions.
-        "num_generations": GROUP_SIZE,
-        "per_device_train_batch_size": PROMPTS_PER_STEP * GROUP_SIZE,
+        # One optimizer step = one generation batch of groups_per_step prompts x group_size completions.
+        "num_generations": r.group_size,
+        "per_device_train_batch_size": lrn.groups_per_step * r.group_size,
         "gradient_accumulation_steps": 1,
         "steps_per_generation": 1,
-        "num_iterations": 1,
-        "max_completion_length": MAX_COMPLETION_TOKENS,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": 0,
+        "num_iterations": lrn.updates_per_batch,
+        "max_completion_length": r.max_new_tokens,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
         "use_vllm": False,
-        "learning_rate": 3e-4,
-        "lr_scheduler_type": "constant",
-        "warmup_steps": 0,
-        "adam_beta1": 0.9,
-        "adam_beta2": 0.99,
-        "weight_decay": 0.0,
-        "max_grad_norm": 1.0,
-        "epsilon": 0.2,
-        "beta": 0.0,
+        "learning_rate": lrn.lr,
+        "lr_scheduler_type": "constant" if not lrn.warmup_steps else "constant_with_warmup",
+        "warmup_steps": lrn.warmup_steps,
+        "adam_beta1": lrn.betas[0],
+        "adam_beta2": lrn.betas[1],
+        "weight_decay": lrn.weight_decay,
+        "max_grad_norm": lrn.grad_clip,
+        "epsilon": a.clip_low,
+        "epsilon_high": a.clip_high,
+        "beta": a.kl_coef,
         "loss_type": "dapo",
-        "scale_rewards": "group",
+        "scale_rewards": "group" if a.advantage == "grpo" else "none",
         "mask_truncated_completions": False,
     }
 
@@ -219,8 +231,9 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
             f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, 1 thread · `{command}`",
             "",
             "TRL's synchronous generate-then-train loop on the demo task (warmed ~0.5M-parameter Qwen2, "
-            "reverse 3 digits), configured like streamrl's demo: 16 prompts × 16 completions per optimizer step, "
-            "8 new tokens, token-mean loss (`loss_type=dapo`), `(r − mean)/(std + 1e-4)` per group, clip 0.2, no KL. "
+            f"reverse 3 digits), with every hyper-parameter TRL has taken from `{DEMO_CONFIG}` "
+            "(the GRPOConfig below): token-mean loss (`loss_type=dapo`), `(r − mean)/(std + ε)` per group, "
+            "the same clip range, k3 KL coefficient to the initial policy, lr and updates per batch. "
             f"Seed {seed}, time cap {max_time_s:.0f} s; the clock includes TRL's setup "
             f"({result['setup_s']:.1f} s) and excludes the one-time warm start of the policy.",
             "",

@@ -274,6 +274,15 @@ class AlgoConfig(Section):
     skip_zero_variance: bool = Field(
         True, description="Drop groups whose rewards are all equal (no signal); they are counted."
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: a step keeps reading until groups_per_step of its groups carry a signal (neither zero-variance nor wholly stale); the others are counted, acked with the step and left out of the loss normaliser. Uses the actors' spare generation once most groups are solved or collapsed.",
+    )
+    dynamic_sampling_max_groups: int = Field(
+        0,
+        ge=0,
+        description="Most groups one step reads under dynamic_sampling (0 = 8 x groups_per_step, never fewer than groups_per_step); a step that reaches it trains on the signal it has.",
+    )
     clip_low: float = Field(
         0.2,
         ge=0,

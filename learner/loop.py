@@ -92,8 +92,45 @@ def _exact(completion) -> bool:
     return completion.reward >= 1.0 - EXACT_TOLERANCE
 
 
+def _group_staleness(group, version: int) -> list[np.ndarray]:
+    return [
+        algorithm.token_staleness(version, c.versions.astype(np.int64)) for c in group.completions
+    ]
+
+
+def _wholly_stale(group_staleness: list[np.ndarray], max_staleness: int) -> bool:
+    return all(bool((s > max_staleness).all()) for s in group_staleness)
+
+
+def has_signal(group, version: int, cfg: Config) -> bool:
+    """Whether a group would be trained: not wholly stale and its rewards not all equal."""
+    if _wholly_stale(_group_staleness(group, version), cfg.algo.max_staleness):
+        return False
+    rewards = group.rewards
+    return bool(np.max(rewards) != np.min(rewards))
+
+
+def dynamic_batch_size(signal: list[bool], need: int, cap: int) -> int | None:
+    """How many of the buffered groups (``signal``: which carry one, in stream order) make the step.
+
+    The shortest prefix holding ``need`` groups with a signal, or ``cap`` groups when
+    none shorter does; None while the buffer is too short for either.
+    """
+    cap = max(cap, need)
+    found = 0
+    for i, s in enumerate(signal[:cap]):
+        found += s
+        if found == need:
+            return i + 1
+    return cap if len(signal) >= cap else None
+
+
 def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch:
-    """Drop fully stale and zero-variance groups (counted), attach group advantages."""
+    """Drop fully stale and zero-variance groups (counted), attach group advantages.
+
+    Under dynamic sampling the dropped zero-variance groups are not kept for the loss
+    normaliser either: the batch is the groups with a signal, as DAPO defines it.
+    """
     a = cfg.algo
     samples: list[Sample] = []
     skipped: list[Sample] = []
@@ -103,10 +140,8 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
     dropped_stale = zero_variance = 0
     for d in deliveries:
         g = d.group
-        group_staleness = [
-            algorithm.token_staleness(version, c.versions.astype(np.int64)) for c in g.completions
-        ]
-        if all(bool((s > a.max_staleness).all()) for s in group_staleness):
+        group_staleness = _group_staleness(g, version)
+        if _wholly_stale(group_staleness, a.max_staleness):
             dropped_stale += 1
             m.DROPPED_STALE_TOKENS.inc(sum(s.size for s in group_staleness))
             continue
@@ -118,9 +153,10 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
         advantages, zero_var = algorithm.group_advantages(
             torch.tensor(g.rewards)[None], a.advantage, a.adv_eps, a.std_threshold
         )
-        if a.skip_zero_variance and bool(zero_var[0]):
+        if (a.skip_zero_variance or a.dynamic_sampling) and bool(zero_var[0]):
             zero_variance += 1
-            skipped += samples_from_group(g, advantages[0].tolist())
+            if not a.dynamic_sampling:
+                skipped += samples_from_group(g, advantages[0].tolist())
             continue
         samples += samples_from_group(g, advantages[0].tolist())
         for s in group_staleness:
@@ -198,11 +234,13 @@ class RankZeroIO:
         started = time.monotonic()
         if should_stop():
             return "stop"
-        while len(self.buffer) < need:
+        while (take := self._batch_size(version)) is None:
             if should_stop():
                 return "stop"
             t0 = time.monotonic()
-            got = self.consumer.read(need - len(self.buffer), cfg.broker.block_ms)
+            # a short buffer reads up to a batch; a full one still short of signal reads another batch
+            count = need - len(self.buffer) if len(self.buffer) < need else need
+            got = self.consumer.read(count, cfg.broker.block_ms)
             now = time.monotonic()
             self.wait_s += now - t0
             if got:
@@ -216,13 +254,22 @@ class RankZeroIO:
                     cfg.learner.read_timeout_s,
                 )
                 return "stop"
-            if now - started > IDLE_BROADCAST_S and len(self.buffer) < need:
+            if now - started > IDLE_BROADCAST_S and self._batch_size(version) is None:
                 return "idle"
-        deliveries, self.buffer = self.buffer[:need], self.buffer[need:]
+        deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
         batch = prepare_batch(deliveries, version, cfg, self.wait_s)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
         return batch
+
+    def _batch_size(self, version: int) -> int | None:
+        """Groups of the buffer that make the next step, or None while more must be read."""
+        need, a = self.cfg.learner.groups_per_step, self.cfg.algo
+        if not a.dynamic_sampling:
+            return need if len(self.buffer) >= need else None
+        cap = a.dynamic_sampling_max_groups or 8 * need
+        signal = [has_signal(d.group, version, self.cfg) for d in self.buffer[: max(cap, need)]]
+        return dynamic_batch_size(signal, need, cap)
 
     def publish(self, version: int, model) -> None:
         t0 = time.perf_counter()

@@ -119,8 +119,10 @@ def test_time_to_target_needs_both_window_means_and_reports_what_was_reached():
     outcome = Outcome("x", 0, 100.0, curve, 1.0, 1.0, 12.0)
     # The window of steps 3..7 (0-based) is the first whose exact-match mean reaches 0.8: (2*0.7 + 3*0.9)/5 = 0.82.
     assert outcome.time_to_target_s == 7.0
+    assert outcome.time_to_milestone_s == 4.0  # reward alone, from the first full window
     missed = Outcome("x", 0, 100.0, [(1.0, 0.5, 0.25)] * 6, 1.0, 1.0, 6.0)
     assert missed.time_to_target_s is None
+    assert missed.time_to_milestone_s is None
     assert missed.reached == (0.5, 0.25)
     assert all(math.isnan(v) for v in Outcome("x", 0, 1.0, [], 0.0, 0.0, 0.0).reached)
 

@@ -29,3 +29,21 @@ def test_time_to_target_is_the_first_step_where_the_five_step_means_reach_both_t
     assert time_to_target(curve) == 9.0
     assert time_to_target(curve[:8]) is None
     assert time_to_target([(1.0, 1.0, 0.7)] * 10) is None
+
+
+def test_trl_takes_every_shared_hyper_parameter_from_the_streamrl_config(tmp_path):
+    import yaml
+
+    from bench.trl_baseline import DEMO_CONFIG, grpo_config_kwargs
+
+    preset = yaml.safe_load(open(DEMO_CONFIG))
+    preset["learner"].update(lr=1.5e-4, updates_per_batch=3, groups_per_step=4)
+    preset["algo"].update(kl_coef=0.07, clip_low=0.1, clip_high=0.3)
+    preset["rollout"].update(group_size=6, temperature=0.8)
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    kwargs = grpo_config_kwargs(0, "out", str(path))
+    assert kwargs["learning_rate"] == 1.5e-4 and kwargs["num_iterations"] == 3
+    assert kwargs["num_generations"] == 6 and kwargs["per_device_train_batch_size"] == 24
+    assert (kwargs["beta"], kwargs["epsilon"], kwargs["epsilon_high"]) == (0.07, 0.1, 0.3)
+    assert kwargs["temperature"] == 0.8

@@ -1,0 +1,149 @@
+"""Which stream entries make one learner step: fixed batches, and dynamic sampling (DAPO)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.wire import Completion, RolloutGroup
+from learner.loop import RankZeroIO, dynamic_batch_size, has_signal, prepare_batch
+from tests.learner_rollouts import xadd_groups
+
+VOCAB = 64
+
+
+def group(rewards: list[float], version: int = 0) -> RolloutGroup:
+    completions = [
+        Completion(
+            token_ids=np.array([5, 6], np.int32),
+            logprobs=np.array([-0.5, -0.7], np.float32),
+            versions=np.full(2, version, np.int32),
+            reward=r,
+        )
+        for r in rewards
+    ]
+    return RolloutGroup(
+        group_id=uuid.uuid4().hex,
+        prompt_id="p",
+        actor_id="a0",
+        seq=0,
+        prompt_token_ids=np.array([7, 8, 9], np.int32),
+        completions=completions,
+    )
+
+
+def reference_batch_size(signal: list[bool], need: int, cap: int) -> int | None:
+    """Grow the batch one group at a time until it holds ``need`` signal groups or ``max(cap, need)`` groups."""
+    cap = max(cap, need)
+    for size in range(1, len(signal) + 1):
+        if sum(signal[:size]) == need or size == cap:
+            return size
+    return None
+
+
+@given(
+    signal=st.lists(st.booleans(), max_size=40),
+    need=st.integers(1, 8),
+    cap=st.integers(0, 30),
+)
+def test_dynamic_batch_size_matches_the_one_group_at_a_time_reference(signal, need, cap):
+    assert dynamic_batch_size(signal, need, cap) == reference_batch_size(signal, need, cap)
+
+
+def test_signal_means_trainable_neither_zero_variance_nor_wholly_stale(redis_cfg):
+    cfg = redis_cfg.model_copy(deep=True)
+    cfg.algo.max_staleness = 1
+    assert has_signal(group([0.0, 1.0]), version=1, cfg=cfg)
+    assert not has_signal(group([0.5, 0.5]), version=1, cfg=cfg)
+    assert not has_signal(group([0.0, 1.0], version=0), version=2, cfg=cfg)
+
+
+def _config(redis_cfg, **algo):
+    return redis_cfg.model_copy(
+        deep=True,
+        update={
+            "learner": redis_cfg.learner.model_copy(update={"groups_per_step": 3}),
+            "algo": redis_cfg.algo.model_copy(update=algo),
+            "weightsync": redis_cfg.weightsync.model_copy(update={"transport": "none"}),
+        },
+    )
+
+
+def _never() -> bool:
+    return False
+
+
+@pytest.fixture
+def open_io():
+    """RankZeroIO instances that are closed (Redis clients, metrics registration) after the test."""
+    made = []
+
+    def make(cfg):
+        made.append(RankZeroIO(cfg, VOCAB))
+        return made[-1]
+
+    yield make
+    for io in made:
+        io.close()
+
+
+def test_fixed_batches_take_groups_per_step_entries_and_keep_zero_variance_for_the_normaliser(
+    redis_cfg, open_io
+):
+    cfg = _config(redis_cfg)
+    groups = [group([0.2, 0.2]), group([0.0, 1.0]), group([0.3, 0.3]), group([0.0, 0.5])]
+    xadd_groups(cfg, groups)
+    batch = open_io(cfg).next_batch(0, _never)
+    assert [g for _, g in batch.entries] == [g.group_id for g in groups[:3]]
+    assert batch.log["zero_variance_groups"] == 2
+    assert len(batch.samples) == 2 and len(batch.skipped) == 4
+
+
+def test_dynamic_sampling_reads_on_until_the_step_has_enough_groups_with_a_signal(
+    redis_cfg, open_io
+):
+    cfg = _config(redis_cfg, dynamic_sampling=True)
+    flat = [group([0.5] * 2) for _ in range(4)]
+    useful = [group([0.0, 1.0]) for _ in range(3)]
+    groups = [flat[0], useful[0], flat[1], flat[2], useful[1], flat[3], useful[2], group([0, 1])]
+    xadd_groups(cfg, groups)
+    io = open_io(cfg)
+    batch = io.next_batch(0, _never)
+    # the shortest stream prefix holding 3 useful groups; the flat ones are acked with the step
+    assert [g for _, g in batch.entries] == [g.group_id for g in groups[:7]]
+    assert {s.group_id for s in batch.samples} == {g.group_id for g in useful}
+    assert batch.log["zero_variance_groups"] == 4
+    assert batch.skipped == []  # left out of the loss normaliser
+    # what was read past the step waits for the next one
+    assert [d.group.group_id for d in io.buffer] == [groups[7].group_id]
+
+
+def test_dynamic_sampling_stops_at_its_cap_when_the_policy_has_collapsed(redis_cfg, open_io):
+    cfg = _config(redis_cfg, dynamic_sampling=True, dynamic_sampling_max_groups=5)
+    groups = [group([0.5] * 2) for _ in range(5)] + [group([0.0, 1.0])]
+    xadd_groups(cfg, groups)
+    batch = open_io(cfg).next_batch(0, _never)
+    assert len(batch.entries) == 5 and batch.samples == []
+    assert batch.log["zero_variance_groups"] == 5
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_prepare_batch_counts_stale_groups_apart_from_zero_variance_ones(redis_cfg, dynamic):
+    cfg = _config(redis_cfg, dynamic_sampling=dynamic, max_staleness=1)
+
+    class Delivery:
+        def __init__(self, g):
+            self.group, self.entry_id = g, "0-1"
+
+    batch = prepare_batch(
+        [Delivery(group([0.0, 1.0], version=0)), Delivery(group([1.0, 1.0], version=3))],
+        version=3,
+        cfg=cfg,
+        wait_s=0.0,
+    )
+    assert batch.log["dropped_stale_groups"] == 1 and batch.log["zero_variance_groups"] == 1
+    assert batch.samples == [] and len(batch.skipped) == (0 if dynamic else 2)
