@@ -160,6 +160,7 @@ class ChaosRound:
         self.result = RoundResult(index, appendonly)
         self.procs = _Processes()
         self.kills: list[checks.LearnerKill] = []
+        self.actor_killed_at: float | None = None  # time.monotonic() of the last SIGKILLed actor
         self.wipes_ms: list[int] = []
 
     # ----- records ---------------------------------------------------------------------------
@@ -181,7 +182,7 @@ class ChaosRound:
         victim = self.rng.choice([a for a in self.sup.actors if a.alive])
         before = self.published_by(victim.name)
         os.kill(victim.proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
+        t0 = self.actor_killed_at = time.monotonic()
         ok = self.wait(
             lambda: victim.alive and self.published_by(victim.name) > before, RECOVERY_TIMEOUT_S
         )
@@ -311,6 +312,10 @@ class ChaosRound:
         steps = self.steps()
         self.result.steps = len(steps)
         self.result.violations += checks.version_violations(steps, self.kills)
+        if self.actor_killed_at is not None:
+            # the killed actor's leases are meant to outlive it by lease_ttl_s, not a moment longer
+            expired_at = self.actor_killed_at + self.cfg.broker.lease_ttl_s + 1.0
+            time.sleep(max(0.0, expired_at - time.monotonic()))
         if left := ephemeral_leftovers(redis, keys):
             self.result.violations.append(
                 f"per-process Redis state left after a clean stop: {left}"

@@ -47,7 +47,7 @@ POLL_S = 1.0
 SCRAPE_TIMEOUT_S = 2.0
 PARTS = ("ttt", "sweep", "time")
 
-# label, extra overrides; the demo config's own max_staleness is 2
+# label, extra overrides; the demo config's own max_staleness is 1
 SWEEP = [
     ("S=0", ["algo.max_staleness=0"]),
     ("S=1", ["algo.max_staleness=1"]),
@@ -561,11 +561,16 @@ def plot_sweep(sweep: list[tuple[str, Outcome]], path: Path) -> None:
     for ax in (by_time, by_step):
         ax.axhline(TARGET_REWARD, color="grey", lw=0.8, ls=":")
         ax.grid(alpha=0.3)
-    by_step.legend(title="max_staleness (dashed: no IS correction)", fontsize=8, loc="lower right")
+    by_step.legend(
+        title="max_staleness\n(dashed: no IS correction)",
+        fontsize=8,
+        loc="center left",
+        bbox_to_anchor=(1.02, 0.5),
+    )
     fig.suptitle("streamrl staleness sweep, CPU demo task, learner + 2 actors")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -592,6 +597,9 @@ def sweep_markdown(sweep: list[tuple[str, Outcome]], settings: Settings) -> str:
             f"`learner.updates_per_batch` = {upb} in the demo config: admission counts batches, so actors may run "
             f"`max_staleness // updates_per_batch` batches ahead (the lookahead column); with {upb} update(s) per batch "
             f"each batch advances the version by {upb}.",
+            "",
+            "One run per setting: gaps between neighbouring settings of the size seen between the three "
+            "async seeds above are run-to-run spread, not an effect of the setting.",
             "",
             "![reward vs wall time and vs step for each max_staleness](img/staleness_sweep.png)",
             "",
@@ -674,7 +682,7 @@ def time_markdown(outcome: Outcome) -> str:
             "run ended, divided by that window. Actors: `streamrl_actor_generate_seconds_total` (weight swaps, "
             "which happen between decode steps, taken out), `streamrl_actor_admission_wait_seconds_total`, "
             "`streamrl_actor_weight_swap_seconds`; learner: `streamrl_learner_step_phase_seconds{phase}`. "
-            "`other` is the rest (actors: scoring and XADD; learner: the no-grad proximal log-prob pass, batch preparation, acks, logging). The weights "
+            "`other` is the rest (actors: scoring and XADD; learner: the frozen reference model's no-grad pass for the KL term, batch preparation, acks, logging). The weights "
             "receive time runs in the subscriber's background thread, overlapping generation, so it is listed apart.",
             "",
             "![stacked share of wall time per process](img/time_breakdown.png)",
@@ -736,9 +744,15 @@ def run(
         "## System: async vs synchronous vs TRL, staleness, where time goes",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · {machine()} · "
-        f"`{command}` ({'quick: ' if quick else ''}took {(time.monotonic() - started) / 60:.0f} min; "
+        f"`{command}` ({'quick: ' if quick else ''}took {(time.monotonic() - started) / 60:.0f} min"
+        + (
+            f", reading the runs that earlier invocations saved under {ROOT}/outcomes"
+            if reuse
+            else ""
+        )
+        + "; "
         "this machine's 2 cores run every process of a run, shared with whatever else runs). "
-        "Ratios are measured within this one invocation and reported, not asserted.",
+        "Ratios compare runs made back to back on this machine; they are reported, not asserted.",
         "",
     ]
     return "\n".join(header) + "\n\n".join(body) + "\n"

@@ -9,8 +9,11 @@ acked but would lose the backlog.
 
 What counts as leaked after a clean stop (``ephemeral_leftovers``): state that
 belongs to a live process and must be gone once every process exited cleanly
-(heartbeat hashes, members of the alive-actors zset, admission leases, metrics
-scrape targets). Everything else is run state kept until this cleanup.
+(heartbeat hashes, members of the alive-actors zset, unexpired admission
+leases, metrics scrape targets). A SIGKILLed actor's lease is left to expire
+after ``broker.lease_ttl_s`` by design; once expired it holds no slot, so it is
+not a leak even while no ``try_start`` has pruned it yet. Everything else is
+run state kept until this cleanup.
 """
 
 from __future__ import annotations
@@ -48,9 +51,12 @@ def ephemeral_leftovers(client: redis.Redis, keys: Keys) -> dict[str, object]:
     heartbeats = [k.decode() for k in client.scan_iter(match=keys.actor("*"), count=SCAN_COUNT)]
     if heartbeats:
         left["heartbeats"] = heartbeats
-    for name, key in (("alive actors", keys.actors), ("admission leases", keys.leases)):
-        if members := client.zrange(key, 0, -1):
-            left[name] = [m.decode() for m in members]
+    if members := client.zrange(keys.actors, 0, -1):
+        left["alive actors"] = [m.decode() for m in members]
+    seconds, micros = client.time()  # leases are scored by their expiry on Redis's clock
+    now_ms = seconds * 1000 + micros // 1000
+    if leases := client.zrangebyscore(keys.leases, now_ms, "+inf"):
+        left["admission leases"] = [m.decode() for m in leases]
     if targets := client.hkeys(keys.metrics_targets):
         left["metrics targets"] = sorted(t.decode() for t in targets)
     return left

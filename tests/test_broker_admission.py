@@ -166,3 +166,26 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
     assert (
         max(s["accepted"] + s["leases"] - s["consumed"] for s in samples) == final["capacity"]
     )  # and is used fully
+
+
+def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning(redis_cfg):
+    from broker.cleanup import ephemeral_leftovers
+    from broker.client import connect_sync
+    from broker.keys import Keys
+
+    cfg = _small(redis_cfg, ttl_s=0.2)
+
+    async def lease(actor_id: str) -> str:
+        r = connect_async(cfg)
+        try:
+            return await Admission(r, cfg).try_start(actor_id)
+        finally:
+            await r.aclose()
+
+    client, keys = connect_sync(cfg), Keys.from_config(cfg)
+    killed = asyncio.run(lease("killed"))
+    assert ephemeral_leftovers(client, keys) == {"admission leases": [killed]}
+    time.sleep(0.3)  # expired; no try_start since, so it is still in the zset
+    assert client.zcard(keys.leases) == 1
+    assert ephemeral_leftovers(client, keys) == {}
+    client.close()

@@ -148,4 +148,4 @@ def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises
     loss.backward()
     optimizer.step()
     _, after = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
-    assert float(after[mask].mean()) > float(entropy[mask].mean())
+    assert float(after.detach()[mask].mean()) > float(entropy.detach()[mask].mean())
