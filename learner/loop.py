@@ -237,6 +237,8 @@ class RankZeroIO:
         while (take := self._batch_size(version)) is None:
             if should_stop():
                 return "stop"
+            if time.monotonic() - started > IDLE_BROADCAST_S:
+                return "idle"
             t0 = time.monotonic()
             # a short buffer reads up to a batch; a full one still short of signal reads another batch
             count = need - len(self.buffer) if len(self.buffer) < need else need
@@ -254,8 +256,6 @@ class RankZeroIO:
                     cfg.learner.read_timeout_s,
                 )
                 return "stop"
-            if now - started > IDLE_BROADCAST_S and self._batch_size(version) is None:
-                return "idle"
         deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
         batch = prepare_batch(deliveries, version, cfg, self.wait_s)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)

@@ -147,3 +147,21 @@ def test_prepare_batch_counts_stale_groups_apart_from_zero_variance_ones(redis_c
     )
     assert batch.log["dropped_stale_groups"] == 1 and batch.log["zero_variance_groups"] == 1
     assert batch.samples == [] and len(batch.skipped) == (0 if dynamic else 2)
+
+
+def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
+    redis_cfg, open_io, monkeypatch
+):
+    import learner.loop
+
+    monkeypatch.setattr(learner.loop, "IDLE_BROADCAST_S", 0.3)
+    cfg = _config(redis_cfg)
+    cfg.broker.block_ms = 100
+    first = group([0.0, 1.0])
+    xadd_groups(cfg, [first])
+    io = open_io(cfg)
+    assert io.next_batch(0, _never) == "idle"
+    assert [d.group.group_id for d in io.buffer] == [first.group_id]
+    xadd_groups(cfg, [group([0.0, 1.0]), group([1.0, 0.0])])
+    batch = io.next_batch(0, _never)
+    assert batch.entries[0][1] == first.group_id and len(batch.entries) == 3
