@@ -2,8 +2,8 @@
 
 Runs a real Prometheus that scrapes every process of a run, keeps its
 file-SD targets in sync with Redis while the run goes on, and serves the
-browser live view (``dashboards/live.html``). Grafana users import
-``dashboards/streamrl.json`` and point it at the printed Prometheus URL.
+browser live view (``launch/dashboards/live.html``). Grafana users import
+``launch/dashboards/streamrl.json`` and point it at the printed Prometheus URL.
 Stops cleanly on Ctrl-C / SIGTERM.
 """
 
@@ -36,7 +36,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 def serve_live_view(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serve ``dashboards/`` (live.html and the dashboard JSON it draws) from a daemon thread."""
+    """Serve ``launch/dashboards/`` (live.html and the dashboard JSON it draws) from a daemon thread."""
     handler = functools.partial(_QuietHandler, directory=str(DASHBOARD.parent))
     server = ThreadingHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, name="live-view", daemon=True).start()

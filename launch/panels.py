@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "dashboards" / "streamrl.json"
+# Shipped inside the package (package data), so an installed streamrl finds it wherever it lives.
+DASHBOARD = Path(__file__).resolve().parent / "dashboards" / "streamrl.json"
 # Grafana's $__rate_interval is max(4 x scrape interval, step + scrape interval); 4 x 2 s scrape = 8 s,
 # widened so a rate over a short or just-started run still spans several scrapes.
 DEFAULT_RATE_INTERVAL = "30s"

@@ -59,3 +59,12 @@ def redis_cfg(redis_server, tmp_path):
             "broker": {"redis_url": redis_server.url},
         }
     )
+
+
+@pytest.fixture
+def procs():
+    """Helper processes a test starts (``weightsync_helpers.Proc``); each is stopped afterwards."""
+    started: list = []
+    yield started
+    for proc in started:
+        proc.stop()

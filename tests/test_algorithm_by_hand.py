@@ -236,9 +236,7 @@ def test_staleness_tightening_by_hand():
     """clip 0.2 at rate 0.25: staleness (0, 1, 2, 5) -> 0.2 * (1, 0.75, 0.5, 0) (never negative).
     rho 3 towards floor 1 at rate 0.5: 1 + 2 * (1, 0.5, 0, 0) = (3, 2, 1, 1)."""
     staleness = torch.tensor([0, 1, 2, 5])
-    assert algorithm.tighten(0.2, staleness, 0.25).tolist() == pytest.approx(
-        [0.2, 0.15, 0.1, 0.0]
-    )
+    assert algorithm.tighten(0.2, staleness, 0.25).tolist() == pytest.approx([0.2, 0.15, 0.1, 0.0])
     assert algorithm.tighten(3.0, staleness, 0.5, floor=1.0).tolist() == pytest.approx(
         [3.0, 2.0, 1.0, 1.0]
     )

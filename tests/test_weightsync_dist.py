@@ -35,14 +35,6 @@ def _wait_members(pub, n: int, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop()
-
-
 def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_between_versions(
     redis_cfg, procs
 ):

@@ -28,14 +28,6 @@ def _segments(cfg) -> list[Path]:
     return sorted(SHM_DIR.glob(segment_prefix(cfg.run.name) + "*"))
 
 
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop()
-
-
 def test_many_versions_reach_several_subscriber_processes_whole(redis_cfg, procs):
     cfg = _cfg(redis_cfg, timeout_s=5.0)
     subs = [Proc("subscriber", cfg, id=f"a{i}", until=40) for i in range(2)]

@@ -1,0 +1,58 @@
+"""An installed streamrl (a built wheel, not the source tree) carries what it reads at run time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("learner", "actors", "broker", "weightsync", "configs", "launch")
+
+CHECK = """
+import sys
+from pathlib import Path
+import launch.panels as panels
+assert Path(panels.__file__).is_relative_to(Path(sys.argv[1])), panels.__file__
+assert panels.queries(), "the dashboard has no queries"
+assert (panels.DASHBOARD.parent / "live.html").is_file(), "the live view is missing"
+print(panels.DASHBOARD)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_wheel_ships_the_dashboard_and_the_live_view(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheels), str(src)],
+        capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    (wheel,) = wheels.glob("streamrl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"launch/dashboards/streamrl.json", "launch/dashboards/live.html"} <= names
+    assert "configs/demo_cpu.yaml" in names
+
+    # Import launch.panels from the unpacked wheel alone, far from the source tree.
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK, str(site)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == str(site / "launch" / "dashboards" / "streamrl.json")
