@@ -18,7 +18,7 @@ def _contents(folder) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_learner_process_starts_and_trains_without_building_a_torch_extension(
     redis_cfg, demo_policy, tmp_path
 ):
