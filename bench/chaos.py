@@ -341,7 +341,12 @@ def admission_counts(redis, keys) -> checks.AdmissionCounts:
     pipe.xlen(keys.stream)
     accepted, consumed, discarded, trimmed, leases, length = pipe.execute()
     return checks.AdmissionCounts(
-        int(accepted or 0), int(consumed or 0), int(discarded or 0), int(trimmed or 0), leases, length
+        int(accepted or 0),
+        int(consumed or 0),
+        int(discarded or 0),
+        int(trimmed or 0),
+        leases,
+        length,
     )
 
 
