@@ -193,7 +193,8 @@ class Actor:
                 learner_version = await self.admission.version()
                 self.engine_version_tick(learner_version)
                 if self.engine.version >= learner_version - self.cfg.algo.max_staleness:
-                    lease = await self.admission.try_start(self.actor_id)
+                    # the bound depends on the version of the engine that will generate the group
+                    lease = await self.admission.try_start(self.actor_id, self.engine.version)
                     if lease is not None:
                         self.leases.add(lease)  # at once: a stop from here on must release it
                         break
@@ -205,7 +206,7 @@ class Actor:
         leases = [lease]
         groups = max(1, self.cfg.actor.batch_slots // self.cfg.rollout.group_size)
         while len(leases) < groups:
-            extra = await self.admission.try_start(self.actor_id)
+            extra = await self.admission.try_start(self.actor_id, self.engine.version)
             if extra is None:
                 break
             self.leases.add(extra)
@@ -264,6 +265,7 @@ class Actor:
     @staticmethod
     def _observe(group: RolloutGroup) -> None:
         metrics.GROUPS_PUBLISHED.inc()
+        metrics.TOKENS_PUBLISHED.inc(sum(len(c) for c in group.completions))
         parts: dict[str, list[float]] = {}
         for c in group.completions:
             metrics.COMPLETION_LENGTH.observe(len(c))

@@ -7,6 +7,11 @@ from prometheus_client import Counter, Gauge, Histogram
 TOKENS_GENERATED = Counter(
     "streamrl_actor_tokens_generated_total", "Completion tokens sampled by this actor."
 )
+TOKENS_PUBLISHED = Counter(
+    "streamrl_actor_tokens_published_total",
+    "Completion tokens of the groups this actor added to the stream (with the learner's "
+    "streamrl_learner_tokens_trained_total: the fraction generated but never trained).",
+)
 GROUPS_PUBLISHED = Counter(
     "streamrl_actor_groups_published_total", "Scored rollout groups added to the stream."
 )

@@ -22,6 +22,7 @@ import torch
 PARTS = [
     "broker",
     "learner",
+    "learner_cost",
     "weightsync",
     "actors",
     "dashboards",

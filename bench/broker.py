@@ -195,7 +195,7 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
         while time.monotonic() < stop_at:
             lease = None
             if admission:
-                lease = await adm.try_start(name)
+                lease = await adm.try_start(name, 0)
                 if lease is None:
                     refused += 1
                     await asyncio.sleep(0.01)
@@ -209,7 +209,7 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
         "refused": refused,
         "capacity": adm.capacity,
     }
-    await r.delete(keys.stream, keys.accepted, keys.consumed, keys.leases)
+    await r.delete(keys.stream, keys.accepted, keys.consumed, keys.trimmed, keys.leases)
     await r.aclose()
     return out
 

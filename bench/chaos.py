@@ -316,6 +316,7 @@ class ChaosRound:
             # the killed actor's leases are meant to outlive it by lease_ttl_s, not a moment longer
             expired_at = self.actor_killed_at + self.cfg.broker.lease_ttl_s + 1.0
             time.sleep(max(0.0, expired_at - time.monotonic()))
+        self.result.violations += checks.admission_violations(admission_counts(redis, keys))
         if left := ephemeral_leftovers(redis, keys):
             self.result.violations.append(
                 f"per-process Redis state left after a clean stop: {left}"
@@ -329,6 +330,24 @@ class ChaosRound:
             self.result.violations.append(f"processes outlived the shutdown: {survivors}")
         if segments := list(SHM_DIR.glob(segment_prefix(self.run_name) + "*")):
             self.result.violations.append(f"shared memory left: {[s.name for s in segments]}")
+
+
+def admission_counts(redis, keys) -> checks.AdmissionCounts:
+    """The counters as Redis holds them; expired leases are not counted (nobody pruned them yet)."""
+    pipe = redis.pipeline(transaction=True)
+    for key in (keys.accepted, keys.consumed, keys.discarded, keys.trimmed):
+        pipe.get(key)
+    pipe.zcount(keys.leases, f"({int(time.time() * 1000)}", "+inf")
+    pipe.xlen(keys.stream)
+    accepted, consumed, discarded, trimmed, leases, length = pipe.execute()
+    return checks.AdmissionCounts(
+        int(accepted or 0),
+        int(consumed or 0),
+        int(discarded or 0),
+        int(trimmed or 0),
+        leases,
+        length,
+    )
 
 
 def plan(rng: random.Random, quick: bool) -> tuple[list[str], bool]:

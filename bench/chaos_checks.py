@@ -79,7 +79,8 @@ def version_violations(rows: list[dict], kills: list[LearnerKill]) -> list[str]:
     bounds = [k.rows_before for k in kills] + [len(rows)]
     start = 0
     for i, end in enumerate(bounds):
-        life = rows[start:end]
+        # a batch whose every group was dropped writes a row without an update (trained false)
+        life = [r for r in rows[start:end] if r.get("trained", True)]
         versions = [r["version"] for r in life]
         if versions != sorted(set(versions)):
             out.append(f"learner life {i}: versions not strictly increasing: {versions[:10]}")
@@ -94,6 +95,34 @@ def version_violations(rows: list[dict], kills: list[LearnerKill]) -> list[str]:
                     f"checkpoint was step {kill.checkpoint_step} version {ckpt_version}"
                 )
         start = end
+    return out
+
+
+@dataclass
+class AdmissionCounts:
+    """Redis's admission counters after a clean stop (broker.admission)."""
+
+    accepted: int
+    consumed: int  # groups taken by the learner's completed steps
+    discarded: int  # acked without training: dead-lettered, duplicates
+    trimmed: int  # removed unread by a MAXLEN trim
+    live_leases: int  # unexpired leases
+    stream_length: int  # entries still in the stream (unread, or read by no completed step)
+
+
+def admission_violations(c: AdmissionCounts) -> list[str]:
+    """Every accepted group is accounted for exactly once: taken by a completed step, discarded,
+    trimmed, or still in the stream; and no slot stays leased. An imbalance is a slot leaked
+    (accepted > the rest: actors starve for good) or counted twice (the staleness bound loosens)."""
+    out = []
+    taken = c.consumed + c.discarded + c.trimmed + c.stream_length
+    if c.accepted != taken:
+        out.append(
+            f"admission counters unbalanced: accepted {c.accepted} != consumed {c.consumed} + "
+            f"discarded {c.discarded} + trimmed {c.trimmed} + in stream {c.stream_length}"
+        )
+    if c.live_leases:
+        out.append(f"{c.live_leases} admission lease(s) still live after a clean stop")
     return out
 
 

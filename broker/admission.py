@@ -1,15 +1,36 @@
 """Admission control for bounded staleness: counters in Redis that actors and learner share.
 
-An actor may start a group iff
+An actor whose engine runs version ``v`` may start a group iff
 
-    accepted + live_leases < consumed + (max_staleness // updates_per_batch + 1) * groups_per_step
+    accepted + live_leases < consumed + discarded + trimmed + slots(min(v, lease versions))
+    slots(u) = (floor((u + max_staleness - version) / updates_per_batch) + 1) * groups_per_step
+               (0 when u + max_staleness < version)
 
-(AReaL's ``(S + v + 1)·B − (accepted + running) > 0`` with ``v·B`` replaced by
-the count of entries the learner took off the stream, so skipped groups can
-never starve it). In-flight groups are leases in a zset scored by their expiry,
-so a SIGKILLed actor's slots free themselves after ``broker.lease_ttl_s``.
-The check and the lease are one Lua script (atomic); the clock is Redis's, so
-actors on hosts with skewed clocks agree.
+- ``consumed``: groups taken by the learner's *completed* steps (trained or dropped),
+  written as a running total from the learner's checkpointed progress with
+  ``SET`` if larger, so a retried or replayed write never counts twice and a
+  killed learner leaks nothing (it re-reads and re-counts its pending entries);
+- ``discarded``: entries acked without training (dead-lettered, duplicates),
+  counted in the same script as their XACK, once;
+- ``trimmed``: entries a MAXLEN trim removed before anyone read them;
+- ``version``: the learner's newest published version.
+
+Why it bounds staleness: the stream is FIFO and every step takes at least
+``groups_per_step`` entries, so the next ``slots(u)`` positions after
+``consumed + discarded + trimmed`` are taken by steps that start at versions
+``<= u + max_staleness``. ``version`` is never below the version the next step
+starts at, so it errs on the safe side. A group leased now may overtake groups
+still being generated, so the bound uses the oldest version among the live
+leases of live actors (heartbeat) as well: a lagging actor (and anyone racing
+it) gets a tighter bound.
+This is AReaL's ``(S + v + 1)·B − (accepted + running) > 0`` with ``v`` the
+generating engine's version and ``v·B`` replaced by what the learner actually
+took, so a learner that drops groups or samples dynamically never starves.
+
+In-flight groups are leases in a zset scored by their expiry (member
+``{actor}:{uuid}@{version}``), so a SIGKILLed actor's slots free themselves
+after ``broker.lease_ttl_s``. The check and the lease are one Lua script
+(atomic); the clock is Redis's, so actors on hosts with skewed clocks agree.
 """
 
 from __future__ import annotations
@@ -23,20 +44,35 @@ import redis.asyncio
 from broker.keys import Keys
 from configs.schema import Config
 
-# KEYS: accepted, consumed, leases. ARGV: lease id, ttl ms, capacity. Returns 1 if leased.
+# KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
+# version, max_staleness, updates_per_batch, groups_per_step, heartbeat key prefix.
+# Returns {granted (0/1), accepted + live after the call, the bound}.
+# Only leases of actors with a live heartbeat hold the bound down: a killed actor's lease keeps
+# its slot until it expires, but must not cap everybody else at its old version meanwhile.
 _TRY_START = """
 redis.replicate_commands()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local accepted = tonumber(redis.call('GET', KEYS[1]) or '0')
-local consumed = tonumber(redis.call('GET', KEYS[2]) or '0')
-local live = redis.call('ZCARD', KEYS[3])
-if accepted + live < consumed + tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-  return 1
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+local oldest = tonumber(ARGV[3])
+local live = redis.call('ZRANGE', KEYS[5], 0, -1)
+for _, member in ipairs(live) do
+  local actor, v = string.match(member, '^(.*):%x+@(%d+)$')
+  if v and tonumber(v) < oldest and redis.call('EXISTS', ARGV[7] .. actor) == 1 then
+    oldest = tonumber(v)
+  end
 end
-return 0
+local function num(key) return tonumber(redis.call('GET', key) or '0') end
+local ahead = num(KEYS[1]) + #live
+local taken = num(KEYS[2]) + num(KEYS[3]) + num(KEYS[4])
+local room = oldest + tonumber(ARGV[4]) - num(KEYS[6])
+local slots = 0
+if room >= 0 then slots = (math.floor(room / tonumber(ARGV[5])) + 1) * tonumber(ARGV[6]) end
+if ahead < taken + slots then
+  redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
+  return {1, ahead + 1, taken + slots}
+end
+return {0, ahead, taken + slots}
 """
 
 # KEYS: leases. ARGV: lease id, ttl ms. Returns 1 if the lease was still live.
@@ -47,35 +83,73 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
 """
 
+# KEYS: consumed, version. ARGV: running total, version ('' = leave it). Idempotent: a retry, a
+# replayed step or a stale writer can never lower the count or add to it twice. One script, so
+# no actor sees the count of a finished step together with the version before it (too loose).
+_SET_CONSUMED = """
+if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > current then redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1] end
+return current
+"""
+
+
+def slots(version: int, learner_version: int, cfg: Config) -> int:
+    """Groups beyond the consumed count an engine at ``version`` may start (see the module doc)."""
+    room = version + cfg.algo.max_staleness - learner_version
+    if room < 0:
+        return 0
+    return (room // cfg.learner.updates_per_batch + 1) * cfg.learner.groups_per_step
+
+
+def lease_version(lease_id: str) -> int:
+    return int(lease_id.rsplit("@", 1)[1])
+
 
 class Admission:
-    """Actor side: ``try_start``/``renew``/``release``. Learner side: ``set_version``/``add_consumed``."""
+    """Actor side: ``try_start``/``renew``/``release``. Learner side: ``set_version``/``set_consumed``."""
 
     def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
         self.redis = redis_client
+        self.cfg = cfg
         self.keys = Keys.from_config(cfg)
-        # a batch advances the version by updates_per_batch, so max_staleness versions are
-        # max_staleness // updates_per_batch batches of look-ahead (AReaL's rule counts batches)
-        lookahead = cfg.algo.max_staleness // cfg.learner.updates_per_batch
-        self.capacity = (lookahead + 1) * cfg.learner.groups_per_step
+        # the bound for an actor on the learner's own version (what a live view shows as capacity)
+        self.capacity = slots(0, 0, cfg)
         self.ttl_ms = int(cfg.broker.lease_ttl_s * 1000)
         self._try_start = redis_client.register_script(_TRY_START)
         self._renew = redis_client.register_script(_RENEW)
+        self._set_consumed = redis_client.register_script(_SET_CONSUMED)
 
-    async def try_start(self, actor_id: str) -> str | None:
-        """A lease id if the actor may start one more group now, else None."""
-        lease_id = f"{actor_id}:{uuid.uuid4().hex}"
-        k = self.keys
-        ok = await self._try_start(
-            keys=[k.accepted, k.consumed, k.leases], args=[lease_id, self.ttl_ms, self.capacity]
+    async def try_start(self, actor_id: str, version: int) -> str | None:
+        """A lease id if an actor whose engine runs ``version`` may start one more group now."""
+        granted, _, _ = await self.check(actor_id, version)
+        return granted
+
+    async def check(self, actor_id: str, version: int) -> tuple[str | None, int, int]:
+        """``try_start`` that also returns (accepted + live leases, bound) as the script saw them."""
+        lease_id = f"{actor_id}:{uuid.uuid4().hex}@{int(version)}"
+        k, a = self.keys, self.cfg.algo
+        ok, ahead, bound = await self._try_start(
+            keys=[k.accepted, k.consumed, k.discarded, k.trimmed, k.leases, k.version],
+            args=[
+                lease_id,
+                self.ttl_ms,
+                int(version),
+                a.max_staleness,
+                self.cfg.learner.updates_per_batch,
+                self.cfg.learner.groups_per_step,
+                k.actor(""),
+            ],
         )
-        return lease_id if ok else None
+        return (lease_id if ok else None), int(ahead), int(bound)
 
-    async def start(self, actor_id: str, timeout_s: float, poll_s: float = 0.05) -> str | None:
+    async def start(
+        self, actor_id: str, version: int, timeout_s: float, poll_s: float = 0.05
+    ) -> str | None:
         """``try_start`` until it succeeds or ``timeout_s`` passes (then None)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            lease = await self.try_start(actor_id)
+            lease = await self.try_start(actor_id, version)
             if lease is not None or time.monotonic() >= deadline:
                 return lease
             await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
@@ -99,21 +173,33 @@ class Admission:
     async def set_version(self, version: int) -> None:
         await self.redis.set(self.keys.version, int(version))
 
-    async def add_consumed(self, n: int) -> None:
-        """Count entries taken off the stream outside ``RolloutConsumer.read`` (it counts its own)."""
-        if n:
-            await self.redis.incrby(self.keys.consumed, n)
+    async def set_consumed(self, total: int, version: int | None = None) -> int:
+        """The learner's running total of groups taken by completed steps (never lowered), and,
+        atomically with it, the version that step published."""
+        k = self.keys
+        args = [int(total), "" if version is None else int(version)]
+        return int(await self._set_consumed(keys=[k.consumed, k.version], args=args))
+
+    async def reset_consumed(self, total: int) -> None:
+        """Overwrite the count: only after Redis lost it (restart without persistence)."""
+        await self.redis.set(self.keys.consumed, int(total))
 
     async def counts(self) -> dict[str, int]:
-        """accepted, consumed, live leases (expired ones included until the next try_start) and capacity."""
+        """accepted, consumed, discarded, trimmed, live leases (expired ones included until the
+        next try_start), learner version and the capacity at the learner's version."""
+        k = self.keys
         pipe = self.redis.pipeline(transaction=True)
-        pipe.get(self.keys.accepted)
-        pipe.get(self.keys.consumed)
-        pipe.zcard(self.keys.leases)
-        accepted, consumed, leases = await pipe.execute()
+        for key in (k.accepted, k.consumed, k.discarded, k.trimmed):
+            pipe.get(key)
+        pipe.zcard(k.leases)
+        pipe.get(k.version)
+        accepted, consumed, discarded, trimmed, leases, version = await pipe.execute()
         return {
             "accepted": int(accepted or 0),
             "consumed": int(consumed or 0),
+            "discarded": int(discarded or 0),
+            "trimmed": int(trimmed or 0),
             "leases": leases,
+            "version": int(version or 0),
             "capacity": self.capacity,
         }

@@ -28,6 +28,8 @@ class Keys:
         self.version = p + "version"
         self.accepted = p + "adm:accepted"
         self.consumed = p + "adm:consumed"
+        self.discarded = p + "adm:discarded"
+        self.trimmed = p + "adm:trimmed"
         self.leases = p + "adm:leases"
         self.trained = p + "trained"
         self.actors = p + "actors"

@@ -11,10 +11,14 @@ Delivery is at-least-once and de-duplicated by group id:
   unconsumed work, its length is the backlog, and a MAXLEN trim loses only
   entries nobody acked (counted, and released from admission).
 
-Admission accounting: ``publish`` counts ``adm:accepted`` in the same MULTI as
-the XADD (and drops the group's lease); ``read`` counts every entry it takes
-off the stream for the first time into ``adm:consumed`` (valid, dead or
-duplicate), so the learner never has to. Redeliveries are not counted again.
+Admission accounting (docs/architecture.md, "Admission control"): ``publish``
+counts ``adm:accepted`` in the same script as the XADD (and drops the group's
+lease) and counts entries a MAXLEN trim removed unread into ``adm:trimmed``;
+entries acked without training (dead-lettered, duplicates, deleted while
+pending) are counted into ``adm:discarded`` by the script that acks them. The
+learner counts the groups its completed steps took (``Admission.set_consumed``);
+``read`` itself counts nothing, so a read that is retried or whose reader dies
+leaks no admission slot.
 """
 
 from __future__ import annotations
@@ -41,35 +45,82 @@ SCRIPT_CHUNK = 4000  # arguments per script call; Lua's unpack() stops near 8000
 # Lua keeps each step atomic and one round trip (a MULTI pipeline cost 3x the client CPU of XADD).
 # redis.replicate_commands(): XADD '*' is non-deterministic; Redis 6.2 needs effect replication.
 
-# KEYS: stream, accepted, consumed, leases. ARGV: payload, maxlen, lease id ('' = none).
-# Trimmed entries were never acked (acked ones are deleted), so the learner will never count
-# them: they are counted consumed here, else their admission slots would leak forever.
+# KEYS: stream, accepted, trimmed, leases. ARGV: payload, maxlen, lease id ('' = none), consumer
+# group. The trim is exact, so only the oldest entries beyond maxlen go (one per XADD once full).
+# Trimmed entries were never acked (acked ones are deleted). Those the learner never read are
+# counted into `trimmed` here, else their admission slots would leak forever; those it read (id at
+# most the group's last-delivered-id) it still holds and counts with its step.
 _PUBLISH = """
 redis.replicate_commands()
 local before = redis.call('XLEN', KEYS[1])
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'g', ARGV[1])
+local doomed = {}
+if before >= tonumber(ARGV[2]) then
+  doomed = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', before + 1 - tonumber(ARGV[2]))
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'g', ARGV[1])
 local trimmed = before + 1 - redis.call('XLEN', KEYS[1])
 redis.call('INCR', KEYS[2])
-if trimmed > 0 then redis.call('INCRBY', KEYS[3], trimmed) end
+if trimmed > 0 then
+  local last = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local f = {}
+    for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+    if f['name'] == ARGV[4] then last = f['last-delivered-id'] end
+  end
+  local function split(s)
+    local ms, seq = string.match(s, '^(%d+)-(%d+)$')
+    return tonumber(ms), tonumber(seq)
+  end
+  local unread = 0
+  for i = 1, math.min(trimmed, #doomed) do
+    local ms, seq = split(doomed[i][1])
+    local lms, lseq = 0, -1
+    if last then lms, lseq = split(last) end
+    if ms > lms or (ms == lms and seq > lseq) then unread = unread + 1 end
+  end
+  if unread > 0 then redis.call('INCRBY', KEYS[3], unread) end
+end
 if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[3]) end
 return {id, trimmed}
 """
 
-# KEYS: consumed, trained. ARGV: entries delivered for the first time, group ids to check.
-_ACCOUNT = """
-if tonumber(ARGV[1]) > 0 then redis.call('INCRBY', KEYS[1], ARGV[1]) end
-if #ARGV == 1 then return {} end
-return redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, 2))
+# KEYS: trained. ARGV: group ids to check.
+_TRAINED = """
+return redis.call('SMISMEMBER', KEYS[1], unpack(ARGV))
 """
 
-# KEYS: stream, trained. ARGV: consumer group, n, n entry ids, then group ids.
+# KEYS: stream, dead-letter stream, discarded. ARGV: consumer group, dead-letter maxlen, then
+# (entry id, reason, payload) triples; reason '' = drop without a dead letter. Each entry is
+# dead-lettered and counted only if this call acked it, so a retry changes nothing.
+_DISCARD = """
+local n = 0
+for i = 3, #ARGV, 3 do
+  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
+    n = n + 1
+    if ARGV[i + 1] ~= '' then
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
+        'g', ARGV[i + 2], 'reason', ARGV[i + 1], 'source_id', ARGV[i])
+    end
+  end
+  redis.call('XDEL', KEYS[1], ARGV[i])
+end
+if n > 0 then redis.call('INCRBY', KEYS[3], n) end
+return n
+"""
+
+# KEYS: stream, trained, consumed. ARGV: consumer group, n, consumed total ('' = leave it), n entry
+# ids, then group ids. The consumed total is set only if larger (see broker.admission), so acking a
+# step and counting it are one atomic, repeatable step.
 _ACK = """
 local n = tonumber(ARGV[2])
 if n > 0 then
-  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3, 2 + n))
-  redis.call('XDEL', KEYS[1], unpack(ARGV, 3, 2 + n))
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4, 3 + n))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 4, 3 + n))
 end
-if #ARGV > 2 + n then redis.call('SADD', KEYS[2], unpack(ARGV, 3 + n)) end
+if #ARGV > 3 + n then redis.call('SADD', KEYS[2], unpack(ARGV, 4 + n)) end
+if ARGV[3] ~= '' and tonumber(ARGV[3]) > tonumber(redis.call('GET', KEYS[3]) or '0') then
+  redis.call('SET', KEYS[3], ARGV[3])
+end
 return n
 """
 
@@ -103,6 +154,7 @@ class RolloutProducer:
         self.redis = redis_client
         self.keys = Keys.from_config(cfg)
         self.maxlen = cfg.broker.maxlen
+        self.group = cfg.broker.consumer_group
         self._publish = redis_client.register_script(_PUBLISH)
 
     async def publish(self, group: RolloutGroup, lease_id: str | None = None) -> str:
@@ -113,8 +165,8 @@ class RolloutProducer:
     async def publish_encoded(self, payload: bytes, lease_id: str | None = None) -> str:
         k = self.keys
         entry_id, trimmed = await self._publish(
-            keys=[k.stream, k.accepted, k.consumed, k.leases],
-            args=[payload, self.maxlen, lease_id or ""],
+            keys=[k.stream, k.accepted, k.trimmed, k.leases],
+            args=[payload, self.maxlen, lease_id or "", self.group],
         )
         metrics.STREAM_PRODUCED.inc()
         if trimmed > 0:
@@ -145,13 +197,15 @@ class RolloutConsumer:
         self.max_entry_bytes = cfg.broker.max_entry_bytes
         self.claim_idle_ms = cfg.broker.claim_idle_ms
         self._group_ready = False
+        self.group_recreated = 0  # Redis lost the group (restart without persistence): counters too
         self._pending_cursor: str | None = "0"  # None once our own pending entries are re-read
         self._claim_cursor = "0-0"
         self._last_claim = 0.0
         self._last_touch = time.monotonic()
         self._last_gauges = 0.0
         self._inflight: dict[str, str] = {}  # group id -> entry id, delivered and not yet acked
-        self._account = redis_client.register_script(_ACCOUNT)
+        self._trained = redis_client.register_script(_TRAINED)
+        self._discard = redis_client.register_script(_DISCARD)
         self._ack = redis_client.register_script(_ACK)
 
     async def ensure_group(self) -> None:
@@ -172,6 +226,7 @@ class RolloutConsumer:
                 raise
         # Redis restarted without persistence: the group (and our pending list) is gone.
         log.warning("consumer group %s vanished (Redis restart?); recreating it", self.group)
+        self.group_recreated += 1
         await self.ensure_group()
         self._pending_cursor = None
         return await call()
@@ -255,16 +310,12 @@ class RolloutConsumer:
                 continue
             decoded.append((entry_id, group, redelivered))
 
-        # First deliveries count as consumed (admission) in the same round trip as the dedup check.
         fresh = sum(not redelivered for _, _, redelivered in raw)
         metrics.STREAM_CONSUMED.inc(fresh)
         ids = [g.group_id for _, g, _ in decoded]
         trained = []
-        for i in range(0, max(len(ids), 1), SCRIPT_CHUNK):
-            trained += await self._account(
-                keys=[self.keys.consumed, self.keys.trained],
-                args=[fresh if i == 0 else 0, *ids[i : i + SCRIPT_CHUNK]],
-            )
+        for i in range(0, len(ids), SCRIPT_CHUNK):
+            trained += await self._trained(keys=[self.keys.trained], args=ids[i : i + SCRIPT_CHUNK])
         deliveries = []
         for (entry_id, group, redelivered), done in zip(decoded, trained, strict=True):
             if done or group.group_id in self._inflight:
@@ -280,26 +331,28 @@ class RolloutConsumer:
     async def _dead_letter_and_drop(
         self, dead: list[tuple[str, bytes, str]], drop: list[str]
     ) -> None:
+        """Ack entries that will not be trained, counting them in ``adm:discarded`` (admission)
+        in the same script, so each is counted exactly once however often this is retried."""
         k = self.keys
         for entry_id, _, reason in dead:
             log.warning("dead-lettering entry %s: %s", entry_id, reason)
-        ids = [e for e, _, _ in dead] + drop
-        pipe = self.redis.pipeline(transaction=True)
-        for entry_id, payload, reason in dead:
-            pipe.xadd(
-                k.dead,
-                {"g": payload, "reason": reason, "source_id": entry_id},
-                maxlen=DEAD_LETTER_MAXLEN,
-                approximate=True,
+        triples = [(e, reason or "invalid", payload) for e, payload, reason in dead]
+        triples += [(e, "", b"") for e in drop]
+        for i in range(0, len(triples), SCRIPT_CHUNK // 3):
+            args = [self.group, DEAD_LETTER_MAXLEN]
+            for triple in triples[i : i + SCRIPT_CHUNK // 3]:
+                args += triple
+            await self._with_group(
+                lambda args=args: self._discard(keys=[k.stream, k.dead, k.discarded], args=args)
             )
-        pipe.xack(k.stream, self.group, *ids)
-        pipe.xdel(k.stream, *ids)
-        await pipe.execute()
         metrics.STREAM_DEAD_LETTER.inc(len(dead))
 
-    async def ack(self, entry_ids: list[str], group_ids: list[str]) -> None:
-        """The step that used these entries is committed: XACK + XDEL + mark trained, atomically."""
-        if not entry_ids and not group_ids:
+    async def ack(
+        self, entry_ids: list[str], group_ids: list[str], consumed: int | None = None
+    ) -> None:
+        """The step that used these entries is committed: XACK + XDEL + mark trained, atomically;
+        with ``consumed``, also the learner's running total for admission (set only if larger)."""
+        if not entry_ids and not group_ids and consumed is None:
             return
         k = self.keys
         if len(entry_ids) + len(group_ids) > SCRIPT_CHUNK:
@@ -313,11 +366,15 @@ class RolloutConsumer:
             ]
         else:
             chunks = [(entry_ids, group_ids)]
-        for entries, groups in chunks:
-            args = [self.group, len(entries), *entries, *groups]
+        total = "" if consumed is None else int(consumed)
+        for i, (entries, groups) in enumerate(chunks):
+            # the count goes with the first chunk: a crash after it can over-count (the rest come
+            # back as duplicates and are discarded, counted again), never leak a slot
+            count = total if i == 0 else ""
+            args = [self.group, len(entries), count, *entries, *groups]
             # Idempotent, so the retry after a NOGROUP (Redis restarted without persistence) is safe.
             await self._with_group(
-                lambda args=args: self._ack(keys=[k.stream, k.trained], args=args)
+                lambda args=args: self._ack(keys=[k.stream, k.trained, k.consumed], args=args)
             )
         for gid in group_ids:
             self._inflight.pop(gid, None)

@@ -107,25 +107,43 @@ class MicroBatch:
         return int(self.completion_mask.sum())
 
 
+def _ragged_positions(lengths: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of every element when row i holds ``lengths[i]`` values from ``offsets[i]``."""
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return rows, np.arange(int(lengths.sum())) - starts + np.repeat(offsets, lengths)
+
+
 def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
+    """One scatter per tensor instead of a copy per row: a 256-sample demo batch collated row by
+    row cost ~3 % of a learner step."""
     if not samples:
         raise ValueError("cannot collate an empty micro-batch")
-    rows, width = len(samples), max(len(s) for s in samples)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.int64)
-    attention_mask = torch.zeros((rows, width), dtype=torch.int64)
-    completion_mask = torch.zeros((rows, width - 1), dtype=torch.bool)
-    behaviour = torch.zeros((rows, width - 1), dtype=torch.float32)
-    versions = torch.full((rows, width - 1), -1, dtype=torch.int64)
-    for i, s in enumerate(samples):
-        n, p = len(s), s.prompt_len
-        input_ids[i, :n] = torch.from_numpy(s.input_ids)
-        attention_mask[i, :n] = 1
-        # completion token k sits at input position p + k, so its target position is p + k - 1
-        completion_mask[i, p - 1 : n - 1] = True
-        behaviour[i, p - 1 : n - 1] = torch.from_numpy(s.behaviour_logprobs)
-        versions[i, p - 1 : n - 1] = torch.from_numpy(s.versions)
+    lengths = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
+    prompts = np.fromiter((s.prompt_len for s in samples), dtype=np.int64, count=len(samples))
+    rows, width = len(samples), int(lengths.max())
+    at = _ragged_positions(lengths, np.zeros_like(lengths))
+    input_ids = np.full((rows, width), pad_id, dtype=np.int64)
+    input_ids[at] = np.concatenate([s.input_ids for s in samples])
+    attention_mask = np.zeros((rows, width), dtype=np.int64)
+    attention_mask[at] = 1
+    # completion token k sits at input position p + k, so its target position is p + k - 1
+    target = _ragged_positions(lengths - prompts, prompts - 1)
+    completion_mask = np.zeros((rows, width - 1), dtype=bool)
+    completion_mask[target] = True
+    behaviour = np.zeros((rows, width - 1), dtype=np.float32)
+    behaviour[target] = np.concatenate([s.behaviour_logprobs for s in samples])
+    versions = np.full((rows, width - 1), -1, dtype=np.int64)
+    versions[target] = np.concatenate([s.versions for s in samples])
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return MicroBatch(input_ids, attention_mask, completion_mask, behaviour, versions, advantages)
+    return MicroBatch(
+        torch.from_numpy(input_ids),
+        torch.from_numpy(attention_mask),
+        torch.from_numpy(completion_mask),
+        torch.from_numpy(behaviour),
+        torch.from_numpy(versions),
+        advantages,
+    )
 
 
 def plan_rank_micro_batches(

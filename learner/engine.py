@@ -29,6 +29,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def skip_shm_comm_build() -> None:
+    """Keep DeepSpeed from compiling its shm all-reduce op (C++, ~90 s on CPU, on every fresh venv).
+
+    ``deepspeed.init_distributed`` builds it when it creates its torch backend, before
+    ``deepspeed.initialize``; the op serves only inference all-reduce, which the learner never runs.
+    Must run before the first ``init_distributed`` of the process.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def init_distributed() -> tuple[int, int]:
     """Join (or, for plain ``python -m learner``, create) the process group; returns (rank, world size).
 
@@ -37,6 +49,7 @@ def init_distributed() -> tuple[int, int]:
     """
     import deepspeed
 
+    skip_shm_comm_build()
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -77,10 +90,9 @@ def deepspeed_config(cfg: Config, world_size: int, bf16: bool) -> dict:
 def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
     """``deepspeed.initialize`` with torch AdamW and a linear warmup; returns the engine."""
     import deepspeed
-    import deepspeed.ops
 
-    # The shm all-reduce op is only used for inference, and compiling it costs ~90 s on CPU (FACTS.md).
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    # deepspeed.initialize creates the process group itself when nobody did
+    skip_shm_comm_build()
     lc = cfg.learner
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()

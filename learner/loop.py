@@ -1,13 +1,15 @@
 """The learner loop: read a batch, train it on every rank, publish, commit.
 
 Rank 0 alone talks to Redis: it reads ``groups_per_step`` entries through the
-RolloutConsumer (which counts every entry it takes off the stream into
-``adm:consumed``), drops fully stale groups and zero-variance groups (counted),
+RolloutConsumer, drops fully stale groups and zero-variance groups (counted),
 computes advantages, and broadcasts the batch to the other ranks
 (``broadcast_object_list`` over the gloo/NCCL group; the batch is small next to
 the model). All ranks train the same batch on balanced shares, so their
 weights stay identical. Rank 0 then publishes each new version, sets it in
-Redis, and commits the entries.
+Redis, and commits the entries. Every completed step, trained or not, adds its
+entries to ``Progress.consumed`` and writes that running total to
+``adm:consumed`` (set only if larger: idempotent, restored from the checkpoint
+by a restarted learner, see broker.admission).
 
 Ack policy (``learner.ack_policy``):
 - ``checkpoint`` (default): entries are acked only after a checkpoint holds
@@ -60,6 +62,9 @@ class Progress:
     version: int = 0
     samples: int = 0
     tokens: int = 0
+    # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
+    # entries held from before it (the wiped `accepted` no longer counts them)
+    consumed: int = 0
     unacked: list[tuple[str, str]] = field(
         default_factory=list
     )  # (entry id, group id) trained, not acked
@@ -68,7 +73,7 @@ class Progress:
     def from_state(cls, state: dict | None) -> Progress:
         if not state or "progress" not in state:
             return cls()
-        p = dict(state["progress"])
+        p = {"consumed": 0, **state["progress"]}
         p["unacked"] = [tuple(e) for e in p["unacked"]]
         return cls(**p)
 
@@ -159,14 +164,13 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
                 skipped += samples_from_group(g, advantages[0].tolist())
             continue
         samples += samples_from_group(g, advantages[0].tolist())
-        for s in group_staleness:
-            staleness.append(s)
-            m.DROPPED_STALE_TOKENS.inc(int((s > a.max_staleness).sum()))
+        staleness += group_staleness
+    all_staleness = np.concatenate(staleness) if staleness else np.zeros(0, dtype=np.int64)
+    stale_tokens = int((all_staleness > a.max_staleness).sum())
+    m.DROPPED_STALE_TOKENS.inc(stale_tokens)
     m.DROPPED_STALE_GROUPS.inc(dropped_stale)
     m.ZERO_VARIANCE_GROUPS.inc(zero_variance)
-    all_staleness = np.concatenate(staleness) if staleness else np.zeros(0)
-    for value in all_staleness.tolist():
-        m.STALENESS.observe(value)
+    m.observe_staleness(all_staleness)
     adv_abs = float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0
     m.ADVANTAGE_ABS_MEAN.set(adv_abs)
     for r in rewards:
@@ -180,6 +184,9 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
             "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
             "exact_match": float(np.mean(exact)) if exact else math.nan,
             "staleness_mean": float(all_staleness.mean()) if all_staleness.size else 0.0,
+            "staleness_max": int(all_staleness.max()) if all_staleness.size else 0,
+            # masked out of the loss: older than max_staleness (wholly stale groups not included)
+            "stale_tokens": stale_tokens,
             "dropped_stale_groups": dropped_stale,
             "zero_variance_groups": zero_variance,
             "advantage_abs_mean": adv_abs,
@@ -194,13 +201,15 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
 class RankZeroIO:
     """Everything rank 0 does outside the math: stream, admission, weights, metrics, step log."""
 
-    def __init__(self, cfg: Config, vocab_size: int):
+    def __init__(self, cfg: Config, vocab_size: int, progress: Progress | None = None):
         from broker import metrics as broker_metrics
         from broker.admission import Admission
         from broker.liveness import Heartbeats
         from broker.stream import Blocking, RolloutConsumer
 
         self.cfg = cfg
+        # the learner's own progress: a Redis wipe seen while reading resets its consumed count
+        self.progress = progress if progress is not None else Progress()
         self.consumer = Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "learner-0", vocab_size))
         self.admission = Blocking(cfg, lambda r: Admission(r, cfg))
         self.heartbeats = Blocking(cfg, lambda r: Heartbeats(r, cfg))
@@ -220,8 +229,17 @@ class RankZeroIO:
         self.last_progress = time.monotonic()
 
     def resume(self, progress: Progress, model) -> None:
-        """Ack what the checkpoint covers (a crash may have hit between save and ack); re-announce the version."""
+        """Ack what the checkpoint covers (a crash may have hit between save and ack); re-announce
+        the version and the consumed count.
+
+        With ``ack_policy: step`` the steps after the checkpoint are lost with their entries
+        (acked and deleted), so Redis's count, which holds them, is the right one. With
+        ``checkpoint`` those entries come back and are counted again as their steps are redone.
+        """
+        if self.cfg.learner.ack_policy == "step":
+            progress.consumed = max(progress.consumed, self.admission.counts()["consumed"])
         self.ack(progress)
+        self.admission.set_consumed(progress.consumed)
         self.admission.set_version(progress.version)
         m.POLICY_VERSION.set(progress.version)
         if progress.version > 0:
@@ -242,7 +260,9 @@ class RankZeroIO:
             t0 = time.monotonic()
             # a short buffer reads up to a batch; a full one still short of signal reads another batch
             count = need - len(self.buffer) if len(self.buffer) < need else need
+            held, wipes = len(self.buffer), self.consumer.group_recreated
             got = self.consumer.read(count, cfg.broker.block_ms)
+            self._recount_after_wipe(wipes, held)
             now = time.monotonic()
             self.wait_s += now - t0
             if got:
@@ -271,17 +291,35 @@ class RankZeroIO:
         signal = [has_signal(d.group, version, self.cfg) for d in self.buffer[: max(cap, need)]]
         return dynamic_batch_size(signal, need, cap)
 
-    def publish(self, version: int, model) -> None:
+    def publish(self, version: int, model, consumed: int | None = None) -> None:
+        """Weights first, then the version (with ``consumed``: and the step's count, atomically)."""
         t0 = time.perf_counter()
         if self.publisher is not None:
             self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
-        self.admission.set_version(version)
+        if consumed is None:
+            self.admission.set_version(version)
+        else:
+            self.admission.set_consumed(consumed, version)
         m.POLICY_VERSION.set(version)
         m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
 
+    def _recount_after_wipe(self, wipes_before: int, held: int) -> None:
+        """Redis restarted without persistence (the consumer recreated its group): the counters
+        start from zero, and the ``held`` entries we read before the wipe, which its ``accepted``
+        no longer counts, are counted below zero until their step completes."""
+        if self.consumer.group_recreated != wipes_before:
+            self.progress.consumed = -held
+            self.admission.reset_consumed(self.progress.consumed)
+
     def ack(self, progress: Progress) -> None:
         if progress.unacked:
-            self.consumer.ack([e for e, _ in progress.unacked], [g for _, g in progress.unacked])
+            wipes = self.consumer.group_recreated
+            self.consumer.ack(
+                [e for e, _ in progress.unacked],
+                [g for _, g in progress.unacked],
+                consumed=progress.consumed,
+            )
+            self._recount_after_wipe(wipes, len(self.buffer))
             if self.commit_log is not None:
                 groups = [g for _, g in progress.unacked]
                 self.commit_log.write({"step": progress.step, "groups": groups})
@@ -294,6 +332,8 @@ class RankZeroIO:
         row = {
             "step": progress.step,
             "version": progress.version,
+            # False for a batch whose every group was dropped (stale or zero-variance): no update
+            "trained": bool(updates),
             **batch.log,
             "samples": len(batch.samples),
             "tokens": sum(u.tokens for u in updates[:1]),
@@ -379,7 +419,9 @@ class Learner:
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
         self.progress = Progress.from_state(checkpoint.load(self.engine, self.ckpt_root, self.rank))
         self.last_ckpt_step = self.progress.step
-        self.io = RankZeroIO(cfg, model.config.vocab_size) if self.rank == 0 else None
+        self.io = (
+            RankZeroIO(cfg, model.config.vocab_size, self.progress) if self.rank == 0 else None
+        )
         if self.io is not None:
             self.io.resume(self.progress, self.engine.module)
 
@@ -394,8 +436,8 @@ class Learner:
         return done or late or self.should_stop()
 
     def train_next(self) -> dict | None:
-        """Take the next batch and train it. Returns rank 0's step record ({} elsewhere, or when every
-        group of the batch was dropped), or None when it is time to stop."""
+        """Take the next batch and train it. Returns rank 0's step record ({} elsewhere; with
+        ``trained`` false when every group of the batch was dropped), or None when it is time to stop."""
         while True:
             batch = (
                 self.io.next_batch(self.progress.version, self.stop_requested) if self.io else None
@@ -410,12 +452,18 @@ class Learner:
         cfg, progress, io = self.cfg, self.progress, self.io
         t0 = time.perf_counter()
         updates = []
+        taken = len(batch.entries)
         if batch.samples:
 
             def after_update(_stats: UpdateStats) -> None:
                 progress.version += 1
-                if io is not None:
+                if io is None:
+                    return
+                if progress.version - batch.version < cfg.learner.updates_per_batch:
                     io.publish(progress.version, self.engine.module)
+                else:
+                    # the batch's last update completes the step: its groups count with its version
+                    io.publish(progress.version, self.engine.module, progress.consumed + taken)
 
             updates = train_batch(
                 self.engine,
@@ -433,15 +481,20 @@ class Learner:
             progress.samples += len(batch.samples)
             progress.tokens += updates[0].tokens
         progress.unacked += batch.entries
+        # counted trained or not: a step whose every group was dropped still frees their slots
+        progress.consumed += taken
         if cfg.learner.ack_policy == "step":
             if io is not None:
                 io.ack(progress)
             progress.unacked = []
+        elif io is not None and not updates:
+            io.admission.set_consumed(progress.consumed)
         row: dict = {}
-        if io is not None and updates:
-            m.STEPS.inc()
-            m.SAMPLES.inc(len(batch.samples))
-            m.TOKENS.inc(updates[0].tokens)
+        if io is not None:
+            if updates:
+                m.STEPS.inc()
+                m.SAMPLES.inc(len(batch.samples))
+                m.TOKENS.inc(updates[0].tokens)
             row = io.record(progress, batch, updates, time.perf_counter() - t0)
         if updates and progress.step % cfg.learner.checkpoint_every == 0:
             self.save_checkpoint()

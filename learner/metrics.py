@@ -67,3 +67,9 @@ ADVANTAGE_ABS_MEAN = Gauge(
 ACTORS_ALIVE = Gauge(
     "streamrl_actors_alive", "Actors whose heartbeat has not expired, as the learner last saw them."
 )
+
+
+def observe_staleness(staleness) -> None:
+    """Every token's staleness into the histogram."""
+    for value in staleness.tolist():
+        STALENESS.observe(value)

@@ -176,7 +176,7 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
             procs[name].send_signal(signal.SIGSTOP)
         publisher.publish(2, _perturbed(demo_policy, seed=2))
         admission.set_version(2)
-        admission.add_consumed(SECOND_BOUND - FIRST_BOUND)
+        admission.set_consumed(SECOND_BOUND - FIRST_BOUND)
         _wait_for(
             lambda: accepted() >= SECOND_BOUND,
             60,

@@ -1,4 +1,5 @@
-"""Admission control: the staleness bound on produced-but-unconsumed work is never exceeded."""
+"""Admission control: the staleness bound on produced-but-unconsumed work is never exceeded, and it
+follows the version of the engine that will generate (a lagging actor gets a tighter bound)."""
 
 from __future__ import annotations
 
@@ -32,18 +33,19 @@ def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
     async def main():
         r = connect_async(cfg)
         adm = Admission(r, cfg)
-        leases = [await adm.try_start("a0") for _ in range(8)]
+        leases = [await adm.try_start("a0", 0) for _ in range(8)]
         assert sum(lease is not None for lease in leases) == 6 and leases[6:] == [None, None]
-        assert await adm.counts() == {"accepted": 0, "consumed": 0, "leases": 6, "capacity": 6}
+        counts = await adm.counts()
+        assert (counts["accepted"], counts["consumed"], counts["leases"]) == (0, 0, 6)
         await adm.release(leases[0])  # an abandoned group frees its slot
-        assert await adm.try_start("a0") is not None
-        assert await adm.try_start("a0") is None
+        assert await adm.try_start("a0", 0) is not None
+        assert await adm.try_start("a0", 0) is None
         await r.aclose()
 
     asyncio.run(main())
 
 
-def test_publish_with_lease_counts_the_group_once_and_consumption_reopens_slots(redis_cfg):
+def test_publish_counts_the_group_once_and_only_a_completed_step_reopens_slots(redis_cfg):
     cfg = _small(redis_cfg, staleness=0, groups_per_step=2)
 
     async def main():
@@ -51,13 +53,21 @@ def test_publish_with_lease_counts_the_group_once_and_consumption_reopens_slots(
         adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         for i in range(2):
-            await producer.publish(make_group(f"g{i}"), await adm.try_start("a0"))
-        assert await adm.counts() == {"accepted": 2, "consumed": 0, "leases": 0, "capacity": 2}
-        assert await adm.try_start("a0") is None
-        got = await consumer.read(1, block_ms=100)  # taking an entry off the stream frees one slot
-        assert len(got) == 1
-        assert await adm.try_start("a0") is not None
-        assert await adm.try_start("a0") is None
+            await producer.publish(make_group(f"g{i}"), await adm.try_start("a0", 0))
+        counts = await adm.counts()
+        assert (counts["accepted"], counts["consumed"], counts["leases"]) == (2, 0, 0)
+        assert await adm.try_start("a0", 0) is None
+        # Reading a batch frees nothing: while it trains, a new group would be one version stale.
+        got = await consumer.read(2, block_ms=100)
+        assert len(got) == 2 and await adm.try_start("a0", 0) is None
+        # The step completes: version 1 published, its 2 groups counted. Room for one more batch
+        # on version 1, none for an engine still on version 0 (it would train at staleness 1).
+        await adm.set_version(1)
+        await adm.set_consumed(2)
+        assert await adm.try_start("a0", 0) is None
+        assert await adm.try_start("a0", 1) is not None
+        assert await adm.try_start("a0", 1) is not None
+        assert await adm.try_start("a0", 1) is None
         await r.aclose()
 
     asyncio.run(main())
@@ -69,13 +79,13 @@ def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
     async def main():
         r = connect_async(cfg)
         adm = Admission(r, cfg)
-        killed, live = await adm.try_start("killed"), await adm.try_start("live")
-        assert killed and live and await adm.try_start("a1") is None
+        killed, live = await adm.try_start("killed", 0), await adm.try_start("live", 0)
+        assert killed and live and await adm.try_start("a1", 0) is None
         await asyncio.sleep(0.12)
         assert await adm.renew(live)  # a live actor keeps its long group's lease
         await asyncio.sleep(0.12)
-        assert await adm.try_start("a1") is not None  # the killed actor's lease expired
-        assert await adm.try_start("a1") is None  # the renewed lease still holds its slot
+        assert await adm.try_start("a1", 0) is not None  # the killed actor's lease expired
+        assert await adm.try_start("a1", 0) is None  # the renewed lease still holds its slot
         assert not await adm.renew(killed)
         await r.aclose()
 
@@ -108,7 +118,7 @@ cfg = Config.model_validate_json(os.environ["CFG"])
 async def worker(adm, producer, name, stop_at):
     n = 0
     while time.monotonic() < stop_at:
-        lease = await adm.try_start(name)
+        lease = await adm.try_start(name, 0)
         if lease is None:
             await asyncio.sleep(0.002)
             continue
@@ -150,8 +160,9 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
             assert c["accepted"] + c["leases"] <= c["consumed"] + c["capacity"], c
             if len(samples) % 10 == 0:  # a slow learner: one group now and then
                 got = await consumer.read(1, block_ms=10)
-                await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
                 trained += len(got)
+                ids = [d.entry_id for d in got]
+                await consumer.ack(ids, [d.group.group_id for d in got], consumed=trained)
             await asyncio.sleep(0.005)
         stream_len = await r.xlen(consumer.keys.stream)
         await r.aclose()
@@ -178,7 +189,7 @@ def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning
     async def lease(actor_id: str) -> str:
         r = connect_async(cfg)
         try:
-            return await Admission(r, cfg).try_start(actor_id)
+            return await Admission(r, cfg).try_start(actor_id, 0)
         finally:
             await r.aclose()
 
@@ -189,3 +200,54 @@ def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning
     assert client.zcard(keys.leases) == 1
     assert ephemeral_leftovers(client, keys) == {}
     client.close()
+
+
+def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_lease(redis_cfg):
+    """S = 1, B = 2, U = 1, learner at version 3 after 10 groups. An engine on version v may fill
+    positions up to 10 + ((v + 1 - 3) + 1) * 2: version 3 -> 14, version 2 -> 12, version 1 -> 10.
+    A live actor's lease on an old version holds everybody to its bound (a newer group could
+    overtake it in the stream); a lease whose actor has no heartbeat only keeps its slot."""
+    from broker.liveness import Heartbeats
+
+    cfg = _small(redis_cfg, staleness=1, groups_per_step=2)
+
+    async def main():
+        r = connect_async(cfg)
+        adm, beats = Admission(r, cfg), Heartbeats(r, cfg)
+        await r.set(adm.keys.accepted, 10)
+        await adm.set_consumed(10)
+        await adm.set_version(3)
+        assert await adm.check("lagging", 1) == (None, 10, 10)
+        lease, ahead, bound = await adm.check("lagging", 2)
+        assert lease is not None and (ahead, bound) == (11, 12)
+        # its actor has no heartbeat: the fresh actor gets its own bound
+        fresh, ahead, bound = await adm.check("fresh", 3)
+        assert fresh is not None and (ahead, bound) == (12, 14)
+        await beats.beat("lagging", version=2)
+        # now alive: nobody may start beyond the lagging engine's bound of 12 (12 are ahead)
+        assert await adm.check("fresh", 3) == (None, 12, 12)
+        await adm.release(lease)  # the lagging group is published or given up: the bound is 14
+        assert await adm.try_start("fresh", 3) is not None
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_updates_per_batch_counts_batches_not_versions(redis_cfg):
+    """Two updates per batch: a batch moves the version by 2, so max_staleness 2 is one batch of
+    look-ahead and max_staleness 1 none."""
+    cfg = _small(redis_cfg, staleness=2, groups_per_step=2)
+    cfg.learner.updates_per_batch = 2
+
+    async def main():
+        r = connect_async(cfg)
+        adm = Admission(r, cfg)
+        await adm.set_version(4)
+        await adm.set_consumed(4)
+        assert (await adm.check("a", 4))[2] == 8
+        assert (await adm.check("a", 3))[2] == 6
+        assert (await adm.check("a", 2))[2] == 6
+        assert (await adm.check("a", 1))[2] == 4
+        await r.aclose()
+
+    asyncio.run(main())

@@ -14,8 +14,10 @@ import pytest
 
 from bench.chaos import FAULTS, ChaosRound
 from bench.chaos_checks import (
+    AdmissionCounts,
     Delivery,
     LearnerKill,
+    admission_violations,
     delivery,
     delivery_violations,
     version_violations,
@@ -58,6 +60,24 @@ def test_a_restarted_learner_must_resume_from_its_checkpoint_not_from_scratch():
     assert version_violations(from_scratch, [LearnerKill(6, 3)])
     backwards = [{"step": 1, "version": 2}, {"step": 2, "version": 1}]
     assert version_violations(backwards, [])
+
+
+def test_rows_of_batches_without_an_update_do_not_count_as_versions_going_nowhere():
+    rows = [{"step": 1, "version": 1}, {"step": 1, "version": 1, "trained": False}]
+    assert version_violations([*rows, {"step": 2, "version": 2}], []) == []
+    assert version_violations([*rows, {"step": 2, "version": 1}], [])
+
+
+def test_admission_counters_must_account_for_every_accepted_group_once():
+    balanced = AdmissionCounts(
+        accepted=20, consumed=12, discarded=2, trimmed=1, live_leases=0, stream_length=5
+    )
+    assert admission_violations(balanced) == []
+    leaked = AdmissionCounts(20, 9, 2, 1, 0, 5)  # a read never counted: slots gone for good
+    assert "unbalanced" in admission_violations(leaked)[0]
+    assert admission_violations(AdmissionCounts(20, 12, 2, 1, 1, 5)) == [
+        "1 admission lease(s) still live after a clean stop"
+    ]
 
 
 @pytest.mark.slow

@@ -1,0 +1,52 @@
+"""Steps with nothing to train: they still write a step row and count their groups for admission."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import redis
+from learner_rollouts import sample_groups, xadd_groups
+from test_learner_sync import learner_config
+
+from broker.keys import Keys
+from weightsync.policy import load_policy, load_tokenizer
+
+
+@pytest.mark.timeout(180)
+def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_slots(
+    redis_cfg, demo_policy
+):
+    from learner.loop import Learner
+
+    groups = sample_groups(
+        load_policy(demo_policy), load_tokenizer(demo_policy), random.Random(7), 8, 4, 0
+    )
+    for i, g in enumerate(groups):
+        for j, c in enumerate(g.completions):
+            # the first batch has no signal at all, the second one has
+            c.reward = 0.5 if i < 4 else float(j == 0)
+    cfg = learner_config(
+        redis_cfg,
+        demo_policy,
+        run={"max_steps": 1},
+        algo={"max_staleness": 0, "skip_zero_variance": True},
+        learner={"groups_per_step": 4},
+    )
+    xadd_groups(cfg, groups)
+    progress = Learner(cfg).run(echo=lambda line: None)
+    assert progress.step == 1 and progress.version == 1 and progress.consumed == 8
+
+    rows = [json.loads(line) for line in (Path(cfg.run.dir) / "learner_steps.jsonl").open()]
+    assert [(r["trained"], r["samples"], r["groups"]) for r in rows] == [
+        (False, 0, 4),
+        (True, 16, 4),
+    ]
+    assert rows[0]["zero_variance_groups"] == 4
+    client = redis.Redis.from_url(cfg.broker.redis_url)
+    try:
+        assert int(client.get(Keys.from_config(cfg).consumed)) == 8
+    finally:
+        client.close()
