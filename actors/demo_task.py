@@ -76,8 +76,10 @@ def make_example(rng: random.Random, digits: int = 3) -> dict[str, str]:
 def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
     """0.9 x fraction of answer positions right + 0.1 x stopped right after the answer; exact = 1.0.
 
-    ``completion`` is the decoded text without special tokens; the caller
-    appends EOS when the completion stopped on it (see actors.rewards).
+    ``completion`` is the decoded text *with* special tokens, ending in EOS when
+    the completion stopped on it (see actors.rewards): a sampled ``<|pad|>`` or
+    ``<|im_end|>`` occupies positions like any other token, so ``4<|pad|>13``
+    is not the answer ``413``.
     """
     stopped = completion.endswith(EOS)
     text = completion[: -len(EOS)] if stopped else completion
@@ -142,17 +144,34 @@ def ensure_demo_policy(
     return path
 
 
+def distinct_examples(size: int, seed: int = 0, digits: int = 3) -> list[dict[str, str]]:
+    """``size`` examples with distinct prompts in a seeded random order (at most ``10**digits``)."""
+    if not 1 <= size <= 10**digits:
+        raise ValueError(
+            f"the demo task has {10**digits} distinct {digits}-digit prompts; cannot make {size}"
+        )
+    numbers = random.Random(seed).sample(range(10**digits), size)
+    return [
+        {"prompt": f"{n:0{digits}d}" + PROMPT_SUFFIX, "answer": f"{n:0{digits}d}"[::-1]}
+        for n in numbers
+    ]
+
+
 def ensure_demo_dataset(path: str | os.PathLike, size: int = 1000, seed: int = 0) -> Path:
-    """Write the demo prompts as JSONL (``prompt`` + ``answer``) if the file is missing."""
+    """Write the demo prompts as JSONL (``prompt`` + ``answer``) if the file is missing.
+
+    Every prompt is distinct (the default 1,000 rows are all 3-digit numbers,
+    shuffled by ``seed``): rows drawn with replacement held only ~630 distinct prompts.
+    """
     path = Path(path)
     if path.exists():
         return path
+    rows = distinct_examples(size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        for _ in range(size):
-            f.write(json.dumps(make_example(rng)) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
     return path
 

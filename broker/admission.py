@@ -2,7 +2,7 @@
 
 An actor may start a group iff
 
-    accepted + live_leases < consumed + (max_staleness // updates_per_batch + 1) * groups_per_step
+    accepted + live_leases < consumed + (max_staleness // versions_per_batch + 1) * groups_per_step
 
 (AReaL's ``(S + v + 1)·B − (accepted + running) > 0`` with ``v·B`` replaced by
 the count of entries the learner took off the stream, so skipped groups can
@@ -54,9 +54,9 @@ class Admission:
     def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
         self.redis = redis_client
         self.keys = Keys.from_config(cfg)
-        # a batch advances the version by updates_per_batch, so max_staleness versions are
-        # max_staleness // updates_per_batch batches of look-ahead (AReaL's rule counts batches)
-        lookahead = cfg.algo.max_staleness // cfg.learner.updates_per_batch
+        # a batch advances the version by updates_per_batch x minibatches, so max_staleness versions
+        # are max_staleness // versions_per_batch batches of look-ahead (AReaL's rule counts batches)
+        lookahead = cfg.algo.max_staleness // cfg.learner.versions_per_batch
         self.capacity = (lookahead + 1) * cfg.learner.groups_per_step
         self.ttl_ms = int(cfg.broker.lease_ttl_s * 1000)
         self._try_start = redis_client.register_script(_TRY_START)

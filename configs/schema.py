@@ -368,6 +368,12 @@ class LearnerConfig(Section):
         ge=1,
         description="Disjoint random mini-batches one pass splits the batch into, one optimizer step each (PPO style); the clip and IS weight stay relative to the policy at the start of the batch.",
     )
+
+    @property
+    def versions_per_batch(self) -> int:
+        """Policy versions one consumed batch publishes (one per optimizer step)."""
+        return self.updates_per_batch * self.minibatches
+
     micro_batch_tokens: int = Field(
         8192, ge=1, description="Token budget of one micro-batch; samples are never split."
     )
