@@ -90,7 +90,13 @@ def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
 
 
 def format_warm_start(
-    model, tokenizer, steps: int = 100, batch: int = 64, lr: float = 1e-3, seed: int = 0
+    model,
+    tokenizer,
+    steps: int = 100,
+    batch: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    optimizer=None,
 ) -> float:
     """Supervised steps on *random* digit strings of the right length + EOS.
 
@@ -98,12 +104,17 @@ def format_warm_start(
     these defaults ~95 % of samples have the format and the reward sits at the
     chance level of the digits (~0.18 = 0.9 x 1/10 + 0.1 x 0.95); FACTS.md's 60
     steps at 3e-4 left the format at ~20 % (reward ~0.09), and RL then spent most
-    of its time learning to stop. Returns the last loss.
+    of its time learning to stop. ``optimizer`` (an AdamW over ``model``, its lr set
+    to ``lr`` here) lets a caller keep the moments for RL; by default a fresh one is
+    made and dropped. Returns the last loss.
     """
     import torch
 
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     model.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
