@@ -26,6 +26,7 @@ PARTS = [
     "actors",
     "dashboards",
     "trl_baseline",
+    "reference_loop",
     "system",
     "projection",
     "chaos",

@@ -228,6 +228,57 @@ def run_reference(
     }
 
 
+def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) -> str:
+    """The benchmark section: the loop's rollouts and time to the preset's target, per optimizer start."""
+    import datetime
+    import os
+    import platform
+
+    from configs import load_config
+
+    run = load_config(CONFIG, [], env={}).run
+    rows = []
+    for r in results:
+        ttt = r["time_to_target_s"]
+        rows.append(
+            f"| {r['seed']} | {'carried from the warm start' if r['carry_optimizer'] else 'fresh'} | "
+            f"{r['rollouts_to_target'] or f'not in {cap_s:.0f} s'} | "
+            f"{'–' if ttt is None else f'{ttt:.0f} s'} | {r['samples_per_s']:.0f} |"
+        )
+    return "\n".join(
+        [
+            "## Reference loop: plain synchronous GRPO in one process",
+            "",
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.node()} "
+            f"({os.cpu_count()} cores, shared with whatever else runs) · 1 torch thread · `{command}`",
+            "",
+            "`bench.reference_loop`: sample a 256-completion rollout, score it, train on it, repeat, with the "
+            f"recipe of `{CONFIG}` on the demo's policy, prompts and reward. Target: {run.target_window}-rollout "
+            f"means of reward ≥ {run.target_reward} and exact match ≥ {run.target_exact}; cap {cap_s:.0f} s. "
+            f"Seeds {', '.join(map(str, seeds))} (warm-start seed = RL seed). Optimizer: *fresh* = a new AdamW on "
+            "the warmed policy, as the streamrl learner starts; *carried* = the warm start's AdamW, moments "
+            "included, kept for RL.",
+            "",
+            "| seed | AdamW | rollouts to target | time to target | samples/s |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+
+
+def run(quick: bool = False) -> str:
+    """Benchmark section (``make bench``): seed 0 (quick) or 0-2, fresh and carried optimizer."""
+    seeds = [0] if quick else [0, 1, 2]
+    cap_s = 300.0 if quick else 600.0
+    results = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix="reference-loop-") as tmp:
+            for carry in (False, True):
+                result = run_reference(seed, cap_s, tmp, (), carry, echo=lambda line: None)
+                results.append({**result, "seed": seed})
+    return markdown(results, seeds, cap_s, "make bench" + (" --quick" if quick else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
