@@ -148,6 +148,8 @@ def run_reference(
     cursor = 0
     curve, samples, tokens = [], 0, 0
     setup_s = time.monotonic() - started
+    # CPU seconds of this process: on a shared machine they move far less than wall time
+    cpu_started = time.process_time()
     rewards_seen, exact_seen = [], []
     step = 0
     while time.monotonic() - started < max_time_s:
@@ -222,6 +224,7 @@ def run_reference(
         "time_to_target_s": None if end is None else curve[end][0],
         "rollouts_to_target": None if end is None else end + 1,
         "samples_per_s": samples / loop_s if loop_s > 0 else 0.0,
+        "samples_per_cpu_s": samples / max(time.process_time() - cpu_started, 1e-9),
         "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
         "carry_optimizer": carry_optimizer,
         "overrides": list(overrides),
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         f"FINAL rollouts={result['steps']} rollouts_to_target={result['rollouts_to_target']} "
         f"time_to_target={result['time_to_target_s']} "
         f"last20_reward={sum(p[1] for p in last) / max(len(last), 1):.3f} "
-        f"samples/s={result['samples_per_s']:.0f}"
+        f"samples/s={result['samples_per_s']:.0f} samples/cpu-s={result['samples_per_cpu_s']:.0f}"
     )
     return 0
 

@@ -922,6 +922,7 @@ def run(
     command: str | None = None,
     reuse: bool = False,
     tune_seeds: tuple[int, ...] | None = None,
+    cap_s: float | None = None,
 ) -> str:
     """The Markdown section of the system benchmarks."""
     import torch
@@ -935,6 +936,7 @@ def run(
         settings,
         seeds=tuple(seeds) if seeds else settings.seeds,
         tune_seeds=settings.tune_seeds if tune_seeds is None else tuple(tune_seeds),
+        ttt_cap_s=cap_s or settings.ttt_cap_s,
         reuse=reuse,
     )
     command = command or "make bench" + (" --quick" if quick else "")
@@ -997,6 +999,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}"
     )
     parser.add_argument(
+        "--cap-s", type=float, default=None, help="time cap of one time-to-target run (seconds)"
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help=f"read runs already saved under {ROOT}/outcomes instead of running them again",
@@ -1011,7 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = "python -m bench.system " + " ".join(argv if argv is not None else sys.argv[1:])
     only = tuple(p for p in args.only.split(",") if p)
-    section = run(args.quick, seeds, only, command.strip(), args.reuse, tune)
+    section = run(args.quick, seeds, only, command.strip(), args.reuse, tune, args.cap_s)
     SECTION.parent.mkdir(parents=True, exist_ok=True)
     SECTION.write_text(section)
     print(section)
