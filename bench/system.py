@@ -16,6 +16,9 @@ system), so no side pays for it.
    GRPOTrainer, each at its own best point of the same grid (lr x KL
    coefficient), chosen on the tune seeds; then every system at its best on
    every seed, the systems interleaved per seed so ratios are back to back.
+   The full run is 2 tune seeds x 4 points x 4 systems + 3 more seeds x 4
+   systems = 44 runs of up to ``--cap-s`` (600 s) each: give it an otherwise
+   idle machine. ``--quick`` is a smoke run: seed 0, the preset's point only.
 2. ``sweep``: reward curves for several ``algo.max_staleness`` values, with and
    without the importance correction.
 3. ``time``: the share of wall time each process spends per phase, from
