@@ -76,8 +76,10 @@ def make_example(rng: random.Random, digits: int = 3) -> dict[str, str]:
 def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
     """0.9 x fraction of answer positions right + 0.1 x stopped right after the answer; exact = 1.0.
 
-    ``completion`` is the decoded text without special tokens; the caller
-    appends EOS when the completion stopped on it (see actors.rewards).
+    ``completion`` is the decoded text *with* special tokens, ending in EOS when
+    the completion stopped on it (see actors.rewards): a sampled ``<|pad|>`` or
+    ``<|im_end|>`` occupies positions like any other token, so ``4<|pad|>13``
+    is not the answer ``413``.
     """
     stopped = completion.endswith(EOS)
     text = completion[: -len(EOS)] if stopped else completion
@@ -88,7 +90,13 @@ def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
 
 
 def format_warm_start(
-    model, tokenizer, steps: int = 100, batch: int = 64, lr: float = 1e-3, seed: int = 0
+    model,
+    tokenizer,
+    steps: int = 100,
+    batch: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    optimizer=None,
 ) -> float:
     """Supervised steps on *random* digit strings of the right length + EOS.
 
@@ -96,12 +104,17 @@ def format_warm_start(
     these defaults ~95 % of samples have the format and the reward sits at the
     chance level of the digits (~0.18 = 0.9 x 1/10 + 0.1 x 0.95); FACTS.md's 60
     steps at 3e-4 left the format at ~20 % (reward ~0.09), and RL then spent most
-    of its time learning to stop. Returns the last loss.
+    of its time learning to stop. ``optimizer`` (an AdamW over ``model``, its lr set
+    to ``lr`` here) lets a caller keep the moments for RL; by default a fresh one is
+    made and dropped. Returns the last loss.
     """
     import torch
 
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     model.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
@@ -142,17 +155,34 @@ def ensure_demo_policy(
     return path
 
 
+def distinct_examples(size: int, seed: int = 0, digits: int = 3) -> list[dict[str, str]]:
+    """``size`` examples with distinct prompts in a seeded random order (at most ``10**digits``)."""
+    if not 1 <= size <= 10**digits:
+        raise ValueError(
+            f"the demo task has {10**digits} distinct {digits}-digit prompts; cannot make {size}"
+        )
+    numbers = random.Random(seed).sample(range(10**digits), size)
+    return [
+        {"prompt": f"{n:0{digits}d}" + PROMPT_SUFFIX, "answer": f"{n:0{digits}d}"[::-1]}
+        for n in numbers
+    ]
+
+
 def ensure_demo_dataset(path: str | os.PathLike, size: int = 1000, seed: int = 0) -> Path:
-    """Write the demo prompts as JSONL (``prompt`` + ``answer``) if the file is missing."""
+    """Write the demo prompts as JSONL (``prompt`` + ``answer``) if the file is missing.
+
+    Every prompt is distinct (the default 1,000 rows are all 3-digit numbers,
+    shuffled by ``seed``): rows drawn with replacement held only ~630 distinct prompts.
+    """
     path = Path(path)
     if path.exists():
         return path
+    rows = distinct_examples(size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        for _ in range(size):
-            f.write(json.dumps(make_example(rng)) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
     return path
 

@@ -72,6 +72,18 @@ def stop_token_ids(tokenizer, model_config) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def assistant_turn(tokenizer, output: Output) -> dict:
+    """The completion as the reward functions see it (actors.rewards): clean text and raw text."""
+    ids = output.token_ids.tolist()
+    return {
+        "role": "assistant",
+        "content": tokenizer.decode(ids, skip_special_tokens=True),
+        # a sampled pad or chat token is part of what the model wrote; a verifier may need to see it
+        "raw_content": tokenizer.decode(ids, skip_special_tokens=False),
+        "finish_reason": output.finish_reason,
+    }
+
+
 @dataclass
 class _Pending:
     """A group in flight: its lease, prompt and the completions once generated."""
@@ -259,8 +271,7 @@ class Actor:
             self._observe(group)
 
     def _assistant_turn(self, output: Output) -> dict:
-        text = self.tokenizer.decode(output.token_ids.tolist(), skip_special_tokens=True)
-        return {"role": "assistant", "content": text, "finish_reason": output.finish_reason}
+        return assistant_turn(self.tokenizer, output)
 
     @staticmethod
     def _observe(group: RolloutGroup) -> None:

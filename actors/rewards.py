@@ -2,7 +2,8 @@
 
 A reward function has RL2's signature ``fn(messages, answer, **kwargs) -> float |
 dict[str, float]``: ``messages`` is the conversation ending with the assistant
-turn ``{"role": "assistant", "content": text, "finish_reason": ...}``. A dict
+turn ``{"role": "assistant", "content": text, "raw_content": ..., "finish_reason": ...}``
+(``content`` without special tokens, ``raw_content`` with them, EOS included). A dict
 return is a set of named parts whose sum is the function's value. The scalar
 reward is the weighted sum over ``cfg.reward.functions``.
 
@@ -46,9 +47,14 @@ def _completion(messages: list[dict]) -> dict:
 
 
 def reverse_digits(messages, answer, **_) -> dict[str, float]:
-    """The demo task's shaped reward (see actors.demo_task); EOS counts when the completion stopped on it."""
+    """The demo task's shaped reward (see actors.demo_task) on the text with special tokens kept.
+
+    Without ``raw_content`` (a caller that only has the clean text) EOS is appended on a stop.
+    """
     turn = _completion(messages)
-    text = turn["content"] + (EOS if turn.get("finish_reason") == "stop" else "")
+    text = turn.get("raw_content")
+    if text is None:
+        text = turn["content"] + (EOS if turn.get("finish_reason") == "stop" else "")
     return reverse_digits_reward(text, str(answer))
 
 

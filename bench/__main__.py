@@ -27,6 +27,7 @@ PARTS = [
     "actors",
     "dashboards",
     "trl_baseline",
+    "reference_loop",
     "system",
     "projection",
     "chaos",

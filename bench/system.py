@@ -1,16 +1,24 @@
-"""System benchmarks: streamrl async vs synchronous vs TRL, a staleness sweep, and where time goes.
+"""System benchmarks: streamrl async vs synchronous vs a plain loop vs TRL, a staleness sweep, where time goes.
 
-    python -m bench.system [--quick] [--seeds 0,1,2] [--only ttt,sweep,time]
+    python -m bench.system [--quick] [--seeds 0,1,2,3,4] [--tune-seeds 0,1] [--only ttt,sweep,time]
 
 Every streamrl run is the real system of ``make run`` (``launch.supervisor``:
 embedded Redis, DeepSpeed learner, actor processes) on the CPU demo config,
 changed only by ``run.*`` overrides, the shared policy/data paths and what a
 variant needs. Wall time counts from the launch; the warmed demo policy is
-built once per seed beforehand (shared with TRL), so no side pays for it.
+built once per seed beforehand (warm-start seed = RL seed, shared by every
+system), so no side pays for it.
 
-1. ``ttt``: time to target (5-step means of reward >= 0.9 and exact match >= 0.8)
-   for streamrl async (learner + 2 actors), streamrl synchronous
-   (``algo.max_staleness=0``, 1 actor) and TRL's GRPOTrainer.
+1. ``ttt``: time to the preset's target (``run.target_*``: 20-step means of
+   reward >= 0.95 and exact match >= 0.85) for streamrl async (learner + 2
+   actors), streamrl synchronous (``algo.max_staleness=0``, 1 actor), the
+   one-process reference loop (``bench.reference_loop``) and TRL's
+   GRPOTrainer, each at its own best point of the same grid (lr x KL
+   coefficient), chosen on the tune seeds; then every system at its best on
+   every seed, the systems interleaved per seed so ratios are back to back.
+   The full run is 2 tune seeds x 4 points x 4 systems + 3 more seeds x 4
+   systems = 44 runs of up to ``--cap-s`` (600 s) each: give it an otherwise
+   idle machine. ``--quick`` is a smoke run: seed 0, the preset's point only.
 2. ``sweep``: reward curves for several ``algo.max_staleness`` values, with and
    without the importance correction.
 3. ``time``: the share of wall time each process spends per phase, from
@@ -34,13 +42,16 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from learner import target as run_target
+
 CONFIG = "configs/demo_cpu.yaml"
 ROOT = Path("runs/bench-system")
 IMG_DIR = Path("docs/img")
 SECTION = Path("docs/bench/system.md")
-TARGET_REWARD, TARGET_EXACT, WINDOW = 0.9, 0.8, 5
-# A bar every system clears on this task, so the three are compared even in runs that miss the target.
+# A bar every system clears on this task, so the systems are compared even in runs that miss the target.
 MILESTONE_REWARD = 0.7
+# (lr, k3 KL coefficient): the grid every system is tuned on (issue 11)
+GRID = tuple((lr, kl) for lr in (3e-4, 6e-4) for kl in (0.0, 0.1))
 STOP_GRACE_S = 45.0  # the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
 SCRAPE_EVERY_S = 10.0
 POLL_S = 1.0
@@ -59,16 +70,45 @@ SWEEP = [
 ]
 
 
+def demo_target() -> tuple[float, float, int]:
+    """(reward, exact, window) of the preset's ``run.target_*``, the one definition of the target."""
+    from configs import load_config
+
+    run = load_config(CONFIG, [], env={}).run
+    return run.target_reward, run.target_exact, run.target_window
+
+
+TARGET_REWARD, TARGET_EXACT, WINDOW = demo_target()
+
+
+def preset_point() -> tuple[float, float]:
+    from configs import load_config
+
+    cfg = load_config(CONFIG, [], env={})
+    return cfg.learner.lr, cfg.algo.kl_coef
+
+
+def point_overrides(point: tuple[float, float]) -> list[str]:
+    lr, kl = point
+    return [f"learner.lr={lr:g}", f"algo.kl_coef={kl:g}"]
+
+
+def point_label(point: tuple[float, float]) -> str:
+    return f"lr {point[0]:g}, KL {point[1]:g}"
+
+
 @dataclass(frozen=True)
 class Settings:
     seeds: tuple[int, ...]
     ttt_cap_s: float
     sweep_cap_s: float
+    tune_seeds: tuple[int, ...] = ()  # empty: no tuning, every system at the preset's point
+    grid: tuple[tuple[float, float], ...] = GRID
     reuse: bool = False  # read runs saved under ROOT/outcomes instead of running them again
 
 
-QUICK = Settings(seeds=(0,), ttt_cap_s=180.0, sweep_cap_s=90.0)
-FULL = Settings(seeds=(0, 1, 2), ttt_cap_s=240.0, sweep_cap_s=180.0)
+QUICK = Settings(seeds=(0,), ttt_cap_s=300.0, sweep_cap_s=90.0)
+FULL = Settings(seeds=(0, 1, 2, 3, 4), ttt_cap_s=600.0, sweep_cap_s=180.0, tune_seeds=(0, 1))
 
 
 # ----- Prometheus text -> numbers (pure) ------------------------------------------------------
@@ -201,21 +241,36 @@ class Outcome:
     wall_s: float
     extra: dict = field(default_factory=dict)
     scrapes: list[Scrape] = field(default_factory=list)
+    # completions consumed per curve point (streamrl: groups x G of the step; loops: the rollout)
+    samples: list[int] = field(default_factory=list)
+    # generated tokens the learner never trained (stale), over all generated; None where not counted
+    wasted_fraction: float | None = None
+
+    def target_index(self, reward: float, exact: float = 0.0) -> int | None:
+        """Curve index closing the first ``WINDOW`` points whose means reach both bars (learner.target)."""
+        return run_target.first_reached(
+            [r for _, r, _ in self.curve], [e for _, _, e in self.curve], reward, exact, WINDOW
+        )
 
     def time_to(self, reward: float, exact: float = 0.0) -> float | None:
         """Seconds since launch at the end of the first ``WINDOW`` steps whose means reach both bars."""
-        for end in range(WINDOW, len(self.curve) + 1):
-            recent = self.curve[end - WINDOW : end]
-            if (
-                statistics.fmean(r for _, r, _ in recent) >= reward
-                and statistics.fmean(e for _, _, e in recent) >= exact
-            ):
-                return recent[-1][0]
-        return None
+        end = self.target_index(reward, exact)
+        return None if end is None else self.curve[end][0]
 
     @property
     def time_to_target_s(self) -> float | None:
         return self.time_to(TARGET_REWARD, TARGET_EXACT)
+
+    @property
+    def time_from_first_step_s(self) -> float | None:
+        """Time to target counted from the end of the first training step (start-up left out)."""
+        ttt = self.time_to_target_s
+        return None if ttt is None else ttt - self.curve[0][0]
+
+    @property
+    def samples_to_target(self) -> int | None:
+        end = self.target_index(TARGET_REWARD, TARGET_EXACT)
+        return None if end is None or not self.samples else sum(self.samples[: end + 1])
 
     @property
     def time_to_milestone_s(self) -> float | None:
@@ -322,7 +377,8 @@ def _launch_and_watch(
             steps = read_steps(sup.run_dir) if stop_at_target else []
             if (
                 stop_at_target
-                and time_to_target(steps, started_unix, TARGET_REWARD, TARGET_EXACT) is not None
+                and time_to_target(steps, started_unix, TARGET_REWARD, TARGET_EXACT, WINDOW)
+                is not None
             ):
                 scrapes.append(scrape_all(sup.redis, sup.keys))
                 break
@@ -346,9 +402,12 @@ def _launch_and_watch(
         samples_per_s,
         generated_tokens_per_s(scrapes),
         wall_s,
+        samples=[s["groups"] * group_size for s in steps],
+        wasted_fraction=stale_token_fraction(scrapes),
         extra={
             "steps": steps,
             "updates_per_batch": cfg.learner.updates_per_batch,
+            "versions_per_batch": cfg.learner.versions_per_batch,
             "max_staleness": cfg.algo.max_staleness,
             "groups_per_step": cfg.learner.groups_per_step,
             "overrides": extra,
@@ -373,55 +432,141 @@ def generated_tokens_per_s(scrapes: list[Scrape]) -> float:
     return tokens / (last.at - first.at)
 
 
-def run_trl_outcome(seed: int, cap_s: float, reuse: bool = False) -> Outcome:
-    saved = saved_path(f"trl-s{seed}", cap_s)
+def stale_token_fraction(scrapes: list[Scrape]) -> float | None:
+    """Stale tokens the learner dropped or masked over the tokens all actors generated (last scrape
+    that saw the learner and an actor); None before both were scraped."""
+    seen = [
+        s
+        for s in scrapes
+        if "learner:0" in s.by_target and any(t.startswith("actor:") for t in s.by_target)
+    ]
+    if not seen:
+        return None
+    last = seen[-1].by_target
+    generated = sum(
+        m.get("streamrl_actor_tokens_generated_total", 0.0)
+        for t, m in last.items()
+        if t.startswith("actor:")
+    )
+    stale = last["learner:0"].get("streamrl_learner_dropped_stale_tokens_total", 0.0)
+    return stale / generated if generated else None
+
+
+def run_loop_outcome(
+    system: str, seed: int, point: tuple[float, float], cap_s: float, reuse: bool = False
+) -> Outcome:
+    """The reference loop or TRL on one seed at one grid point (saved like the streamrl runs)."""
+    tag = "reference" if system == REFERENCE else "trl"
+    saved = saved_path(f"{tag}-s{seed}-lr{point[0]:g}-kl{point[1]:g}", cap_s)
     if reuse and saved.exists():
-        print(f"   TRL seed {seed}: reusing {saved}", flush=True)
+        print(f"   {system} seed {seed}: reusing {saved}", flush=True)
         return load_outcome(saved)
-    outcome = _run_trl(seed, cap_s)
-    save_outcome(outcome, saved)
-    return outcome
-
-
-def _run_trl(seed: int, cap_s: float) -> Outcome:
-    from bench.trl_baseline import run_trl
-
     seed_inputs(seed)
-    print(f"   TRL seed {seed}: cap {cap_s:g} s", flush=True)
+    overrides = point_overrides(point)
+    print(f"   {system} seed {seed}: {' '.join(overrides)}, cap {cap_s:g} s", flush=True)
     started = time.monotonic()
-    result = run_trl(seed, cap_s, ROOT / f"seed{seed}", stop_at_target=True)
+    if system == REFERENCE:
+        from bench.reference_loop import run_reference
+
+        result = run_reference(seed, cap_s, ROOT / f"seed{seed}", overrides, echo=lambda line: None)
+    else:
+        from bench.trl_baseline import run_trl
+
+        result = run_trl(seed, cap_s, ROOT / f"seed{seed}", True, overrides)
     wall_s = time.monotonic() - started
-    print(f"   -> {result['steps']} steps in {wall_s:.0f} s", flush=True)
-    return Outcome(
-        "TRL GRPOTrainer",
+    print(f"   -> {result['steps']} rollouts in {wall_s:.0f} s", flush=True)
+    from configs import load_config
+
+    cfg = load_config(CONFIG, overrides, env={})
+    rollout = cfg.learner.groups_per_step * cfg.rollout.group_size
+    outcome = Outcome(
+        system,
         seed,
         cap_s,
         [tuple(p) for p in result["curve"]],
         result["samples_per_s"],
         result["tokens_per_s"],
         wall_s,
-        extra={"setup_s": result["setup_s"]},
+        extra={"setup_s": result["setup_s"], "overrides": overrides},
+        samples=[rollout] * len(result["curve"]),
+        # a synchronous loop trains every token it generates
+        wasted_fraction=0.0,
     )
+    save_outcome(outcome, saved)
+    return outcome
 
 
 # ----- 1. time to target ---------------------------------------------------------------------
 
-ASYNC, SYNC, TRL = "streamrl async", "streamrl sync", "TRL GRPOTrainer"
+ASYNC, SYNC, REFERENCE, TRL = (
+    "streamrl async",
+    "streamrl sync",
+    "reference loop",
+    "TRL GRPOTrainer",
+)
+SYSTEMS = (ASYNC, SYNC, REFERENCE, TRL)
+# streamrl variants: extra overrides and actor processes
+STREAMRL = {ASYNC: ([], 2), SYNC: (["algo.max_staleness=0"], 1)}
 
 
-def run_time_to_target(settings: Settings) -> dict[str, list[Outcome]]:
-    results: dict[str, list[Outcome]] = {ASYNC: [], SYNC: [], TRL: []}
-    for seed in settings.seeds:
-        results[ASYNC].append(
-            run_streamrl(ASYNC, seed, [], 2, settings.ttt_cap_s, True, settings.reuse)
-        )
-        results[SYNC].append(
-            run_streamrl(
-                SYNC, seed, ["algo.max_staleness=0"], 1, settings.ttt_cap_s, True, settings.reuse
+@dataclass
+class TimeToTarget:
+    """Every run of the ``ttt`` part: the grid on the tune seeds, and each system at its best."""
+
+    grid: dict[str, dict[tuple[float, float], list[Outcome]]]
+    best: dict[str, tuple[float, float]]
+    results: dict[str, list[Outcome]]
+
+
+def run_one(
+    system: str, seed: int, point: tuple[float, float], settings: Settings, memo: dict
+) -> Outcome:
+    """One run, done once per invocation (a tune run is reused by the final runs of its seed)."""
+    key = (system, seed, point)
+    if key not in memo:
+        if system in STREAMRL:
+            extra, actors = STREAMRL[system]
+            label = f"{system}, {point_label(point)}"
+            memo[key] = run_streamrl(
+                label,
+                seed,
+                [*extra, *point_overrides(point)],
+                actors,
+                settings.ttt_cap_s,
+                True,
+                settings.reuse,
             )
-        )
-        results[TRL].append(run_trl_outcome(seed, settings.ttt_cap_s, settings.reuse))
-    return results
+            memo[key].system = system
+        else:
+            memo[key] = run_loop_outcome(system, seed, point, settings.ttt_cap_s, settings.reuse)
+    return memo[key]
+
+
+def rank_key(outcomes: list[Outcome]) -> tuple[float, float]:
+    """Best first: the lower median time to target, then (all missed) the higher reward reached."""
+    return median_ttt(outcomes), -statistics.fmean(o.reached[0] for o in outcomes)
+
+
+def run_time_to_target(settings: Settings) -> TimeToTarget:
+    memo: dict = {}
+    grid: dict[str, dict[tuple[float, float], list[Outcome]]] = {s: {} for s in SYSTEMS}
+    points = settings.grid if settings.tune_seeds else (preset_point(),)
+    for seed in settings.tune_seeds:
+        for point in points:
+            for system in SYSTEMS:
+                outcome = run_one(system, seed, point, settings, memo)
+                grid[system].setdefault(point, []).append(outcome)
+    best = {
+        system: min(grid[system].items(), key=lambda item: rank_key(item[1]))[0]
+        if grid[system]
+        else points[0]
+        for system in SYSTEMS
+    }
+    results: dict[str, list[Outcome]] = {s: [] for s in SYSTEMS}
+    for seed in settings.seeds:
+        for system in SYSTEMS:
+            results[system].append(run_one(system, seed, best[system], settings, memo))
+    return TimeToTarget(grid, best, results)
 
 
 def median_ttt(outcomes: list[Outcome], milestone: bool = False) -> float:
@@ -430,16 +575,17 @@ def median_ttt(outcomes: list[Outcome], milestone: bool = False) -> float:
     return statistics.median(t if t is not None else math.inf for t in times)
 
 
-def ratio_text(num: list[Outcome], den: list[Outcome], goal: float, milestone: bool = False) -> str:
-    bar = "the milestone" if milestone else "the target"
-    a, b = median_ttt(num, milestone), median_ttt(den, milestone)
-    if math.isinf(a):
-        return f"n/a (async did not reach {bar})"
-    if math.isinf(b):
-        bound = a / max(o.cap_s for o in den)
-        return f"< {bound:.2f}× (the baseline missed {bar} within its cap) — goal ≤ {goal}×: {'met' if bound <= goal else 'not shown'}"
-    ratio = a / b
-    return f"**{ratio:.2f}×** — goal ≤ {goal}×: {'met' if ratio <= goal else 'not met'}"
+def median_of(values: list[float | None]) -> float:
+    """Median where a missing value (the target not reached) counts as infinite."""
+    return statistics.median(v if v is not None else math.inf for v in values)
+
+
+def ratio_cell(num: float, den: float, goal: float | None = None) -> str:
+    if math.isinf(num) or math.isinf(den) or den <= 0:
+        return "n/a (a side missed the target on more than half the seeds)"
+    ratio = num / den
+    verdict = "" if goal is None else f" (goal ≤ {goal}×: {'met' if ratio <= goal else 'not met'})"
+    return f"**{ratio:.2f}×**{verdict}"
 
 
 def _ttt_cell(o: Outcome) -> str:
@@ -450,69 +596,139 @@ def _ttt_cell(o: Outcome) -> str:
     return f"not in {o.cap_s:.0f} s (reached {reward:.3f} / {exact:.2f})"
 
 
-def _stale_cell(outcomes: list[Outcome]) -> str:
-    steps = [s for o in outcomes for s in o.extra.get("steps", [])]
-    if not steps:
-        return "–"
-    dropped = sum(s.get("dropped_stale_groups", 0) for s in steps)
-    staleness = statistics.fmean(s["staleness_mean"] for s in steps)
-    return f"{dropped} of {sum(s['groups'] for s in steps)} groups; {staleness:.2f}"
+def _fmt_s(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.0f} s"
 
 
-def ttt_markdown(results: dict[str, list[Outcome]], settings: Settings) -> str:
+def _waste_cell(outcomes: list[Outcome]) -> str:
+    values = [o.wasted_fraction for o in outcomes if o.wasted_fraction is not None]
+    return f"{statistics.fmean(values):.1%}" if values else "–"
+
+
+def plot_curves(results: dict[str, list[Outcome]], path: Path) -> None:
+    """Reward (window mean) against wall time and against samples consumed, every system side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for i, (system, outcomes) in enumerate(results.items()):
+        for j, o in enumerate(outcomes):
+            if not o.curve:
+                continue
+            reward = rolling_mean([r for _, r, _ in o.curve])
+            label = system if j == 0 else None
+            by_time.plot([t for t, _, _ in o.curve], reward, color=f"C{i}", lw=1, label=label)
+            if o.samples:
+                consumed = [sum(o.samples[: k + 1]) for k in range(len(o.samples))]
+                by_samples.plot(consumed, reward, color=f"C{i}", lw=1, label=label)
+    by_time.set_xlabel("wall time since launch (s)")
+    by_samples.set_xlabel("completions consumed")
+    by_time.set_ylabel(f"reward ({WINDOW}-step mean)")
+    for ax in (by_time, by_samples):
+        ax.axhline(TARGET_REWARD, color="grey", lw=0.8, ls=":")
+        ax.grid(alpha=0.3)
+    by_samples.legend(fontsize=8, loc="lower right")
+    fig.suptitle(
+        "Time to target on the CPU demo task, each system at its best grid point, every seed"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def ttt_markdown(ttt: TimeToTarget, settings: Settings) -> str:
+    results = ttt.results
+    plot_curves(results, IMG_DIR / "system_curves.png")
     rows = []
+    medians = {}
     for system, outcomes in results.items():
         times = [o.time_to_target_s for o in outcomes if o.time_to_target_s is not None]
-        med = median_ttt(outcomes)
+        medians[system] = {
+            "launch": median_ttt(outcomes),
+            "first_step": median_of([o.time_from_first_step_s for o in outcomes]),
+            "samples": median_of([o.samples_to_target for o in outcomes]),
+        }
         spread = (
             f"{min(times):.0f}–{max(times):.0f} s ({len(times)}/{len(outcomes)} reached)"
             if times
-            else "–"
+            else f"– (0/{len(outcomes)} reached)"
         )
-        milestone = median_ttt(outcomes, milestone=True)
+        samples = medians[system]["samples"]
         rows.append(
-            f"| {system} | {'∞' if math.isinf(med) else f'{med:.0f} s'} | {spread} | "
-            f"{'∞' if math.isinf(milestone) else f'{milestone:.0f} s'} | "
+            f"| {system} | {point_label(ttt.best[system])} | {_fmt_s(medians[system]['launch'])} | "
+            f"{_fmt_s(medians[system]['first_step'])} | {spread} | "
+            f"{'∞' if math.isinf(samples) else f'{samples:,.0f}'} | "
+            f"{statistics.fmean(o.samples_per_s for o in outcomes):.0f} | {_waste_cell(outcomes)} | "
             + "; ".join(f"s{o.seed}: {_ttt_cell(o)}" for o in outcomes)
-            + f" | {statistics.fmean(o.samples_per_s for o in outcomes):.0f}"
-            + f" | {statistics.fmean(o.tokens_per_s for o in outcomes):.0f} | {_stale_cell(outcomes)} |"
+            + " |"
         )
-    streamrl = results[ASYNC][0].extra
+    grid_rows = []
+    for system, points in ttt.grid.items():
+        if points:
+            grid_rows.append(
+                f"| {system} | "
+                + " | ".join(
+                    f"{_fmt_s(median_ttt(points[p]))}" if p in points else "–"
+                    for p in settings.grid
+                )
+                + " |"
+            )
+    m = medians
+    grid_part = (
+        [
+            f"Grid (median time to target from the launch over tune seeds "
+            f"{', '.join(map(str, settings.tune_seeds))}; the best point of each system is used below):",
+            "",
+            "| system | " + " | ".join(point_label(p) for p in settings.grid) + " |",
+            "|---|" + "---|" * len(settings.grid),
+            *grid_rows,
+            "",
+        ]
+        if settings.tune_seeds
+        else [
+            f"No grid in this run (`--quick`): every system at the preset's point, {point_label(preset_point())}.",
+            "",
+        ]
+    )
     return "\n".join(
         [
             "### Time to target on the CPU demo task",
             "",
-            f"Target: {WINDOW}-step means of reward ≥ {TARGET_REWARD} and exact match ≥ {TARGET_EXACT}. "
-            f"Seeds {', '.join(map(str, settings.seeds))}; cap {settings.ttt_cap_s:.0f} s per run, each run stops at the target. "
-            "Wall time from the launch (Redis, learner and actor start-up included; for TRL its model load and trainer "
-            "set-up); the warmed demo policy is built beforehand, once per seed, and shared by all three.",
+            f"Target (`run.target_*` of `{CONFIG}`): {WINDOW}-step means of reward ≥ {TARGET_REWARD} and exact "
+            f"match ≥ {TARGET_EXACT}. Seeds {', '.join(map(str, settings.seeds))} (warm-start seed = RL seed); "
+            f"cap {settings.ttt_cap_s:.0f} s per run, each run stops at the target. Per seed the systems run "
+            "back to back. Time from the launch includes Redis, learner and actor start-up (loops: model load, "
+            "TRL's trainer set-up); the warmed policy is built beforehand, once per seed, and shared by all.",
             "",
-            f"- **streamrl async**: `{CONFIG}` as is (max_staleness {streamrl['max_staleness']}, "
-            f"updates_per_batch {streamrl['updates_per_batch']}), learner + 2 actors.",
-            "- **streamrl sync**: the same code with `algo.max_staleness=0` and 1 actor. The actor starts a group "
-            "only on the learner's newest weights and the learner trains only tokens sampled with its current "
-            "version (older tokens masked, wholly stale groups dropped), so the useful work alternates: what the "
-            "actor samples while the learner trains comes from the previous version and is masked or dropped "
-            "(last column).",
-            "- **TRL GRPOTrainer**: `bench.trl_baseline.run_trl` (same policy, prompts, reward and hyper-parameters; "
-            "generate-then-train in one process).",
+            "- **streamrl async**: the preset, learner + 2 actors.",
+            "- **streamrl sync**: the same with `algo.max_staleness=0` and 1 actor.",
+            "- **reference loop**: `bench.reference_loop`, the plain one-process generate-then-train loop "
+            "with the preset's recipe.",
+            "- **TRL GRPOTrainer**: `bench.trl_baseline.run_trl` with every hyper-parameter TRL shares "
+            "taken from the preset.",
             "",
-            "| system | median time to target | spread | median time to reward ≥ "
-            f"{MILESTONE_REWARD} | per seed (reward / exact reached when missed) "
-            "| samples/s | tokens/s | stale groups dropped; mean staleness (versions) |",
-            "|---|---|---|---|---|---|---|---|",
+            *grid_part,
+            "| system | grid point | median time to target from launch | from the first step | spread "
+            "| median completions to target | samples/s | wasted tokens (stale) | per seed |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"- async / sync, time to target: {ratio_text(results[ASYNC], results[SYNC], 0.6)}",
-            f"- async / TRL, time to target: {ratio_text(results[ASYNC], results[TRL], 0.5)}",
-            f"- async / sync, time to reward ≥ {MILESTONE_REWARD}: "
-            f"{ratio_text(results[ASYNC], results[SYNC], 0.6, milestone=True)}",
-            f"- async / TRL, time to reward ≥ {MILESTONE_REWARD}: "
-            f"{ratio_text(results[ASYNC], results[TRL], 0.5, milestone=True)}",
+            "![reward vs wall time and vs completions consumed](img/system_curves.png)",
             "",
-            "samples/s: completions per second of the training loop, start-up excluded (streamrl: completions the "
-            "learner consumed between its first and last step; TRL: completions generated in its loop). tokens/s: "
-            "completion tokens generated per second (streamrl: all actors, from their Prometheus counters; TRL: its loop).",
+            f"- async / reference loop, time from launch: {ratio_cell(m[ASYNC]['launch'], m[REFERENCE]['launch'], 0.75)}",
+            f"- async / streamrl sync, time from launch: {ratio_cell(m[ASYNC]['launch'], m[SYNC]['launch'], 0.7)}",
+            f"- async / TRL, time from launch: {ratio_cell(m[ASYNC]['launch'], m[TRL]['launch'], 0.5)}",
+            f"- sync / reference loop, completions to target: {ratio_cell(m[SYNC]['samples'], m[REFERENCE]['samples'], 1.15)}",
+            f"- async / reference loop, completions to target: {ratio_cell(m[ASYNC]['samples'], m[REFERENCE]['samples'], 1.25)}",
+            "",
+            "From the first step: time to target minus the end of the first training step (start-up left out). "
+            "Completions to target: completions consumed up to the target step (streamrl: groups × G the learner "
+            "took, zero-variance groups included; loops: rollouts × 256). samples/s: completions per second of "
+            "the training loop, start-up excluded. Wasted tokens: tokens the learner dropped or masked as stale "
+            "over all tokens the actors generated (Prometheus counters, last scrape; a synchronous loop wastes none).",
         ]
     )
 
@@ -576,7 +792,7 @@ def plot_sweep(sweep: list[tuple[str, Outcome]], path: Path) -> None:
 
 def sweep_markdown(sweep: list[tuple[str, Outcome]], settings: Settings) -> str:
     plot_sweep(sweep, IMG_DIR / "staleness_sweep.png")
-    upb = sweep[0][1].extra["updates_per_batch"]
+    vpb = sweep[0][1].extra.get("versions_per_batch", sweep[0][1].extra["updates_per_batch"])
     rows = []
     for label, o in sweep:
         steps = o.extra["steps"]
@@ -585,7 +801,7 @@ def sweep_markdown(sweep: list[tuple[str, Outcome]], settings: Settings) -> str:
         dropped = sum(s.get("dropped_stale_groups", 0) for s in steps)
         ttt = o.time_to_target_s
         rows.append(
-            f"| {label} | {o.extra['max_staleness'] // upb} | {len(steps)} | {reward:.3f} / {exact:.2f} | "
+            f"| {label} | {o.extra['max_staleness'] // vpb} | {len(steps)} | {reward:.3f} / {exact:.2f} | "
             f"{'–' if ttt is None else f'{ttt:.0f} s'} | {stale:.2f} | {dropped} | {o.samples_per_s:.0f} |"
         )
     return "\n".join(
@@ -594,11 +810,11 @@ def sweep_markdown(sweep: list[tuple[str, Outcome]], settings: Settings) -> str:
             "",
             f"Seed {settings.seeds[0]}, learner + 2 actors, {settings.sweep_cap_s:.0f} s per run (no early stop), demo config "
             'with only `algo.max_staleness` (and `algo.importance_correction=false` for the "no IS" runs) changed. '
-            f"`learner.updates_per_batch` = {upb} in the demo config: admission counts batches, so actors may run "
-            f"`max_staleness // updates_per_batch` batches ahead (the lookahead column); with {upb} update(s) per batch "
-            f"each batch advances the version by {upb}.",
+            f"A batch publishes {vpb} version(s) in the demo config (`updates_per_batch` × `minibatches`): "
+            "admission counts batches, so actors may run `max_staleness // (updates_per_batch × minibatches)` "
+            "batches ahead (the lookahead column).",
             "",
-            "One run per setting: gaps between neighbouring settings of the size seen between the three "
+            "One run per setting: gaps between neighbouring settings of the size seen between the "
             "async seeds above are run-to-run spread, not an effect of the setting.",
             "",
             "![reward vs wall time and vs step for each max_staleness](img/staleness_sweep.png)",
@@ -708,6 +924,8 @@ def run(
     only: tuple[str, ...] = PARTS,
     command: str | None = None,
     reuse: bool = False,
+    tune_seeds: tuple[int, ...] | None = None,
+    cap_s: float | None = None,
 ) -> str:
     """The Markdown section of the system benchmarks."""
     import torch
@@ -717,16 +935,22 @@ def run(
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     settings = QUICK if quick else FULL
-    settings = replace(settings, seeds=tuple(seeds) if seeds else settings.seeds, reuse=reuse)
+    settings = replace(
+        settings,
+        seeds=tuple(seeds) if seeds else settings.seeds,
+        tune_seeds=settings.tune_seeds if tune_seeds is None else tuple(tune_seeds),
+        ttt_cap_s=cap_s or settings.ttt_cap_s,
+        reuse=reuse,
+    )
     command = command or "make bench" + (" --quick" if quick else "")
     started = time.monotonic()
     body = []
     async_run = None
     if "ttt" in only:
         print("== time to target", flush=True)
-        results = run_time_to_target(settings)
-        async_run = results[ASYNC][0]
-        body.append(ttt_markdown(results, settings))
+        ttt = run_time_to_target(settings)
+        async_run = ttt.results[ASYNC][0]
+        body.append(ttt_markdown(ttt, settings))
     if "sweep" in only:
         print("== staleness sweep", flush=True)
         body.append(sweep_markdown(run_sweep(settings), settings))
@@ -741,7 +965,7 @@ def run(
         except ValueError as exc:  # e.g. a run that hit the target before two scrapes
             body.append(f"### Where time goes\n\nNot measured in this run: {exc}.")
     header = [
-        "## System: async vs synchronous vs TRL, staleness, where time goes",
+        "## System: async vs synchronous vs a plain loop vs TRL, staleness, where time goes",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · {machine()} · "
         f"`{command}` ({'quick: ' if quick else ''}took {(time.monotonic() - started) / 60:.0f} min"
@@ -761,13 +985,24 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="1 seed, shorter caps (about 25 minutes)"
+        "--quick",
+        action="store_true",
+        help="smoke run: seed 0, no grid (every system at the preset's point), shorter caps",
     )
     parser.add_argument(
-        "--seeds", default=None, help="comma-separated seeds (default 0,1,2; quick: 0)"
+        "--seeds", default=None, help="comma-separated seeds (default 0,1,2,3,4; quick: 0)"
+    )
+    parser.add_argument(
+        "--tune-seeds",
+        default=None,
+        help="comma-separated seeds the grid is run on to pick each system's best point "
+        "(default 0,1; quick: none; an empty string skips the grid)",
     )
     parser.add_argument(
         "--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}"
+    )
+    parser.add_argument(
+        "--cap-s", type=float, default=None, help="time cap of one time-to-target run (seconds)"
     )
     parser.add_argument(
         "--reuse",
@@ -779,9 +1014,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    tune = (
+        None if args.tune_seeds is None else tuple(int(s) for s in args.tune_seeds.split(",") if s)
+    )
     command = "python -m bench.system " + " ".join(argv if argv is not None else sys.argv[1:])
     only = tuple(p for p in args.only.split(",") if p)
-    section = run(args.quick, seeds, only, command.strip(), args.reuse)
+    section = run(args.quick, seeds, only, command.strip(), args.reuse, tune, args.cap_s)
     SECTION.parent.mkdir(parents=True, exist_ok=True)
     SECTION.write_text(section)
     print(section)

@@ -5,7 +5,8 @@ same prompts (raw ``"314>"`` strings, no chat template), same shaped reward, and
 every hyper-parameter TRL has an equivalent for taken from streamrl's demo preset
 (``configs/demo_cpu.yaml``, see ``grpo_config_kwargs``): group size, prompts per
 step, new tokens, sampling, AdamW lr/betas/weight decay, grad clip, clip range,
-k3 KL coefficient to the initial policy, updates per rollout batch, and the
+k3 KL coefficient to the initial policy, passes and disjoint mini-batches per
+rollout batch (TRL's ``num_iterations`` and ``steps_per_generation``), and the
 token-mean loss (TRL's ``"dapo"``: normalised by the active tokens of the whole
 accumulated batch; with one batch per step that is streamrl's
 ``aggregation: token_mean``). Zero-variance groups stay in the batch in both
@@ -23,17 +24,28 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.demo_task import EOS, ensure_demo_dataset, ensure_demo_policy, reverse_digits_reward
+from actors.demo_task import ensure_demo_dataset, ensure_demo_policy, reverse_digits_reward
+from learner import target
 
 DEMO_CONFIG = "configs/demo_cpu.yaml"
 EXACT_REWARD = 0.999
-TARGET_WINDOW, TARGET_REWARD, TARGET_EXACT = 5, 0.9, 0.8
 
 
-def grpo_config_kwargs(seed: int, output_dir: str, config_path: str = DEMO_CONFIG) -> dict:
+def demo_target(config_path: str = DEMO_CONFIG) -> tuple[float, float, int]:
+    """(reward, exact match, window) of the preset's ``run.target_*``: the bar every system is timed to."""
+    from configs import load_config
+
+    run = load_config(config_path, [], env={}).run
+    return run.target_reward, run.target_exact, run.target_window
+
+
+def grpo_config_kwargs(
+    seed: int, output_dir: str, config_path: str = DEMO_CONFIG, overrides: Sequence[str] = ()
+) -> dict:
     """The exact ``GRPOConfig`` arguments of the baseline (also printed in the benchmark section).
 
     Everything with a TRL equivalent comes from streamrl's config, so the two
@@ -41,11 +53,16 @@ def grpo_config_kwargs(seed: int, output_dir: str, config_path: str = DEMO_CONFI
     """
     from configs import load_config
 
-    cfg = load_config(config_path, [], env={})
+    cfg = load_config(config_path, list(overrides), env={})
     r, a, lrn = cfg.rollout, cfg.algo, cfg.learner
     if a.aggregation != "token_mean":
         raise ValueError(
             f"the TRL baseline maps only aggregation=token_mean, not {a.aggregation!r}"
+        )
+    rollout = lrn.groups_per_step * r.group_size
+    if rollout % lrn.minibatches:
+        raise ValueError(
+            f"learner.minibatches ({lrn.minibatches}) must divide the {rollout} samples of a step"
         )
     return {
         "output_dir": output_dir,
@@ -59,11 +76,12 @@ def grpo_config_kwargs(seed: int, output_dir: str, config_path: str = DEMO_CONFI
         "logging_steps": 10,
         "disable_tqdm": True,
         "max_steps": 100_000,  # the time budget stops training, via StepRecorder
-        # One optimizer step = one generation batch of groups_per_step prompts x group_size completions.
+        # One generation batch of groups_per_step prompts x group_size completions, shuffled and split
+        # into `minibatches` optimizer steps, `updates_per_batch` passes (TRL's num_iterations).
         "num_generations": r.group_size,
-        "per_device_train_batch_size": lrn.groups_per_step * r.group_size,
+        "per_device_train_batch_size": rollout // lrn.minibatches,
         "gradient_accumulation_steps": 1,
-        "steps_per_generation": 1,
+        "steps_per_generation": lrn.minibatches,
         "num_iterations": lrn.updates_per_batch,
         "max_completion_length": r.max_new_tokens,
         "temperature": r.temperature,
@@ -86,52 +104,44 @@ def grpo_config_kwargs(seed: int, output_dir: str, config_path: str = DEMO_CONFI
     }
 
 
-def stopped_on_eos(completion_ids: list[int], eos_ids: set[int]) -> bool:
-    """TRL cuts each completion after its first EOS and keeps it, so a stop shows as the last id."""
-    return bool(completion_ids) and completion_ids[-1] in eos_ids
-
-
-def score(text: str, completion_ids: list[int], answer: str, eos_ids: set[int]) -> float:
-    """The demo reward of one TRL completion: TRL decodes without special tokens, so EOS is re-appended."""
-    full = text + (EOS if stopped_on_eos(completion_ids, eos_ids) else "")
-    return sum(reverse_digits_reward(full, answer).values())
+def score(raw_text: str, answer: str) -> float:
+    """The demo reward of one TRL completion, decoded with its special tokens (EOS included when it
+    stopped): TRL's own text drops them, and ``4<|pad|>13`` would read as the answer ``413``."""
+    return sum(reverse_digits_reward(raw_text, answer).values())
 
 
 def time_to_target(
-    curve: list[tuple[float, float, float]],
-    window: int = TARGET_WINDOW,
-    reward: float = TARGET_REWARD,
-    exact: float = TARGET_EXACT,
+    curve: list[tuple[float, float, float]], reward: float, exact: float, window: int
 ) -> float | None:
-    """First elapsed time at which the mean of the last ``window`` steps reaches both targets."""
-    for end in range(window, len(curve) + 1):
-        recent = curve[end - window : end]
-        if (
-            sum(r for _, r, _ in recent) / window >= reward
-            and sum(e for _, _, e in recent) / window >= exact
-        ):
-            return curve[end - 1][0]
-    return None
+    """Elapsed time of the first rollout whose last ``window`` means reach both bars (learner.target)."""
+    end = target.first_reached(
+        [r for _, r, _ in curve], [e for _, _, e in curve], reward, exact, window
+    )
+    return None if end is None else curve[end][0]
 
 
 @dataclass
 class StepRecorder:
-    """TRL reward function and step clock in one: scores each batch, stamps it at the step's end."""
+    """TRL reward function and step clock in one: scores each rollout, stamps it at the end of the
+    optimizer step that generated it (with mini-batches, later steps of a rollout add no point)."""
 
-    eos_ids: set[int]
+    tokenizer: object
     started: float
     max_time_s: float
     stop_at_target: bool = False
+    target: tuple[float, float, int] = (0.0, 0.0, 1)
+    steps_per_rollout: int = 1  # optimizer steps of one rollout: mini-batches x passes
     curve: list[tuple[float, float, float]] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     train_started: float | None = None
+    _steps: int = 0
     _pending: tuple[float, float, int, int] | None = None
 
     def reward(self, prompts, completions, completion_ids, answer, **_) -> list[float]:
         rewards = [
-            score(text, ids, str(ans), self.eos_ids)
-            for text, ids, ans in zip(completions, completion_ids, answer, strict=True)
+            score(self.tokenizer.decode(ids, skip_special_tokens=False), str(ans))
+            for ids, ans in zip(completion_ids, answer, strict=True)
         ]
         exact = sum(r >= EXACT_REWARD for r in rewards) / len(rewards)
         n_tokens = sum(len(ids) for ids in completion_ids)
@@ -139,16 +149,19 @@ class StepRecorder:
         return rewards
 
     def step_ended(self) -> bool:
-        """Record the step just finished; True when training should stop."""
+        """Record the rollout whose last optimizer step just finished; True when training should stop."""
+        self._steps += 1
+        if self._steps % self.steps_per_rollout:
+            return time.monotonic() - self.started >= self.max_time_s
         if self._pending is None:
-            raise RuntimeError("a TRL step ended without scoring a batch")
+            raise RuntimeError("a TRL rollout ended without being scored")
         reward_mean, exact, n_samples, n_tokens = self._pending
         self._pending = None
         elapsed = time.monotonic() - self.started
         self.curve.append((elapsed, reward_mean, exact))
         self.samples.append(n_samples)
         self.tokens.append(n_tokens)
-        reached = self.stop_at_target and time_to_target(self.curve) is not None
+        reached = self.stop_at_target and time_to_target(self.curve, *self.target) is not None
         return elapsed >= self.max_time_s or reached
 
     def summary(self) -> dict:
@@ -156,7 +169,7 @@ class StepRecorder:
         train_s = max(end - ((self.train_started or self.started) - self.started), 1e-9)
         return {
             "curve": list(self.curve),
-            "time_to_target_s": time_to_target(self.curve),
+            "time_to_target_s": time_to_target(self.curve, *self.target),
             "samples_per_s": sum(self.samples) / train_s,
             "tokens_per_s": sum(self.tokens) / train_s,
             "setup_s": (self.train_started or self.started) - self.started,
@@ -164,14 +177,21 @@ class StepRecorder:
         }
 
 
-def run_trl(seed: int, max_time_s: float, workdir, stop_at_target: bool = False) -> dict:
+def run_trl(
+    seed: int,
+    max_time_s: float,
+    workdir,
+    stop_at_target: bool = False,
+    overrides: Sequence[str] = (),
+) -> dict:
     """Train with TRL's GRPOTrainer for ``max_time_s`` seconds; returns the per-step curve and throughput.
 
-    The clock starts after the warmed demo policy is built (a one-time cost
-    shared with streamrl) and includes TRL's own setup: loading the model,
-    building the trainer. ``samples_per_s`` / ``tokens_per_s`` count
-    completions and completion tokens (EOS included) over the training loop,
-    setup excluded.
+        The clock starts after the warmed demo policy is built (a one-time cost
+        shared with streamrl) and includes TRL's own setup: loading the model,
+        building the trainer. ``overrides`` are dotted keys of the preset (``learner.lr=6e-4``)
+    for the hyper-parameters TRL shares with it. ``samples_per_s`` / ``tokens_per_s`` count
+        completions and completion tokens (EOS included) over the training loop,
+        setup excluded.
     """
     import torch
 
@@ -187,7 +207,15 @@ def run_trl(seed: int, max_time_s: float, workdir, stop_at_target: bool = False)
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    recorder = StepRecorder({tokenizer.eos_token_id}, started, max_time_s, stop_at_target)
+    kwargs = grpo_config_kwargs(seed, str(workdir / "trl"), overrides=overrides)
+    recorder = StepRecorder(
+        tokenizer,
+        started,
+        max_time_s,
+        stop_at_target,
+        demo_target(),
+        kwargs["steps_per_generation"] * kwargs["num_iterations"],
+    )
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -200,7 +228,7 @@ def run_trl(seed: int, max_time_s: float, workdir, stop_at_target: bool = False)
     trainer = GRPOTrainer(
         model=str(policy),
         reward_funcs=recorder.reward,
-        args=GRPOConfig(**grpo_config_kwargs(seed, str(workdir / "trl"))),
+        args=GRPOConfig(**kwargs),
         train_dataset=load_dataset("json", data_files=str(data), split="train"),
         processing_class=tokenizer,
         callbacks=[Clock()],
@@ -215,7 +243,8 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
     import trl
 
     curve = result["curve"]
-    last = curve[-TARGET_WINDOW:]
+    reward_bar, exact_bar, window = demo_target()
+    last = curve[-window:]
     ttt = result["time_to_target_s"]
     rows = []
     every = max(10, round(len(curve) / 200) * 10)  # about 20 rows, at round step numbers
@@ -240,7 +269,7 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
             "| result | value |",
             "|---|---|",
             f"| optimizer steps | {result['steps']} |",
-            f"| time to target (5-step mean reward ≥ {TARGET_REWARD}, exact ≥ {TARGET_EXACT}) | "
+            f"| time to target ({window}-step mean reward ≥ {reward_bar}, exact ≥ {exact_bar}) | "
             + (f"**{ttt:.1f} s**" if ttt is not None else f"not reached in {max_time_s:.0f} s")
             + " |",
             f"| last {len(last)} steps: mean reward / exact match | "

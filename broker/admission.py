@@ -3,7 +3,7 @@
 An actor whose engine runs version ``v`` may start a group iff
 
     accepted + live_leases < consumed + discarded + trimmed + slots(min(v, lease versions))
-    slots(u) = (floor((u + max_staleness - version) / updates_per_batch) + 1) * groups_per_step
+    slots(u) = (floor((u + max_staleness - version) / versions_per_batch) + 1) * groups_per_step
                (0 when u + max_staleness < version)
 
 - ``consumed``: groups taken by the learner's *completed* steps (trained or dropped),
@@ -45,7 +45,7 @@ from broker.keys import Keys
 from configs.schema import Config
 
 # KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
-# version, max_staleness, updates_per_batch, groups_per_step, heartbeat key prefix.
+# version, max_staleness, versions_per_batch, groups_per_step, heartbeat key prefix.
 # Returns {granted (0/1), accepted + live after the call, the bound}.
 # Only leases of actors with a live heartbeat hold the bound down: a killed actor's lease keeps
 # its slot until it expires, but must not cap everybody else at its old version meanwhile.
@@ -99,7 +99,7 @@ def slots(version: int, learner_version: int, cfg: Config) -> int:
     room = version + cfg.algo.max_staleness - learner_version
     if room < 0:
         return 0
-    return (room // cfg.learner.updates_per_batch + 1) * cfg.learner.groups_per_step
+    return (room // cfg.learner.versions_per_batch + 1) * cfg.learner.groups_per_step
 
 
 def lease_version(lease_id: str) -> int:
@@ -136,7 +136,7 @@ class Admission:
                 self.ttl_ms,
                 int(version),
                 a.max_staleness,
-                self.cfg.learner.updates_per_batch,
+                self.cfg.learner.versions_per_batch,
                 self.cfg.learner.groups_per_step,
                 k.actor(""),
             ],

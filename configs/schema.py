@@ -39,6 +39,22 @@ class RunConfig(Section):
         ge=1,
         description="torch threads per process; 2 threads on 2 shared cores ran 35x slower.",
     )
+    target_reward: float = Field(
+        0.0,
+        ge=0,
+        description="Stop once the mean reward of the last `target_window` learner steps reaches this (0 = no reward bar).",
+    )
+    target_exact: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Stop once the mean exact-match fraction of the last `target_window` steps reaches this (0 = no exact bar); with both bars set, both must hold.",
+    )
+    target_window: int = Field(
+        20,
+        ge=1,
+        description="Learner steps averaged for the target (the reference loop's 20-rollout mean).",
+    )
 
 
 class BrokerConfig(Section):
@@ -345,8 +361,19 @@ class LearnerConfig(Section):
     updates_per_batch: int = Field(
         1,
         ge=1,
-        description="Optimizer steps taken on one consumed batch (PPO epochs); each one publishes a version.",
+        description="Passes over one consumed batch (PPO epochs); each pass takes `minibatches` optimizer steps, each of which publishes a version.",
     )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description="Disjoint random mini-batches one pass splits the batch into, one optimizer step each (PPO style); the clip and IS weight stay relative to the policy at the start of the batch.",
+    )
+
+    @property
+    def versions_per_batch(self) -> int:
+        """Policy versions one consumed batch publishes (one per optimizer step)."""
+        return self.updates_per_batch * self.minibatches
+
     micro_batch_tokens: int = Field(
         8192, ge=1, description="Token budget of one micro-batch; samples are never split."
     )

@@ -89,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"stopping ({reason}) ...")
         sup.stop()
     console.print(
-        summary(read_steps(sup.run_dir), started_unix, time.monotonic() - started, sup.events)
+        summary(
+            read_steps(sup.run_dir),
+            started_unix,
+            time.monotonic() - started,
+            sup.events,
+            cfg.run,
+        )
     )
     return 0
 

@@ -6,7 +6,6 @@ process directly, so they work the same for actors started elsewhere.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from broker.audit import read_jsonl
 from broker.keys import Keys
 from broker.liveness import alive_actors
+from learner import target
 
 
 @dataclass
@@ -52,15 +52,15 @@ def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
 
 
 def time_to_target(
-    steps: list[dict], started_unix: float, reward: float = 0.0, exact: float = 0.0, window: int = 5
+    steps: list[dict],
+    started_unix: float,
+    reward: float = 0.0,
+    exact: float = 0.0,
+    window: int = 20,
 ) -> float | None:
     """Seconds from ``started_unix`` until the ``window``-step means of reward and exact match
-    first reach both targets; None if they never do."""
-    for end in range(window, len(steps) + 1):
-        chunk = steps[end - window : end]
-        if (
-            statistics.fmean(s["reward_mean"] for s in chunk) >= reward
-            and statistics.fmean(s["exact_match"] for s in chunk) >= exact
-        ):
-            return chunk[-1]["time"] - started_unix
-    return None
+    first reach both targets (``learner.target``, the learner's own stop rule); None if they never do."""
+    end = target.first_reached(
+        [s["reward_mean"] for s in steps], [s["exact_match"] for s in steps], reward, exact, window
+    )
+    return None if end is None else steps[end]["time"] - started_unix

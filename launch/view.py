@@ -7,6 +7,7 @@ import statistics
 from rich.table import Table
 
 from launch.status import Snapshot, time_to_target
+from learner import target
 
 
 def _fmt(value, spec: str = ".3f") -> str:
@@ -52,7 +53,10 @@ def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     )
 
 
-def summary(steps: list[dict], started_unix: float, wall_s: float, events: list[str]) -> str:
+def summary(
+    steps: list[dict], started_unix: float, wall_s: float, events: list[str], run=None
+) -> str:
+    """The end-of-run summary; ``run`` (cfg.run) supplies the target, none shows no target line."""
     if not steps:
         return f"run ended after {wall_s:.0f} s with no learner step (see logs under the run directory)"
 
@@ -68,9 +72,7 @@ def summary(steps: list[dict], started_unix: float, wall_s: float, events: list[
         f"  learner steps        {steps[-1].get('step')}   policy versions {steps[-1].get('version')}",
         f"  reward               {_fmt(mean('reward_mean', head))} (first 5 steps) -> {_fmt(mean('reward_mean', tail))} (last 5)",
         f"  exact match          {_fmt(mean('exact_match', head))} -> {_fmt(mean('exact_match', tail))}",
-        f"  reward >= 0.9 at     {_fmt(time_to_target(steps, started_unix, reward=0.9), '.0f')} s",
-        f"  exact >= 0.8 at      {_fmt(time_to_target(steps, started_unix, exact=0.8), '.0f')} s",
-        f"  both (demo target)   {_fmt(time_to_target(steps, started_unix, reward=0.9, exact=0.8), '.0f')} s",
+        *_target_lines(steps, started_unix, run),
         f"  tokens trained       {tokens:,} ({tokens / max(wall_s, 1e-9):,.0f}/s over the run)",
         f"  staleness            mean {_fmt(mean('staleness_mean', steps), '.2f')} versions",
     ]
@@ -78,3 +80,14 @@ def summary(steps: list[dict], started_unix: float, wall_s: float, events: list[
     if restarts:
         lines.append(f"  restarts             {len(restarts)}")
     return "\n".join(lines)
+
+
+def _target_lines(steps: list[dict], started_unix: float, run) -> list[str]:
+    if run is None or not target.enabled(run.target_reward, run.target_exact):
+        return []
+    at = time_to_target(steps, started_unix, run.target_reward, run.target_exact, run.target_window)
+    bars = (
+        f"{run.target_window}-step reward >= {run.target_reward:g}, exact >= {run.target_exact:g}"
+    )
+    reached = f"reached at {at:.0f} s" if at is not None else "not reached"
+    return [f"  target               {bars}: {reached}"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,11 +39,11 @@ import torch.distributed as dist
 
 from broker.audit import JsonlLog, commits_path
 from configs.schema import Config
-from learner import algorithm, checkpoint
+from learner import algorithm, checkpoint, target
 from learner import metrics as m
 from learner.batching import Sample, samples_from_group
 from learner.engine import build_engine, device, init_distributed
-from learner.step import UpdateStats, train_batch
+from learner.step import UpdateStats, first_pass_tokens, train_batch
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +337,7 @@ class RankZeroIO:
             "trained": bool(updates),
             **batch.log,
             "samples": len(batch.samples),
-            "tokens": sum(u.tokens for u in updates[:1]),
+            "tokens": first_pass_tokens(updates),
             "loss": last.loss if last else math.nan,
             "clip_fraction": last.clip_fraction if last else math.nan,
             "is_weight_mean": last.is_weight_mean if last else math.nan,
@@ -419,6 +420,8 @@ class Learner:
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
         self.progress = Progress.from_state(checkpoint.load(self.engine, self.ckpt_root, self.rank))
         self.last_ckpt_step = self.progress.step
+        # (reward, exact match) of the recent step records, for cfg.run.target_* (rank 0 decides the stop)
+        self.recent: deque[tuple[float, float]] = deque(maxlen=cfg.run.target_window)
         self.io = (
             RankZeroIO(cfg, model.config.vocab_size, self.progress) if self.rank == 0 else None
         )
@@ -433,7 +436,16 @@ class Learner:
         cfg = self.cfg
         done = bool(cfg.run.max_steps) and self.progress.step >= cfg.run.max_steps
         late = bool(cfg.run.max_time_s) and time.monotonic() - self.started > cfg.run.max_time_s
-        return done or late or self.should_stop()
+        return done or late or self.target_reached() or self.should_stop()
+
+    def target_reached(self) -> bool:
+        r = self.cfg.run
+        if not target.enabled(r.target_reward, r.target_exact):
+            return False
+        rewards, exacts = [x for x, _ in self.recent], [e for _, e in self.recent]
+        return target.window_reached(
+            rewards, exacts, r.target_reward, r.target_exact, r.target_window
+        )
 
     def train_next(self) -> dict | None:
         """Take the next batch and train it. Returns rank 0's step record ({} elsewhere; with
@@ -459,7 +471,7 @@ class Learner:
                 progress.version += 1
                 if io is None:
                     return
-                if progress.version - batch.version < cfg.learner.updates_per_batch:
+                if progress.version - batch.version < cfg.learner.versions_per_batch:
                     io.publish(progress.version, self.engine.module)
                 else:
                     # the batch's last update completes the step: its groups count with its version
@@ -479,7 +491,7 @@ class Learner:
             )
             progress.step += 1
             progress.samples += len(batch.samples)
-            progress.tokens += updates[0].tokens
+            progress.tokens += first_pass_tokens(updates)
         progress.unacked += batch.entries
         # counted trained or not: a step whose every group was dropped still frees their slots
         progress.consumed += taken
@@ -494,8 +506,10 @@ class Learner:
             if updates:
                 m.STEPS.inc()
                 m.SAMPLES.inc(len(batch.samples))
-                m.TOKENS.inc(updates[0].tokens)
+                m.TOKENS.inc(first_pass_tokens(updates))
             row = io.record(progress, batch, updates, time.perf_counter() - t0)
+            if updates:
+                self.recent.append((row["reward_mean"], row["exact_match"]))
         if updates and progress.step % cfg.learner.checkpoint_every == 0:
             self.save_checkpoint()
         return row
@@ -522,11 +536,17 @@ class Learner:
                 self.io.close()
 
     def run(self, echo: Callable[[str], None] = print) -> Progress:
-        """Train until run.max_steps / run.max_time_s / ``should_stop()`` / the read timeout."""
+        """Train until run.max_steps / run.max_time_s / the run.target_* / ``should_stop()`` / the read timeout."""
         try:
             while (row := self.train_next()) is not None:
                 if row:
                     echo(_format(row))
+            if self.target_reached():
+                r = self.cfg.run
+                echo(
+                    f"target reached: {r.target_window}-step means of reward >= {r.target_reward} "
+                    f"and exact match >= {r.target_exact} at step {self.progress.step}"
+                )
         finally:
             self.close()
         return self.progress

@@ -1,19 +1,25 @@
-"""One batch on one rank: ``updates_per_batch`` optimizer steps on the same micro-batches.
+"""One batch on one rank: ``updates_per_batch`` passes, each of ``minibatches`` optimizer steps.
 
-Every rank holds the whole batch and trains on its balanced share. Losses are
-normalised by the totals of the whole batch (all ranks) and multiplied by the
-world size, because DeepSpeed averages gradients over ranks: the summed
-gradient is then exactly that of the full-batch loss, whatever the split.
-Staleness is measured once, against the version the batch was taken at.
+The batch is split once into ``minibatches`` disjoint random mini-batches (PPO
+style: the reference loop's two updates per rollout are two halves, not two
+passes over the whole); every pass takes one optimizer step per mini-batch.
+Every rank holds the whole batch and trains on its balanced share of each
+mini-batch. Losses are normalised by the totals of the whole mini-batch (all
+ranks) and multiplied by the world size, because DeepSpeed averages gradients
+over ranks: the summed gradient is then exactly that of the mini-batch loss,
+whatever the split. Staleness is measured once, against the version the batch
+was taken at.
 
-pi_prox (``proximal: recompute``) is the policy at the start of the batch: the
-first update's forward pass runs on exactly those weights (the optimizer steps
-only at the accumulation boundary), so its detached log-probs are pi_prox and no
-separate no-grad pass is needed.
+pi_prox (``proximal: recompute``) is the policy at the start of the batch, for
+every mini-batch: the first mini-batch's forward pass runs on exactly those
+weights (the optimizer steps only at the accumulation boundary), so its detached
+log-probs are pi_prox; the other mini-batches get a no-grad pass before the
+first step.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +47,43 @@ class UpdateStats:
     grad_norm: float
     forward_backward_s: float = 0.0
     optimizer_s: float = 0.0
+    # which pass over the batch (0 = first) this step belongs to
+    epoch: int = 0
+
+
+def first_pass_tokens(updates: Sequence[UpdateStats]) -> int:
+    """Tokens the batch trained once: the first pass's mini-batches (later passes re-train them)."""
+    return sum(u.tokens for u in updates if u.epoch == 0)
+
+
+def minibatch_seed(run_seed: int, version: int) -> int:
+    return run_seed * 1_000_003 + version
+
+
+def minibatch_indices(size: int, count: int, seed: int) -> list[list[int]]:
+    """``count`` disjoint random index sets covering ``range(size)`` (sizes differ by at most one).
+
+    ``seed`` makes every rank draw the same split.
+    """
+    order = list(range(size))
+    random.Random(seed).shuffle(order)
+    return [order[i::count] for i in range(count)]
+
+
+def split_minibatches(
+    samples: Sequence[Sample], skipped: Sequence[Sample], count: int, seed: int
+) -> list[tuple[list[Sample], list[Sample]]]:
+    """(trained, skipped) samples of each mini-batch of ``minibatch_indices`` over samples + skipped.
+
+    Skipped (zero-advantage) samples are dealt out with the others, so each
+    mini-batch's loss normaliser counts its own share of them.
+    """
+    every = [*samples, *skipped]
+    trained = len(samples)
+    return [
+        ([every[i] for i in idx if i < trained], [every[i] for i in idx if i >= trained])
+        for idx in minibatch_indices(len(every), count, seed)
+    ]
 
 
 def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> tuple[int, int]:
@@ -133,64 +176,91 @@ def train_batch(
     ``after_update`` runs after each optimizer step (rank 0 publishes the new version there).
     ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser.
     """
-    batches = _rank_micro_batches(samples, cfg, rank, world, pad_id)
     temperature = cfg.rollout.temperature
-    normalizer = loss_normalizer(cfg, [*samples, *skipped], version)
     need_prox = cfg.algo.importance_correction and cfg.algo.proximal == "recompute"
-    prox: list[torch.Tensor | None] = [None] * len(batches)
-    ref = (
-        _logprobs_no_grad(ref_model, batches, temperature)
-        if ref_model is not None and cfg.algo.kl_coef > 0
-        else [None] * len(batches)
+    want_ref = ref_model is not None and cfg.algo.kl_coef > 0
+    split = split_minibatches(
+        samples, skipped, cfg.learner.minibatches, seed=minibatch_seed(cfg.run.seed, version)
     )
-    results = []
-    for update in range(cfg.learner.updates_per_batch):
-        set_micro_batches(engine, len(batches))
-        # loss, tokens, clip, is_weight, truncated, kl, entropy (the last five token-weighted)
-        sums = [0.0] * 7
-        fb_s = opt_s = 0.0
-        for i, (mb, r) in enumerate(zip(batches, ref, strict=True)):
-            mark_micro_batch(engine, i, len(batches))
-            t0 = time.perf_counter()
-            logprobs, entropy = token_logprobs(engine, mb, temperature, with_entropy=True)
-            if need_prox and update == 0:
-                prox[i] = logprobs.detach()
-            loss, st = _loss(cfg, logprobs, entropy, mb, version, prox[i], r, normalizer)
-            engine.backward(loss * world, scale_wrt_gas=False)
-            t1 = time.perf_counter()
-            engine.step()
-            opt_s += time.perf_counter() - t1
-            fb_s += t1 - t0
-            n = st.tokens
-            for k, v in enumerate(
-                (
-                    float(loss.detach()),
-                    n,
-                    st.clip_fraction * n,
-                    st.is_weight_mean * n,
-                    st.is_truncated_fraction * n,
-                    st.kl * n,
-                    st.entropy * n,
-                )
-            ):
-                sums[k] += v
-        loss_sum, tokens, clip, weight, trunc, kl, ent = _all_reduce_sum(sums)
-        denom = max(tokens, 1.0)
-        grad_norm = engine.get_global_grad_norm()
-        results.append(
-            UpdateStats(
-                loss=loss_sum,
-                tokens=int(tokens),
-                clip_fraction=clip / denom,
-                is_weight_mean=weight / denom,
-                is_truncated_fraction=trunc / denom,
-                kl=kl / denom,
-                entropy=ent / denom,
-                grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
-                forward_backward_s=fb_s,
-                optimizer_s=opt_s,
-            )
+    # a mini-batch whose samples were all skipped has nothing to train (the same on every rank)
+    minis = []
+    for trained, left_out in split:
+        if not trained:
+            continue
+        batches = _rank_micro_batches(trained, cfg, rank, world, pad_id)
+        minis.append(
+            {
+                "batches": batches,
+                "normalizer": loss_normalizer(cfg, [*trained, *left_out], version),
+                "ref": _logprobs_no_grad(ref_model, batches, temperature)
+                if want_ref
+                else [None] * len(batches),
+                # mini-batch 0's first forward pass gives pi_prox; the others need it before any step
+                "prox": _logprobs_no_grad(engine.module, batches, temperature)
+                if need_prox and minis
+                else [None] * len(batches),
+            }
         )
-        if after_update is not None:
-            after_update(results[-1])
+    results = []
+    for epoch in range(cfg.learner.updates_per_batch):
+        for index, mini in enumerate(minis):
+            stats = _update(
+                engine, mini, version, cfg, world, need_prox and epoch == 0 and index == 0
+            )
+            stats.epoch = epoch
+            results.append(stats)
+            if after_update is not None:
+                after_update(stats)
     return results
+
+
+def _update(
+    engine, mini: dict, version: int, cfg: Config, world: int, take_prox: bool
+) -> UpdateStats:
+    """One optimizer step on one mini-batch's micro-batches (``take_prox``: keep its log-probs as pi_prox)."""
+    batches, prox, ref = mini["batches"], mini["prox"], mini["ref"]
+    temperature = cfg.rollout.temperature
+    set_micro_batches(engine, len(batches))
+    # loss, tokens, clip, is_weight, truncated, kl, entropy (the last five token-weighted)
+    sums = [0.0] * 7
+    fb_s = opt_s = 0.0
+    for i, (mb, r) in enumerate(zip(batches, ref, strict=True)):
+        mark_micro_batch(engine, i, len(batches))
+        t0 = time.perf_counter()
+        logprobs, entropy = token_logprobs(engine, mb, temperature, with_entropy=True)
+        if take_prox:
+            prox[i] = logprobs.detach()
+        loss, st = _loss(cfg, logprobs, entropy, mb, version, prox[i], r, mini["normalizer"])
+        engine.backward(loss * world, scale_wrt_gas=False)
+        t1 = time.perf_counter()
+        engine.step()
+        opt_s += time.perf_counter() - t1
+        fb_s += t1 - t0
+        n = st.tokens
+        for k, v in enumerate(
+            (
+                float(loss.detach()),
+                n,
+                st.clip_fraction * n,
+                st.is_weight_mean * n,
+                st.is_truncated_fraction * n,
+                st.kl * n,
+                st.entropy * n,
+            )
+        ):
+            sums[k] += v
+    loss_sum, tokens, clip, weight, trunc, kl, ent = _all_reduce_sum(sums)
+    denom = max(tokens, 1.0)
+    grad_norm = engine.get_global_grad_norm()
+    return UpdateStats(
+        loss=loss_sum,
+        tokens=int(tokens),
+        clip_fraction=clip / denom,
+        is_weight_mean=weight / denom,
+        is_truncated_fraction=trunc / denom,
+        kl=kl / denom,
+        entropy=ent / denom,
+        grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
+        forward_backward_s=fb_s,
+        optimizer_s=opt_s,
+    )

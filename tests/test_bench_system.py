@@ -8,14 +8,19 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from bench.system import (
+    TARGET_EXACT,
+    TARGET_REWARD,
+    WINDOW,
     Outcome,
     Scrape,
     breakdown,
     flatten_metrics,
     load_outcome,
+    rank_key,
     rolling_mean,
     sample_key,
     save_outcome,
+    stale_token_fraction,
     time_shares,
 )
 
@@ -112,19 +117,58 @@ def test_breakdown_starts_after_the_learners_first_step_and_ends_at_the_last_scr
         breakdown([idle, first])
 
 
-def test_time_to_target_needs_both_window_means_and_reports_what_was_reached():
-    curve = [(float(t), 0.95, 0.7) for t in range(5)] + [
-        (float(t), 0.95, 0.9) for t in range(5, 12)
-    ]
-    outcome = Outcome("x", 0, 100.0, curve, 1.0, 1.0, 12.0)
-    # The window of steps 3..7 (0-based) is the first whose exact-match mean reaches 0.8: (2*0.7 + 3*0.9)/5 = 0.82.
-    assert outcome.time_to_target_s == 7.0
-    assert outcome.time_to_milestone_s == 4.0  # reward alone, from the first full window
-    missed = Outcome("x", 0, 100.0, [(1.0, 0.5, 0.25)] * 6, 1.0, 1.0, 6.0)
-    assert missed.time_to_target_s is None
+def test_time_to_target_uses_the_presets_window_and_both_bars():
+    assert (TARGET_REWARD, TARGET_EXACT, WINDOW) == (0.95, 0.85, 20)
+    low, high = (TARGET_REWARD, TARGET_EXACT - 0.05), (TARGET_REWARD, TARGET_EXACT + 0.05)
+    curve = [(float(t), *low) for t in range(WINDOW)]
+    curve += [(float(t), *high) for t in range(WINDOW, WINDOW + 30)]
+    outcome = Outcome("x", 0, 100.0, curve, 1.0, 1.0, 50.0, samples=[256] * len(curve))
+    # the exact-match mean first reaches the bar when half of the window is past the low stretch
+    first = WINDOW + WINDOW // 2 - 1
+    assert outcome.time_to_target_s == float(first)
+    assert outcome.time_from_first_step_s == float(first)  # the first point sits at t = 0
+    assert outcome.samples_to_target == 256 * (first + 1)
+    assert outcome.time_to_milestone_s == float(
+        WINDOW - 1
+    )  # reward alone, from the first full window
+    missed = Outcome("x", 0, 100.0, [(1.0, 0.5, 0.25)] * (WINDOW + 1), 1.0, 1.0, 6.0)
+    assert missed.time_to_target_s is None and missed.samples_to_target is None
     assert missed.time_to_milestone_s is None
     assert missed.reached == (0.5, 0.25)
     assert all(math.isnan(v) for v in Outcome("x", 0, 1.0, [], 0.0, 0.0, 0.0).reached)
+
+
+def test_each_system_takes_the_grid_point_with_the_lowest_median_time_then_the_highest_reward():
+    def runs(*times, reward=0.99):
+        out = []
+        for t in times:
+            curve = [(1.0, reward, 0.9)] * WINDOW if t is not None else [(1.0, 0.5, 0.1)] * WINDOW
+            out.append(
+                Outcome("x", 0, 9.0, [(p[0] if t is None else t, *p[1:]) for p in curve], 1, 1, 1)
+            )
+        return out
+
+    grid = {
+        (3e-4, 0.0): runs(50.0, None),
+        (6e-4, 0.0): runs(40.0, 45.0),
+        (6e-4, 0.1): runs(None, None),
+    }
+    assert min(grid.items(), key=lambda item: rank_key(item[1]))[0] == (6e-4, 0.0)
+    # nobody reached the target: the higher reward reached wins
+    missed = {(3e-4, 0.0): runs(None, reward=0.5), (6e-4, 0.1): runs(None, reward=0.5)}
+    missed[(6e-4, 0.1)][0].curve = [(1.0, 0.8, 0.1)] * WINDOW
+    assert min(missed.items(), key=lambda item: rank_key(item[1]))[0] == (6e-4, 0.1)
+
+
+def test_wasted_fraction_is_stale_tokens_over_every_actors_generated_tokens():
+    registry = CollectorRegistry()
+    Counter("streamrl_learner_dropped_stale_tokens", "d", registry=registry).inc(30)
+    learner = flatten_metrics(generate_latest(registry).decode())
+    actor = {"streamrl_actor_tokens_generated_total": 500.0}
+    early = Scrape(1.0, {"actor:a0": actor})
+    late = Scrape(2.0, {"learner:0": learner, "actor:a0": actor, "actor:a1": actor})
+    assert stale_token_fraction([early]) is None
+    assert stale_token_fraction([early, late]) == pytest.approx(30 / 1000)
 
 
 def test_rolling_mean_averages_the_last_window_values():
@@ -143,6 +187,8 @@ def test_a_saved_run_reads_back_equal(tmp_path):
         30.0,
         {"steps": [{"step": 1}]},
         [scrape],
+        [256],
+        0.25,
     )
     save_outcome(outcome, tmp_path / "o.json")
     assert load_outcome(tmp_path / "o.json") == outcome

@@ -1,0 +1,315 @@
+"""The yardstick: a plain synchronous GRPO loop in one process, on the demo task of ``make run``.
+
+    python -m bench.reference_loop --seed 0 [--carry-optimizer] [dotted.key=value ...]
+
+Sample a batch on the current weights, score it, train on it, repeat: no
+broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
+char tokenizer, prompts (the shared dataset order of ``actors.prompts``),
+reward (``actors.demo_task``, on the text with special tokens) and
+hyper-parameters as streamrl (``configs/demo_cpu.yaml`` plus the same
+overrides): groups_per_step prompts x group_size completions per rollout,
+``(r - mean) / (std + eps)`` per group, token-level clipped ratio against the
+sampling log-probs, optional k3 KL to the warmed policy, ``minibatches``
+disjoint random mini-batches per pass (one AdamW step each, the token mean of
+the mini-batch), ``updates_per_batch`` passes, grad clip, AdamW. It is the
+textbook loop, written out here rather than reusing ``learner``, so that the
+system is measured against an independent implementation.
+
+Optimizer: by default a fresh AdamW on the warmed policy folder, as the
+streamrl learner starts; ``--carry-optimizer`` instead runs the format warm
+start in this process (same seed: the same warmed weights) and keeps its AdamW,
+moments included, for RL, as the one-file loop of docs/benchmarks.md does.
+
+Clock: from the start of the process's work (policy load, or for
+``--carry-optimizer`` the end of the warm start, which the other systems get
+prebuilt). The rollout curve has one point per rollout, stamped when its last
+optimizer step ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from actors.demo_task import (
+    build_model,
+    build_tokenizer,
+    ensure_demo_dataset,
+    ensure_demo_policy,
+    format_warm_start,
+    reverse_digits_reward,
+)
+from actors.prompts import position
+from learner import target
+
+CONFIG = "configs/demo_cpu.yaml"
+EXACT_REWARD = 0.999
+
+
+@torch.no_grad()
+def sample(model, prompt_ids, max_new: int, eos: int, pad: int, temperature: float):
+    """prompt_ids [N, P] (one length) -> completions [N, T] (pad after EOS), behaviour log-probs [N, T]."""
+    out = model(input_ids=prompt_ids, use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1]
+    tokens, logprobs = [], []
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    for t in range(max_new):
+        logp = torch.log_softmax(logits.float() / temperature, -1)
+        nxt = torch.multinomial(logp.exp(), 1).squeeze(-1)
+        lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
+        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+        tokens.append(nxt)
+        logprobs.append(torch.where(done, torch.zeros_like(lp), lp))
+        done = done | (nxt == eos)
+        if bool(done.all()) or t == max_new - 1:
+            break
+        out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+    return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def completion_mask(completions, eos: int):
+    """True up to and including the first EOS."""
+    is_eos = (completions == eos).int()
+    return (is_eos.cumsum(1) - is_eos) == 0
+
+
+def token_logprobs(model, prompt_ids, completions, temperature: float):
+    ids = torch.cat([prompt_ids, completions], 1)
+    logits = model(input_ids=ids).logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, completions[..., None]).squeeze(-1)
+
+
+def score(tokenizer, completion: list[int], eos: int, answer: str) -> float:
+    """The demo reward on what the model wrote, special tokens included, up to and with EOS."""
+    if eos in completion:
+        completion = completion[: completion.index(eos) + 1]
+    text = tokenizer.decode(completion, skip_special_tokens=False)
+    return sum(reverse_digits_reward(text, answer).values())
+
+
+def load_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.open() if line.strip()]
+
+
+def run_reference(
+    seed: int,
+    max_time_s: float,
+    workdir,
+    overrides: list[str] | tuple[str, ...] = (),
+    carry_optimizer: bool = False,
+    stop_at_target: bool = True,
+    echo=print,
+) -> dict:
+    """Train until the preset's target or ``max_time_s``; the per-rollout curve and throughput."""
+    from configs import load_config
+    from weightsync.policy import load_policy, load_tokenizer
+
+    torch.set_num_threads(1)
+    cfg = load_config(CONFIG, list(overrides), env={})
+    r, a, lrn, run = cfg.rollout, cfg.algo, cfg.learner, cfg.run
+    workdir = Path(workdir)
+    data = ensure_demo_dataset(workdir / "data" / "train.jsonl", seed=seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if carry_optimizer:
+        tokenizer = build_tokenizer()
+        model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
+        )
+        format_warm_start(model, tokenizer, seed=seed, optimizer=optimizer)
+        for group in optimizer.param_groups:
+            group["lr"] = lrn.lr
+        torch.manual_seed(seed)
+        started = time.monotonic()
+    else:
+        policy = ensure_demo_policy(workdir / "policy", seed=seed)
+        started = time.monotonic()
+        tokenizer = load_tokenizer(policy)
+        model = load_policy(policy)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
+        )
+    ref = None
+    if a.kl_coef > 0:
+        ref = type(model)(model.config)
+        ref.load_state_dict(model.state_dict())
+        ref.eval().requires_grad_(False)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows = load_rows(data)
+    cursor = 0
+    curve, samples, tokens = [], 0, 0
+    setup_s = time.monotonic() - started
+    # CPU seconds of this process: on a shared machine they move far less than wall time
+    cpu_started = time.process_time()
+    rewards_seen, exact_seen = [], []
+    step = 0
+    while time.monotonic() - started < max_time_s:
+        t0 = time.monotonic()
+        batch = []
+        for _ in range(lrn.groups_per_step):
+            _, row = position(cursor, len(rows), run.seed)
+            cursor += 1
+            batch.append(rows[row])
+        prompts = torch.tensor([tokenizer(b["prompt"])["input_ids"] for b in batch])
+        prompts = prompts.repeat_interleave(r.group_size, 0)
+        answers = [b["answer"] for b in batch for _ in range(r.group_size)]
+        model.eval()
+        completions, old_lp = sample(model, prompts, r.max_new_tokens, eos, pad, r.temperature)
+        model.train()
+        mask = completion_mask(completions, eos).float()
+        reward = torch.tensor(
+            [
+                score(tokenizer, c.tolist(), eos, ans)
+                for c, ans in zip(completions, answers, strict=True)
+            ],
+            dtype=torch.float64,
+        )
+        grouped = reward.view(lrn.groups_per_step, r.group_size)
+        centred = grouped - grouped.mean(1, keepdim=True)
+        if a.advantage == "grpo":
+            centred = centred / (grouped.std(1, unbiased=False, keepdim=True) + a.adv_eps)
+        adv = centred.view(-1).float()
+        ref_lp = token_logprobs(ref, prompts, completions, r.temperature) if ref else None
+        gen_s = time.monotonic() - t0
+        parts = torch.randperm(len(reward)).chunk(lrn.minibatches)
+        for _ in range(lrn.updates_per_batch):
+            for mb in parts:
+                lp = token_logprobs(model, prompts[mb], completions[mb], r.temperature)
+                ratio = torch.exp(lp - old_lp[mb])
+                clipped = ratio.clamp(1 - a.clip_low, 1 + a.clip_high)
+                obj = torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
+                if ref_lp is not None:
+                    d = ref_lp[mb] - lp
+                    obj = obj - a.kl_coef * (torch.exp(d) - d - 1)
+                loss = -(obj * mask[mb]).sum() / mask[mb].sum()
+                optimizer.zero_grad()
+                loss.backward()
+                if lrn.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
+                optimizer.step()
+        now = time.monotonic() - started
+        samples += len(reward)
+        tokens += int(mask.sum())
+        exact = float((reward >= EXACT_REWARD).float().mean())
+        curve.append((now, float(reward.mean()), exact))
+        rewards_seen.append(float(reward.mean()))
+        exact_seen.append(exact)
+        if step % 25 == 0:
+            echo(
+                f"rollout {step:4d} t={now:6.1f}s reward {reward.mean():.3f} exact {exact:.3f} "
+                f"gen {gen_s * 1e3:.0f} ms learn {(time.monotonic() - t0 - gen_s) * 1e3:.0f} ms"
+            )
+        step += 1
+        if stop_at_target and target.window_reached(
+            rewards_seen, exact_seen, run.target_reward, run.target_exact, run.target_window
+        ):
+            break
+    end = target.first_reached(
+        rewards_seen, exact_seen, run.target_reward, run.target_exact, run.target_window
+    )
+    loop_s = curve[-1][0] - setup_s if curve else 0.0
+    return {
+        "curve": curve,
+        "steps": len(curve),
+        "setup_s": setup_s,
+        "time_to_target_s": None if end is None else curve[end][0],
+        "rollouts_to_target": None if end is None else end + 1,
+        "samples_per_s": samples / loop_s if loop_s > 0 else 0.0,
+        "samples_per_cpu_s": samples / max(time.process_time() - cpu_started, 1e-9),
+        "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
+        "carry_optimizer": carry_optimizer,
+        "overrides": list(overrides),
+    }
+
+
+def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) -> str:
+    """The benchmark section: the loop's rollouts and time to the preset's target, per optimizer start."""
+    import datetime
+    import os
+    import platform
+
+    from configs import load_config
+
+    run = load_config(CONFIG, [], env={}).run
+    rows = []
+    for r in results:
+        ttt = r["time_to_target_s"]
+        rows.append(
+            f"| {r['seed']} | {'carried from the warm start' if r['carry_optimizer'] else 'fresh'} | "
+            f"{r['rollouts_to_target'] or f'not in {cap_s:.0f} s'} | "
+            f"{'–' if ttt is None else f'{ttt:.0f} s'} | {r['samples_per_s']:.0f} |"
+        )
+    return "\n".join(
+        [
+            "## Reference loop: plain synchronous GRPO in one process",
+            "",
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.node()} "
+            f"({os.cpu_count()} cores, shared with whatever else runs) · 1 torch thread · `{command}`",
+            "",
+            "`bench.reference_loop`: sample a 256-completion rollout, score it, train on it, repeat, with the "
+            f"recipe of `{CONFIG}` on the demo's policy, prompts and reward. Target: {run.target_window}-rollout "
+            f"means of reward ≥ {run.target_reward} and exact match ≥ {run.target_exact}; cap {cap_s:.0f} s. "
+            f"Seeds {', '.join(map(str, seeds))} (warm-start seed = RL seed). Optimizer: *fresh* = a new AdamW on "
+            "the warmed policy, as the streamrl learner starts; *carried* = the warm start's AdamW, moments "
+            "included, kept for RL.",
+            "",
+            "| seed | AdamW | rollouts to target | time to target | samples/s |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+
+
+def run(quick: bool = False) -> str:
+    """Benchmark section (``make bench``): seed 0 (quick) or 0-2, fresh and carried optimizer."""
+    seeds = [0] if quick else [0, 1, 2]
+    cap_s = 300.0 if quick else 600.0
+    results = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix="reference-loop-") as tmp:
+            for carry in (False, True):
+                result = run_reference(seed, cap_s, tmp, (), carry, echo=lambda line: None)
+                results.append({**result, "seed": seed})
+    return markdown(results, seeds, cap_s, "make bench" + (" --quick" if quick else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-time-s", type=float, default=600.0)
+    parser.add_argument("--workdir", default=None, help="policy/data folder (default: a temp dir)")
+    parser.add_argument("--carry-optimizer", action="store_true")
+    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value on configs/demo_cpu.yaml")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="reference-loop-") as tmp:
+        result = run_reference(
+            args.seed,
+            args.max_time_s,
+            args.workdir or tmp,
+            args.overrides,
+            args.carry_optimizer,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
+    last = result["curve"][-20:]
+    print(
+        f"FINAL rollouts={result['steps']} rollouts_to_target={result['rollouts_to_target']} "
+        f"time_to_target={result['time_to_target_s']} "
+        f"last20_reward={sum(p[1] for p in last) / max(len(last), 1):.3f} "
+        f"samples/s={result['samples_per_s']:.0f} samples/cpu-s={result['samples_per_cpu_s']:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

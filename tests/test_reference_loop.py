@@ -1,0 +1,35 @@
+"""The one-process reference loop (bench.reference_loop): its reward, masks and one short real run."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from actors.demo_task import EOS, PAD, build_tokenizer
+from bench.reference_loop import completion_mask, run_reference, score
+
+
+def test_the_mask_ends_at_the_first_eos_and_the_reward_sees_special_tokens():
+    tokenizer = build_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ["4", "1", "3", PAD, EOS]}
+    eos = ids[EOS]
+    completions = torch.tensor([[ids["4"], eos, ids["1"]], [ids["4"], ids["1"], ids["3"]]])
+    assert completion_mask(completions, eos).tolist() == [[True, True, False], [True] * 3]
+    exact = [ids["4"], ids["1"], ids["3"], eos, ids[PAD]]
+    assert score(tokenizer, exact, eos, "413") == pytest.approx(1.0)
+    padded = [ids["4"], ids[PAD], ids["1"], ids["3"], eos]
+    assert score(tokenizer, padded, eos, "413") == pytest.approx(0.3)
+
+
+@pytest.mark.timeout(120)
+def test_a_short_run_trains_rollouts_and_reports_throughput(tmp_path, demo_policy):
+    # the session's warmed policy stands in for the one the loop would build in its workdir
+    shutil.copytree(demo_policy, tmp_path / "policy")
+    overrides = ["learner.groups_per_step=2", "rollout.group_size=4", "algo.kl_coef=0.1"]
+    result = run_reference(0, 3.0, tmp_path, overrides, echo=lambda line: None)
+    assert result["steps"] >= 1 and len(result["curve"]) == result["steps"]
+    assert all(0.0 <= r <= 1.0 and 0.0 <= e <= 1.0 for _, r, e in result["curve"])
+    assert result["samples_per_s"] > 0
+    assert result["time_to_target_s"] is None  # 3 s from a warm start at chance
