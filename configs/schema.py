@@ -248,6 +248,11 @@ class ActorConfig(Section):
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM: tensor parallel degree of one actor."
     )
+    max_actors: int = Field(
+        64,
+        ge=0,
+        description="Most supervised actors a scale command (launch:control in Redis, make scale) may ask for; larger requests are clamped to it and logged.",
+    )
     publish_log: bool = Field(
         False,
         description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).",
