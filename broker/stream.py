@@ -6,7 +6,12 @@ Delivery is at-least-once and de-duplicated by group id:
   with XAUTOCLAIM; the consumer keeps its own unacked entries fresh (XCLAIM JUSTID)
   so a learner that acks only at checkpoints is never robbed by a peer rank;
 - an entry whose group id is already trained (``trained`` set) or in flight is
-  acked and skipped; an undecodable one goes to the dead-letter stream and is acked;
+  acked and skipped; one that does not decode, breaks a limit of
+  ``broker.semantics`` (group size, lengths, rewards, versions never announced),
+  or was delivered ``broker.max_deliveries`` times without being trained (a
+  sample that crashes training before every restart) goes to the dead-letter
+  stream with the reason and is acked. Dead letters keep at most
+  ``broker.dead_letter_payload_bytes`` of the payload, with its size and sha256;
 - ``ack`` = XACK + XDEL + SADD trained in one MULTI, so the stream only holds
   unconsumed work, its length is the backlog, and a MAXLEN trim loses only
   entries nobody acked (counted, and released from admission).
@@ -20,6 +25,7 @@ duplicate), so the learner never has to. Redeliveries are not counted again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import time
@@ -30,6 +36,7 @@ import redis.asyncio
 
 from broker import metrics
 from broker.keys import Keys
+from broker.semantics import Limits, check_group
 from broker.wire import RolloutGroup, WireError, decode_group, encode_group
 from configs.schema import Config
 
@@ -144,6 +151,10 @@ class RolloutConsumer:
         self.vocab_size = vocab_size
         self.max_entry_bytes = cfg.broker.max_entry_bytes
         self.claim_idle_ms = cfg.broker.claim_idle_ms
+        self.limits = Limits.from_config(cfg)
+        self.max_deliveries = cfg.broker.max_deliveries
+        self.dead_letter_payload_bytes = cfg.broker.dead_letter_payload_bytes
+        self.max_version: int | None = None  # None until the learner says: versions unchecked
         self._group_ready = False
         self._pending_cursor: str | None = "0"  # None once our own pending entries are re-read
         self._claim_cursor = "0-0"
@@ -153,6 +164,16 @@ class RolloutConsumer:
         self._inflight: dict[str, str] = {}  # group id -> entry id, delivered and not yet acked
         self._account = redis_client.register_script(_ACCOUNT)
         self._ack = redis_client.register_script(_ACK)
+
+    def set_max_version(self, version: int) -> None:
+        """The learner announced ``version``: entries with tokens of a later one are forged."""
+        self.max_version = max(version, self.max_version or 0)
+
+    async def start_version_check(self, version: int) -> None:
+        """Check versions from now on against ``version`` or the highest one announced before
+        (a restarted learner resumes below what its predecessor's actors may hold)."""
+        announced = await self.redis.get(self.keys.version)
+        self.set_max_version(max(version, int(announced or 0)))
 
     async def ensure_group(self) -> None:
         try:
@@ -237,6 +258,7 @@ class RolloutConsumer:
         decoded: list[tuple[str, RolloutGroup, bool]] = []
         drop: list[str] = []  # acked and deleted without training
         dead: list[tuple[str, bytes, str]] = []
+        deliveries_of = await self._delivery_counts([e for e, _, again in raw if again])
         for entry_id, fields, redelivered in raw:
             if redelivered:
                 metrics.STREAM_REDELIVERED.inc()
@@ -249,7 +271,13 @@ class RolloutConsumer:
                     raise WireError(
                         f"entry has no 'g' field (fields: {sorted(k.decode(errors='replace') for k in fields)})"
                     )
+                if deliveries_of.get(entry_id, 1) >= self.max_deliveries:
+                    raise WireError(
+                        f"delivered {deliveries_of[entry_id]} times without being trained "
+                        f"(broker.max_deliveries={self.max_deliveries})"
+                    )
                 group = decode_group(payload, self.vocab_size, self.max_entry_bytes)
+                check_group(group, self.limits, self.max_version)
             except WireError as exc:
                 dead.append((entry_id, payload or b"", str(exc)))
                 continue
@@ -277,6 +305,28 @@ class RolloutConsumer:
             await self._dead_letter_and_drop(dead, drop)
         return deliveries
 
+    async def _delivery_counts(self, entry_ids: list[str]) -> dict[str, int]:
+        """Times each (re)delivered entry was delivered, from the consumer group's pending list."""
+        if not entry_ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id in entry_ids:
+            pipe.xpending_range(self.keys.stream, self.group, entry_id, entry_id, 1)
+        counts = {}
+        for entry_id, reply in zip(entry_ids, await pipe.execute(), strict=True):
+            if reply:
+                counts[entry_id] = int(reply[0]["times_delivered"])
+        return counts
+
+    def _dead_letter_fields(self, entry_id: str, payload: bytes, reason: str) -> dict:
+        return {
+            "g": payload[: self.dead_letter_payload_bytes],
+            "size": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "reason": reason,
+            "source_id": entry_id,
+        }
+
     async def _dead_letter_and_drop(
         self, dead: list[tuple[str, bytes, str]], drop: list[str]
     ) -> None:
@@ -288,7 +338,7 @@ class RolloutConsumer:
         for entry_id, payload, reason in dead:
             pipe.xadd(
                 k.dead,
-                {"g": payload, "reason": reason, "source_id": entry_id},
+                self._dead_letter_fields(entry_id, payload, reason),
                 maxlen=DEAD_LETTER_MAXLEN,
                 approximate=True,
             )

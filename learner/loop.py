@@ -222,6 +222,7 @@ class RankZeroIO:
     def resume(self, progress: Progress, model) -> None:
         """Ack what the checkpoint covers (a crash may have hit between save and ack); re-announce the version."""
         self.ack(progress)
+        self.consumer.start_version_check(progress.version)
         self.admission.set_version(progress.version)
         m.POLICY_VERSION.set(progress.version)
         if progress.version > 0:
@@ -275,6 +276,7 @@ class RankZeroIO:
         t0 = time.perf_counter()
         if self.publisher is not None:
             self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
+        self.consumer.set_max_version(version)
         self.admission.set_version(version)
         m.POLICY_VERSION.set(version)
         m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
