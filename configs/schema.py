@@ -56,7 +56,8 @@ class BrokerConfig(Section):
         0, ge=0, le=65535, description="Port of the embedded Redis (0 = pick a free one)."
     )
     password: str | None = Field(
-        None, description="requirepass for the embedded Redis; mandatory for a non-loopback bind."
+        None,
+        description="requirepass for the embedded Redis (None = a random one per run, kept in the 0600 URL file); mandatory for a non-loopback bind.",
     )
     appendonly: bool = Field(
         False,
