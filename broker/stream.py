@@ -6,7 +6,12 @@ Delivery is at-least-once and de-duplicated by group id:
   with XAUTOCLAIM; the consumer keeps its own unacked entries fresh (XCLAIM JUSTID)
   so a learner that acks only at checkpoints is never robbed by a peer rank;
 - an entry whose group id is already trained (``trained`` set) or in flight is
-  acked and skipped; an undecodable one goes to the dead-letter stream and is acked;
+  acked and skipped; one that does not decode, breaks a limit of
+  ``broker.semantics`` (group size, lengths, rewards, versions never announced),
+  or was delivered ``broker.max_deliveries`` times without being trained (a
+  sample that crashes training before every restart) goes to the dead-letter
+  stream with the reason and is acked. Dead letters keep at most
+  ``broker.dead_letter_payload_bytes`` of the payload, with its size and sha256;
 - ``ack`` = XACK + XDEL + SADD trained in one MULTI, so the stream only holds
   unconsumed work, its length is the backlog, and a MAXLEN trim loses only
   entries nobody acked (counted, and released from admission).
@@ -24,6 +29,7 @@ leaks no admission slot.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import time
@@ -34,6 +40,7 @@ import redis.asyncio
 
 from broker import metrics
 from broker.keys import Keys
+from broker.semantics import Limits, check_group
 from broker.wire import RolloutGroup, WireError, decode_group, encode_group
 from configs.schema import Config
 
@@ -90,16 +97,17 @@ return redis.call('SMISMEMBER', KEYS[1], unpack(ARGV))
 """
 
 # KEYS: stream, dead-letter stream, discarded. ARGV: consumer group, dead-letter maxlen, then
-# (entry id, reason, payload) triples; reason '' = drop without a dead letter. Each entry is
-# dead-lettered and counted only if this call acked it, so a retry changes nothing.
+# (entry id, reason, payload head, payload size, payload sha256) rows; reason '' = drop without a
+# dead letter. Each entry is dead-lettered and counted only if this call acked it, so a retry
+# changes nothing.
 _DISCARD = """
 local n = 0
-for i = 3, #ARGV, 3 do
+for i = 3, #ARGV, 5 do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
     n = n + 1
     if ARGV[i + 1] ~= '' then
-      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
-        'g', ARGV[i + 2], 'reason', ARGV[i + 1], 'source_id', ARGV[i])
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'g', ARGV[i + 2], 'size', ARGV[i + 3],
+        'sha256', ARGV[i + 4], 'reason', ARGV[i + 1], 'source_id', ARGV[i])
     end
   end
   redis.call('XDEL', KEYS[1], ARGV[i])
@@ -196,6 +204,10 @@ class RolloutConsumer:
         self.vocab_size = vocab_size
         self.max_entry_bytes = cfg.broker.max_entry_bytes
         self.claim_idle_ms = cfg.broker.claim_idle_ms
+        self.limits = Limits.from_config(cfg)
+        self.max_deliveries = cfg.broker.max_deliveries
+        self.dead_letter_payload_bytes = cfg.broker.dead_letter_payload_bytes
+        self.max_version: int | None = None  # None until the learner says: versions unchecked
         self._group_ready = False
         self.group_recreated = 0  # Redis lost the group (restart without persistence): counters too
         self._pending_cursor: str | None = "0"  # None once our own pending entries are re-read
@@ -207,6 +219,16 @@ class RolloutConsumer:
         self._trained = redis_client.register_script(_TRAINED)
         self._discard = redis_client.register_script(_DISCARD)
         self._ack = redis_client.register_script(_ACK)
+
+    def set_max_version(self, version: int) -> None:
+        """The learner announced ``version``: entries with tokens of a later one are forged."""
+        self.max_version = max(version, self.max_version or 0)
+
+    async def start_version_check(self, version: int) -> None:
+        """Check versions from now on against ``version`` or the highest one announced before
+        (a restarted learner resumes below what its predecessor's actors may hold)."""
+        announced = await self.redis.get(self.keys.version)
+        self.set_max_version(max(version, int(announced or 0)))
 
     async def ensure_group(self) -> None:
         try:
@@ -292,6 +314,7 @@ class RolloutConsumer:
         decoded: list[tuple[str, RolloutGroup, bool]] = []
         drop: list[str] = []  # acked and deleted without training
         dead: list[tuple[str, bytes, str]] = []
+        deliveries_of = await self._delivery_counts([e for e, _, again in raw if again])
         for entry_id, fields, redelivered in raw:
             if redelivered:
                 metrics.STREAM_REDELIVERED.inc()
@@ -304,7 +327,13 @@ class RolloutConsumer:
                     raise WireError(
                         f"entry has no 'g' field (fields: {sorted(k.decode(errors='replace') for k in fields)})"
                     )
+                if deliveries_of.get(entry_id, 1) >= self.max_deliveries:
+                    raise WireError(
+                        f"delivered {deliveries_of[entry_id]} times without being trained "
+                        f"(broker.max_deliveries={self.max_deliveries})"
+                    )
                 group = decode_group(payload, self.vocab_size, self.max_entry_bytes)
+                check_group(group, self.limits, self.max_version)
             except WireError as exc:
                 dead.append((entry_id, payload or b"", str(exc)))
                 continue
@@ -328,6 +357,28 @@ class RolloutConsumer:
             await self._dead_letter_and_drop(dead, drop)
         return deliveries
 
+    async def _delivery_counts(self, entry_ids: list[str]) -> dict[str, int]:
+        """Times each (re)delivered entry was delivered, from the consumer group's pending list."""
+        if not entry_ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id in entry_ids:
+            pipe.xpending_range(self.keys.stream, self.group, entry_id, entry_id, 1)
+        counts = {}
+        for entry_id, reply in zip(entry_ids, await pipe.execute(), strict=True):
+            if reply:
+                counts[entry_id] = int(reply[0]["times_delivered"])
+        return counts
+
+    def _dead_letter_fields(self, entry_id: str, payload: bytes, reason: str) -> dict:
+        return {
+            "g": payload[: self.dead_letter_payload_bytes],
+            "size": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "reason": reason,
+            "source_id": entry_id,
+        }
+
     async def _dead_letter_and_drop(
         self, dead: list[tuple[str, bytes, str]], drop: list[str]
     ) -> None:
@@ -336,12 +387,16 @@ class RolloutConsumer:
         k = self.keys
         for entry_id, _, reason in dead:
             log.warning("dead-lettering entry %s: %s", entry_id, reason)
-        triples = [(e, reason or "invalid", payload) for e, payload, reason in dead]
-        triples += [(e, "", b"") for e in drop]
-        for i in range(0, len(triples), SCRIPT_CHUNK // 3):
+        fields = [self._dead_letter_fields(e, payload, reason) for e, payload, reason in dead]
+        rows = [
+            (f["source_id"], f["reason"] or "invalid", f["g"], f["size"], f["sha256"])
+            for f in fields
+        ]
+        rows += [(e, "", b"", 0, "") for e in drop]
+        for i in range(0, len(rows), SCRIPT_CHUNK // 5):
             args = [self.group, DEAD_LETTER_MAXLEN]
-            for triple in triples[i : i + SCRIPT_CHUNK // 3]:
-                args += triple
+            for row in rows[i : i + SCRIPT_CHUNK // 5]:
+                args += row
             await self._with_group(
                 lambda args=args: self._discard(keys=[k.stream, k.dead, k.discarded], args=args)
             )

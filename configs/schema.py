@@ -72,7 +72,8 @@ class BrokerConfig(Section):
         0, ge=0, le=65535, description="Port of the embedded Redis (0 = pick a free one)."
     )
     password: str | None = Field(
-        None, description="requirepass for the embedded Redis; mandatory for a non-loopback bind."
+        None,
+        description="requirepass for the embedded Redis (None = a random one per run, kept in the 0600 URL file); mandatory for a non-loopback bind.",
     )
     appendonly: bool = Field(
         False,
@@ -113,6 +114,21 @@ class BrokerConfig(Section):
         64 << 20,
         ge=1024,
         description="Decoder size limit for one stream entry; larger entries are dead-lettered.",
+    )
+    max_abs_reward: float = Field(
+        1e6,
+        gt=0,
+        description="Entries with a reward of larger magnitude are dead-lettered (advantages would overflow).",
+    )
+    max_deliveries: int = Field(
+        5,
+        ge=1,
+        description="An entry delivered this many times without being trained (e.g. training raised on it before every restart) is dead-lettered.",
+    )
+    dead_letter_payload_bytes: int = Field(
+        4096,
+        ge=0,
+        description="Bytes of a dead-lettered payload kept (with its full size and sha256); bounds the dead-letter stream to ~10,000 x this.",
     )
     retries: int = Field(
         10,
@@ -185,6 +201,11 @@ class RolloutConfig(Section):
         16, ge=1, description="Completions per prompt (G); one stream entry carries one group."
     )
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per completion.")
+    max_prompt_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Longest prompt (tokens) a stream entry may carry; longer entries are dead-lettered.",
+    )
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; behaviour log-probs are taken after it."
     )
@@ -263,6 +284,11 @@ class ActorConfig(Section):
     )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM: tensor parallel degree of one actor."
+    )
+    max_actors: int = Field(
+        64,
+        ge=0,
+        description="Most supervised actors a scale command (launch:control in Redis, make scale) may ask for; larger requests are clamped to it and logged.",
     )
     publish_log: bool = Field(
         False,

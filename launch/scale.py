@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         "--actors", type=int, required=True, help="wanted number of supervised actors"
     )
     args, cfg = config_from_cli(parser, argv)
-    if args.actors < 0:
-        parser.error("--actors must be >= 0")
+    if not 0 <= args.actors <= cfg.actor.max_actors:
+        parser.error(f"--actors must be between 0 and actor.max_actors={cfg.actor.max_actors}")
     client = connect_sync(cfg)
     client.rpush(Keys.from_config(cfg).launch_control, json.dumps({"actors": args.actors}))
     print(f"asked the supervisor of run {cfg.run.name!r} for {args.actors} actors")

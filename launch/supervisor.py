@@ -252,7 +252,12 @@ class Supervisor:
         self.scale(wanted)
 
     def scale(self, wanted: int) -> None:
-        wanted = max(0, wanted)
+        # Anyone holding the Redis password can push a scale command: never past the config bound.
+        if wanted > self.cfg.actor.max_actors:
+            self.event(
+                f"scale to {wanted} actors clamped to actor.max_actors={self.cfg.actor.max_actors}"
+            )
+        wanted = min(max(0, wanted), self.cfg.actor.max_actors)
         self.want_actors = wanted
         running = [a for a in self.actors if not a.done]
         for _ in range(wanted - len(running)):

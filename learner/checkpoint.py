@@ -2,11 +2,14 @@
 
 Layout under ``<run.dir>/checkpoints``::
 
-    step-00000004/state/...   DeepSpeed files: weights, each rank's ZeRO optimizer partition, LR schedule
-    step-00000004/rng-0.pt    per-rank RNG state (torch, numpy, random)
-    latest -> step-00000004   symlink, replaced with os.replace once every rank has written
+    step-00000004.0/state/...   DeepSpeed files: weights, each rank's ZeRO optimizer partition, LR schedule
+    step-00000004.0/rng-0.pt    per-rank RNG state (torch, numpy, random)
+    latest -> step-00000004.0   symlink, replaced with os.replace once every rank has written
 
-A crash while saving leaves ``latest`` on the previous complete checkpoint.
+Every save writes a folder of its own (a re-save of the same step gets the next
+suffix), so the folder ``latest`` names is never written to or removed: a crash
+while saving leaves ``latest`` on the previous complete checkpoint. After the
+switch the previous one is kept too (the last two), everything else is removed.
 The client state (version, counters, the stream entries this checkpoint
 covers but has not acked yet) rides in DeepSpeed's ``client_state``.
 """
@@ -53,15 +56,25 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
+def _saves_of(root: Path, step: int) -> list[int]:
+    """Suffixes of the folders of ``step`` (one per save of that step, complete or not)."""
+    prefix = f"step-{step:08d}."
+    return [
+        int(p.name[len(prefix) :])
+        for p in root.glob(prefix + "*")
+        if p.name[len(prefix) :].isdigit()
+    ]
+
+
 def save(engine, root: str | os.PathLike, step: int, client_state: dict, rank: int) -> Path:
     """Collective: every rank calls it. Returns the checkpoint folder once ``latest`` points at it."""
     root = Path(root)
-    folder = root / f"step-{step:08d}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        if folder.exists():  # left by a crash during an earlier save of this step
-            shutil.rmtree(folder)
+        (root / f"step-{step:08d}.{max(_saves_of(root, step), default=-1) + 1}").mkdir()
     _barrier()
+    # Rank 0 made the newest folder of this step before the barrier: every rank names the same one.
+    folder = root / f"step-{step:08d}.{max(_saves_of(root, step))}"
     engine.save_checkpoint(str(folder), tag=TAG, client_state=client_state, save_latest=False)
     torch.save(_rng_state(), folder / f"rng-{rank}.pt")
     _barrier()
@@ -70,6 +83,8 @@ def save(engine, root: str | os.PathLike, step: int, client_state: dict, rank: i
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
+        before = root / LATEST
+        previous = os.readlink(before) if before.is_symlink() else None
         link = root / (LATEST + ".tmp")
         if link.is_symlink() or link.exists():
             link.unlink()
@@ -77,7 +92,7 @@ def save(engine, root: str | os.PathLike, step: int, client_state: dict, rank: i
         os.replace(link, root / LATEST)
         _fsync_dir(root)
         for old in root.glob("step-*"):
-            if old != folder:
+            if old.name not in (folder.name, previous):
                 shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return folder

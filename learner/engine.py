@@ -50,10 +50,19 @@ def init_distributed() -> tuple[int, int]:
     import deepspeed
 
     skip_shm_comm_build()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if not torch.distributed.is_initialized():
+            # A world of one needs no rendezvous: env:// would host a TCPStore on every interface.
+            torch.distributed.init_process_group(
+                backend,
+                store=torch.distributed.HashStore(),
+                rank=0,
+                world_size=1,
+                timeout=DIST_TIMEOUT,
+            )
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(
             dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False

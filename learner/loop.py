@@ -241,6 +241,7 @@ class RankZeroIO:
             progress.consumed = max(progress.consumed, self.admission.counts()["consumed"])
         self.ack(progress)
         self.admission.set_consumed(progress.consumed)
+        self.consumer.start_version_check(progress.version)
         self.admission.set_version(progress.version)
         m.POLICY_VERSION.set(progress.version)
         if progress.version > 0:
@@ -297,6 +298,7 @@ class RankZeroIO:
         t0 = time.perf_counter()
         if self.publisher is not None:
             self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
+        self.consumer.set_max_version(version)
         if consumed is None:
             self.admission.set_version(version)
         else:

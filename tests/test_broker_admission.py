@@ -24,6 +24,7 @@ def _small(cfg, staleness: int = 1, groups_per_step: int = 3, ttl_s: float = 120
     cfg.algo.max_staleness = staleness
     cfg.learner.groups_per_step = groups_per_step
     cfg.broker.lease_ttl_s = ttl_s
+    cfg.rollout.group_size = 2  # broker_helpers.make_group's groups
     return cfg
 
 

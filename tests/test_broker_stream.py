@@ -23,6 +23,17 @@ from broker.stream import Blocking, RolloutConsumer, RolloutProducer
 from broker.wire import encode_group
 from configs import Config
 
+# broker_helpers.make_group's groups: 2 completions; the consumer checks rollout.group_size.
+GROUP = {"rollout": {"group_size": 2}}
+
+
+@pytest.fixture
+def redis_cfg(redis_cfg):
+    return redis_cfg.model_copy(
+        update={"rollout": redis_cfg.rollout.model_copy(update=GROUP["rollout"])}
+    )
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -244,7 +255,11 @@ def _own_server_cfg(tmp_path, appendonly: bool) -> tuple[EmbeddedRedis, Config]:
         Config.model_validate({"broker": {"appendonly": appendonly}}).broker, tmp_path / "redis"
     ).start()
     cfg = Config.model_validate(
-        {"run": {"name": "restart", "dir": str(tmp_path)}, "broker": {"redis_url": server.url}}
+        {
+            "run": {"name": "restart", "dir": str(tmp_path)},
+            "broker": {"redis_url": server.url},
+            **GROUP,
+        }
     )
     return server, cfg
 
@@ -399,7 +414,9 @@ def test_entries_acknowledged_to_producers_survive_a_sigkilled_redis_with_aof(tm
     # fsync everysec; only a machine crash can lose the last second (appendfsync=always closes that).
     cfg_broker = Config.model_validate({"broker": {"appendonly": True}}).broker
     server = EmbeddedRedis(cfg_broker, tmp_path / "redis").start()
-    cfg = Config.model_validate({"run": {"name": "crash"}, "broker": {"redis_url": server.url}})
+    cfg = Config.model_validate(
+        {"run": {"name": "crash"}, "broker": {"redis_url": server.url}, **GROUP}
+    )
     try:
         ids = [f"f{i}" for i in range(30)]
         run(_publish(cfg, ids))

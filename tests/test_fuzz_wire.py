@@ -181,6 +181,7 @@ def test_huge_declared_sizes_are_rejected_without_allocating():
 )
 def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_ones(redis_cfg, bad):
     cfg = redis_cfg.model_copy(deep=True)
+    cfg.rollout.group_size = 2  # make_group's groups
     cfg.run.name = f"{cfg.run.name}-{time.monotonic_ns()}"
     keys = Keys.from_config(cfg)
     sync = connect_sync(cfg)

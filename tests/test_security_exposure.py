@@ -15,7 +15,11 @@ regression before it ships.
 from __future__ import annotations
 
 import ast
+import ipaddress
+import json
+import shutil
 import socket
+import uuid
 from pathlib import Path
 
 import psutil
@@ -154,3 +158,112 @@ def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
                 pass
     finally:
         metrics.unregister(redis_cfg, "test", "exposure", port)
+
+
+def _answers_without_password(port: int) -> bytes:
+    """What a TCP service on loopback ``port`` answers to an unauthenticated Redis PING."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(b"PING\r\n")
+        try:
+            return sock.recv(128)
+        except TimeoutError:
+            return b""
+
+
+def test_the_embedded_redis_wants_the_password_and_refuses_file_and_code_commands(tmp_path):
+    # Loopback is shared with every local user: no password-less Redis even there.
+    cfg = Config.model_validate({"broker": {"appendonly": True}}).broker
+    with EmbeddedRedis(cfg, tmp_path) as server:
+        assert server.password and server.password in server.url
+        assert _answers_without_password(server.port).startswith(b"-NOAUTH")
+        client = redis.Redis.from_url(server.url, socket_timeout=2)
+        for command in (
+            "CONFIG SET dir /tmp",
+            "SAVE",
+            "BGSAVE",
+            "MODULE LOAD /x.so",
+            "DEBUG SLEEP 0",
+        ):
+            with pytest.raises(redis.ResponseError, match="unknown command"):
+                client.execute_command(command)
+        client.xadd("streamrl:aof", {"x": 1})
+        client.close()
+        server.kill()
+        server.restart()
+        client = redis.Redis.from_url(server.url, socket_timeout=2)
+        assert client.xlen("streamrl:aof") == 1, (
+            "the AOF (written by the server itself) still works"
+        )
+        client.close()
+
+
+def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
+    from launch.supervisor import Supervisor
+
+    cfg = redis_cfg.model_copy(
+        update={"actor": redis_cfg.actor.model_copy(update={"max_actors": 2})}
+    )
+    # `true` stands in for the actor program only: what is bounded is how many the supervisor starts.
+    sup = Supervisor(cfg, None, actors=0, python=shutil.which("true"))
+    sup.log_dir.mkdir(parents=True)
+    sup.redis = redis.Redis.from_url(cfg.broker.redis_url, socket_timeout=2)
+    try:
+        sup.redis.rpush(sup.keys.launch_control, json.dumps({"actors": 5000}))
+        sup._apply_control()
+        assert len(sup.actors) == 2 and sup.want_actors == 2
+        assert any("clamped" in e for e in sup.events)
+    finally:
+        for child in sup.actors:
+            child.proc.wait(timeout=10)
+        sup.redis.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_listening_socket_of_a_running_system_is_loopback_and_redis_wants_the_password(
+    tmp_path, demo_policy, demo_dataset
+):
+    from configs import load_config
+    from launch.status import read_steps
+    from launch.supervisor import Supervisor
+
+    config = "configs/demo_cpu.yaml"
+    overrides = [
+        f"run.name=exposure-{uuid.uuid4().hex[:8]}",
+        f"run.dir={tmp_path / 'run'}",
+        f"model.path={demo_policy}",
+        f"data.path={demo_dataset}",
+        "run.max_steps=1000",
+        "run.max_time_s=0",
+    ]
+    cfg = load_config(config, overrides, env={})
+    sup = Supervisor(cfg, config, overrides, actors=1)
+    try:
+        sup.start()
+        assert sup.wait_until(lambda: len(read_steps(Path(cfg.run.dir))) >= 2, timeout=180)
+        processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        listening = []
+        for proc in processes:
+            try:
+                connections = proc.net_connections("inet")
+            except psutil.NoSuchProcess:
+                continue
+            listening += [(proc, c) for c in connections if c.status == psutil.CONN_LISTEN]
+        assert {proc.pid for proc, _ in listening} >= {sup.redis_server.proc.pid}
+        exposed = [
+            f"{proc.name()} {proc.pid} on {c.laddr.ip}:{c.laddr.port}"
+            for proc, c in listening
+            if not ipaddress.ip_address(c.laddr.ip).is_loopback
+        ]
+        assert not exposed, f"listening outside loopback: {exposed}"
+        open_redis = [
+            f"{proc.name()} {proc.pid} on port {c.laddr.port}"
+            for proc, c in listening
+            if b"PONG" in _answers_without_password(c.laddr.port)
+        ]
+        assert not open_redis, f"a Redis answers without the run's password: {open_redis}"
+        url_file = Path(cfg.run.dir) / "redis.url"
+        assert url_file.stat().st_mode & 0o777 == 0o600
+        assert sup.redis_server.password in url_file.read_text()
+    finally:
+        sup.stop()

@@ -118,3 +118,35 @@ def test_killed_or_frozen_actor_is_dropped_and_the_others_keep_receiving(redis_c
     finally:
         witness.close()
         pub.close()
+
+
+def _listening(pid: int) -> set[str]:
+    import psutil
+
+    return {
+        c.laddr.ip
+        for c in psutil.Process(pid).net_connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+def test_the_rendezvous_store_and_the_group_listen_on_dist_host_only(redis_cfg, procs):
+    import os
+
+    cfg = _cfg(redis_cfg, dist_host="127.0.0.1")
+    sub = Proc("subscriber", cfg, id="bind", until=3)
+    procs.append(sub)
+    before = _listening(os.getpid())
+    pub = make_publisher(cfg)
+    _wait_members(pub, 1)
+    try:
+        pub.publish(0, learner_tensors(0, 64, 2))
+        # While the group is up: the publisher's store and gloo pairs, the subscriber's gloo pairs.
+        opened = (_listening(os.getpid()) - before) | _listening(sub.popen.pid)
+        for version in range(1, 4):
+            pub.publish(version, learner_tensors(version, 64, 2))
+        sub.wait_event("done")
+        assert all(e["ok"] for e in sub.applied)
+        assert opened and opened <= {"127.0.0.1"}, f"listening on {opened}"
+    finally:
+        pub.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import socket
 import time
 
 import redis
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as tdist
 
 from broker.keys import Keys
+from broker.server import is_loopback
 from weightsync import metrics
 from weightsync.layout import Layout
 
@@ -78,14 +80,47 @@ def _device(backend: str) -> torch.device:
     )
 
 
-def make_group(backend: str, store: tdist.Store, rank: int, size: int, timeout_s: float):
-    """A process group outside the default world. The only NCCL-specific lines of the transport."""
+def make_group(
+    backend: str, store: tdist.Store, rank: int, size: int, timeout_s: float, host: str = ""
+):
+    """A process group outside the default world. The only NCCL-specific lines of the transport.
+
+    gloo's pair listeners bind ``host`` when it is a loopback address (a one-host run keeps every
+    socket on loopback); otherwise gloo picks the address this host's name resolves to.
+    """
     timeout = dt.timedelta(seconds=timeout_s)
     if backend == "gloo":
-        return tdist.ProcessGroupGloo(store, rank, size, timeout)
+        options = tdist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        device_host = host if is_loopback(host) else ""
+        options._devices = [tdist.ProcessGroupGloo.create_device(hostname=device_host)]
+        return tdist.ProcessGroupGloo(store, rank, size, options)
     options = tdist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     return tdist.ProcessGroupNCCL(store, rank, size, options)
+
+
+def bound_store(host: str, timeout_s: float) -> tdist.TCPStore:
+    """A master TCPStore on a fresh port of ``host`` only.
+
+    TCPStore binds every interface ([::]) on its own whatever host it is given; a socket bound
+    here and handed over as ``master_listen_fd`` keeps it where ``weightsync.dist_host`` says.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        listener.bind((host, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        # The store's server owns the descriptor from here on (it does not copy it).
+        fd = listener.detach()
+    return tdist.TCPStore(
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=dt.timedelta(seconds=timeout_s),
+        master_listen_fd=fd,
+    )
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -156,13 +191,7 @@ class DistSender:
         self._close_group()
         for _ in range(3):
             self.epoch += 1
-            self.store = tdist.TCPStore(
-                self.host,
-                0,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=dt.timedelta(seconds=self.timeout_s),
-            )
+            self.store = bound_store(self.host, self.timeout_s)
             self._announce_group(members)
             if not members:
                 break
@@ -171,7 +200,7 @@ class DistSender:
                 prefix = tdist.PrefixStore(f"e{self.epoch}/pg/", self.store)
                 try:
                     self.group = make_group(
-                        self.backend, prefix, 0, len(members) + 1, self.timeout_s
+                        self.backend, prefix, 0, len(members) + 1, self.timeout_s, self.host
                     )
                 except Exception as exc:  # a member died between check-in and connect
                     metrics.TRANSFER_FAILURES.labels(reason="rendezvous").inc()
@@ -308,6 +337,7 @@ class DistReceiver:
                 rank,
                 len(record["members"]) + 1,
                 self.timeout_s,
+                record["host"],
             )
         except Exception:
             self.failed_epoch = epoch

@@ -23,19 +23,23 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import logging
 import mmap
 import os
+import secrets
 import signal
+import stat
 import struct
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from weightsync.layout import Layout
+
+log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 MAGIC = 0x5354524D4C575331  # "STRMLWS1"
@@ -59,14 +63,33 @@ def segment_prefix(run_name: str) -> str:
 
 
 def cleanup_stale_segments(run_name: str) -> list[str]:
-    """Unlink this run's segments whose creating process is gone (a SIGKILLed learner leaves them)."""
+    """Unlink this run's segments whose creating process is gone (a SIGKILLed learner leaves them).
+
+    Only regular files of our own uid: /dev/shm is shared by every local user, and a file
+    another user planted under our prefix must neither be removed nor stop the learner.
+    """
     removed = []
     for path in SHM_DIR.glob(segment_prefix(run_name) + "*"):
         pid = _pid_of(path.name)
-        if pid is not None and not _alive(pid):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
+        if pid is None or _alive(pid) or not _ours(path):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("leaving %s in place: %s", path, exc)
+            continue
+        removed.append(path.name)
     return removed
+
+
+def _ours(path: Path) -> bool:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def _pid_of(name: str) -> int | None:
@@ -130,7 +153,8 @@ class ShmWriter:
         self.slots = slots
         self.lease_s = lease_s
         self.stride = _slot_stride(layout)
-        self.name = f"{segment_prefix(run_name)}{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        # 128 random bits: nobody can pre-create (or guess and replace) the segment's name.
+        self.name = f"{segment_prefix(run_name)}{os.getpid()}.{secrets.token_hex(16)}"
         self.path = SHM_DIR / self.name
         size = HEADER_BYTES + slots * self.stride
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -218,9 +242,16 @@ class ShmReader:
             raise ValueError(f"not a streamrl weight segment name: {name!r}")
         self.name = name
         self.lease_s = lease_s
-        fd = os.open(SHM_DIR / name, os.O_RDWR)
+        fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW)
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            # The learner runs as our user and creates segments 0600: anything else is a forgery
+            # (an announcement written by whoever holds the Redis password, pointing at their file).
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                raise ValueError(
+                    f"shm segment {name} is not a file of this user (uid {info.st_uid})"
+                )
+            size = info.st_size
             if size < HEADER_BYTES:
                 raise ValueError(f"shm segment {name} is too small ({size} bytes)")
             self._map = _Mapping(fd, size)

@@ -1,0 +1,63 @@
+"""What a well-formed rollout group may mean: the checks ``broker.wire`` cannot make alone.
+
+``decode_group`` checks types and sizes; a peer can still write a valid entry that
+poisons training (a completion longer than the actors may sample, a group of the
+wrong size, token versions from the future that read as negative staleness,
+rewards so large the advantages overflow, a prompt far past the dataset's). The
+consumer calls ``check_group`` with limits from the config and the highest
+version the learner knows was announced, and dead-letters what fails, with the
+reason. Pure: no Redis, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.wire import RolloutGroup, WireError
+from configs.schema import Config
+
+
+@dataclass(frozen=True)
+class Limits:
+    group_size: int
+    max_completion_tokens: int
+    max_prompt_tokens: int
+    max_abs_reward: float
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Limits:
+        return cls(
+            group_size=cfg.rollout.group_size,
+            max_completion_tokens=cfg.rollout.max_new_tokens,
+            max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+            max_abs_reward=cfg.broker.max_abs_reward,
+        )
+
+
+def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = None) -> None:
+    """Raise ``WireError`` naming the first limit ``group`` breaks; ``max_version=None`` skips versions."""
+    if len(group.completions) != limits.group_size:
+        raise WireError(
+            f"group: {len(group.completions)} completions, rollout.group_size is {limits.group_size}"
+        )
+    if len(group.prompt_token_ids) > limits.max_prompt_tokens:
+        raise WireError(
+            f"group.prompt: {len(group.prompt_token_ids)} tokens exceeds "
+            f"rollout.max_prompt_tokens={limits.max_prompt_tokens}"
+        )
+    for i, completion in enumerate(group.completions):
+        if len(completion) > limits.max_completion_tokens:
+            raise WireError(
+                f"completion[{i}]: {len(completion)} tokens exceeds "
+                f"rollout.max_new_tokens={limits.max_completion_tokens}"
+            )
+        if abs(completion.reward) > limits.max_abs_reward:
+            raise WireError(
+                f"completion[{i}].r: reward {completion.reward!r} exceeds "
+                f"broker.max_abs_reward={limits.max_abs_reward}"
+            )
+        if max_version is not None and int(completion.versions.max()) > max_version:
+            raise WireError(
+                f"completion[{i}].ver: policy version {int(completion.versions.max())} was never "
+                f"announced (the learner is at {max_version})"
+            )
