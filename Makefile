@@ -17,7 +17,6 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
-export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: run test lint bench chaos broker actors scale dashboard prometheus clean venv

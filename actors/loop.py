@@ -48,10 +48,15 @@ def default_actor_id() -> str:
 def ensure_assets(cfg: Config) -> None:
     """Build the demo policy / dataset when configured to and missing (atomic, safe to race)."""
     from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from weightsync.policy import wants_demo_policy
 
-    if cfg.model.build_demo and not os.path.exists(cfg.model.path):
+    if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
         ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
-    if cfg.data.build_demo and not os.path.exists(cfg.data.path):
+    if (
+        cfg.data.build_demo
+        and cfg.data.path.endswith(".jsonl")
+        and not os.path.exists(cfg.data.path)
+    ):
         ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
 
 

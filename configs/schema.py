@@ -125,18 +125,18 @@ class BrokerConfig(Section):
 
 
 class ModelConfig(Section):
-    """The policy checkpoint (a Hugging Face folder) shared by learner and actors."""
+    """The policy checkpoint (a Hugging Face folder or hub id) shared by learner and actors."""
 
     path: str = Field(
         "runs/demo-policy",
-        description="Hugging Face model folder (config, tokenizer, weights) loaded with from_pretrained by learner and actors.",
+        description="Hugging Face model folder (config, tokenizer, weights) or hub id `org/name[@revision]` (downloaded into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache), loaded with from_pretrained by learner and actors.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
     )
     build_demo: bool = Field(
         True,
-        description="If `path` does not exist, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start).",
+        description="If `path` is neither a folder nor a cached hub id, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start); set false for a hub id that is not cached yet.",
     )
 
 
