@@ -39,6 +39,10 @@ class RunConfig(Section):
         ge=1,
         description="torch threads per process; 2 threads on 2 shared cores ran 35x slower.",
     )
+    export_at_end: bool = Field(
+        True,
+        description="When the learner stops, write the policy as a Hugging Face folder (safetensors, config, tokenizer) to <run.dir>/policy.",
+    )
 
 
 class BrokerConfig(Section):

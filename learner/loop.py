@@ -40,6 +40,7 @@ from learner import algorithm, checkpoint
 from learner import metrics as m
 from learner.batching import Sample, samples_from_group
 from learner.engine import build_engine, device, init_distributed
+from learner.export import export_at_end
 from learner.step import UpdateStats, train_batch
 
 log = logging.getLogger(__name__)
@@ -460,10 +461,12 @@ class Learner:
         self.progress.unacked = []
 
     def close(self) -> None:
-        """Checkpoint what is not yet saved, then release Redis, weights and metrics."""
+        """Checkpoint what is not yet saved, export the policy (rank 0), then release Redis, weights, metrics."""
         try:
             if self.progress.step > self.last_ckpt_step or self.progress.unacked:
                 self.save_checkpoint()
+            if self.io is not None:
+                export_at_end(self.cfg, self.model, self.progress.step, self.progress.version)
         finally:
             if self.io is not None:
                 self.io.close()
