@@ -31,7 +31,7 @@ import torch
 from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams
 from actors.prompts import Prompt, PromptDataset, PromptSource
-from actors.rewards import RewardPool, Score
+from actors.rewards import RewardInput, RewardPool, Score
 from broker.audit import JsonlLog, published_path
 from broker.wire import Completion, RolloutGroup
 from configs.schema import Config
@@ -246,8 +246,14 @@ class Actor:
                 await self._release(pending.lease_id)
         if not complete:
             return
+        conversational = self.dataset.format == "messages"
         samples = [
-            (p.prompt.messages + [self._assistant_turn(o)], p.prompt.answer)
+            RewardInput(
+                p.prompt.messages + [self._assistant_turn(o)],
+                p.prompt.answer,
+                p.prompt.columns,
+                conversational,
+            )
             for p in complete
             for o in p.outputs
         ]

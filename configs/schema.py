@@ -145,24 +145,50 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """The prompt dataset the actors draw from."""
+    """The prompt dataset the actors draw from, its columns, and the held-out evaluation set."""
 
     path: str = Field(
         "runs/demo-data/train.jsonl",
-        description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file or a saved HF dataset folder.",
+        description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file, a saved or local HF dataset folder, or a hub dataset `org/name` (fetched into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache).",
+    )
+    config: str | None = Field(
+        None, description="Dataset config (subset) name of a hub or local dataset repository."
     )
     format: Literal["auto", "messages", "prompt"] = Field(
         "auto",
-        description="messages = RL2 style `messages` + `answer`; prompt = `prompt` + `answer`; auto picks by columns.",
+        description="messages = a list of {role, content} turns; prompt = a string; auto picks by column name (or by the value of `prompt_key`).",
     )
-    split: str = Field("train", description="Split to read from a dataset folder.")
-    apply_chat_template: bool = Field(
-        False,
-        description="Render `messages` (or the prompt as one user turn) through the tokenizer's chat template.",
+    prompt_key: str | None = Field(
+        None,
+        description="Column holding the prompt (string or messages); None = `messages` if present, else `prompt`.",
+    )
+    answer_key: str | None = Field(
+        "answer",
+        description="Column passed to the rewards as `answer` (None = no answer column). Every other column reaches the rewards as a keyword argument.",
+    )
+    split: str = Field("train", description="Split to read from a dataset folder or repository.")
+    apply_chat_template: bool | None = Field(
+        None,
+        description="Render prompts through the tokenizer's chat template: true = always (a string prompt becomes one user turn), false = never (turns' texts joined by newlines), None = for messages rows only.",
     )
     build_demo: bool = Field(
         True,
         description="If `path` does not exist and it is the demo task, generate the demo dataset there.",
+    )
+    eval_path: str | None = Field(
+        None,
+        description="Held-out prompt dataset (same forms and columns as `path`); None = no evaluation.",
+    )
+    eval_split: str | None = Field(
+        None, description="Split of `eval_path` to read (None = `split`)."
+    )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="The first actor evaluates every this many policy versions (0 = off): mean reward and pass@1 sampled at rollout.temperature, and greedy.",
+    )
+    eval_size: int = Field(
+        64, ge=1, description="Most eval prompts per evaluation (the first ones of the set)."
     )
 
 
@@ -188,7 +214,11 @@ class RewardSpec(Section):
 
     fn: str = Field(
         ...,
-        description="Built-in reward name or a plug-in as `module:function` taking (messages, answer) -> float | dict.",
+        description="Built-in reward name, or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict.",
+    )
+    batched: bool = Field(
+        False,
+        description="TRL's batched form: fn(prompts, completions, **columns) -> list[float | None], every argument a list over a chunk of samples.",
     )
     weight: float = Field(1.0, description="Weight of this reward in the total.")
     kwargs: dict = Field(
