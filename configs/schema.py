@@ -39,6 +39,14 @@ class RunConfig(Section):
         ge=1,
         description="torch threads per process; 2 threads on 2 shared cores ran 35x slower.",
     )
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Experiment trackers that get every scalar of the learner's step rows (TensorBoard event files under <run.dir>/tensorboard; wandb and trackio are extras).",
+    )
+    log_samples_every: int = Field(
+        10, ge=0, description="Log a table of sample completions every N learner steps (0 = off)."
+    )
+    log_samples: int = Field(4, ge=1, description="Sample completions per logged table.")
     export_at_end: bool = Field(
         True,
         description="When the learner stops, write the policy as a Hugging Face folder (safetensors, config, tokenizer) to <run.dir>/policy.",

@@ -1,4 +1,5 @@
-"""A short real learner run (Redis stream -> DeepSpeed ZeRO-2) leaves an exported Hugging Face policy."""
+"""A short real learner run (Redis stream -> DeepSpeed ZeRO-2) leaves an exported Hugging Face policy
+and TensorBoard event files with every scalar of its step rows and sample completions."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ def trained(redis_cfg, demo_policy):
     xadd_groups(redis_cfg, groups)
     cfg = Config.model_validate(
         {
-            "run": {"name": redis_cfg.run.name, "dir": redis_cfg.run.dir, "max_steps": STEPS},
+            "run": {
+                "name": redis_cfg.run.name,
+                "dir": redis_cfg.run.dir,
+                "max_steps": STEPS,
+                "log_samples_every": 2,
+            },
             "broker": {"redis_url": redis_cfg.broker.redis_url, "block_ms": 200},
             "model": {"path": demo_policy},
             "learner": {"groups_per_step": 4, "read_timeout_s": 3.0, "lr": 1e-3},
@@ -83,3 +89,30 @@ def test_export_without_a_checkpoint_is_a_clear_error(tmp_path, capsys, demo_pol
     code = export.main([f"run.dir={tmp_path}", f"model.path={demo_policy}"])
     assert code == 2
     assert "no checkpoint under" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+def test_tensorboard_holds_every_scalar_of_the_step_rows_and_a_samples_table(trained):
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from learner.tracking import TENSORBOARD_DIR, scalars
+
+    cfg, _learner = trained
+    rows = [json.loads(line) for line in (Path(cfg.run.dir) / "learner_steps.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2]
+    events = EventAccumulator(str(Path(cfg.run.dir) / TENSORBOARD_DIR))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "reward_mean", "kl", "entropy", "grad_norm", "step_s"} <= tags
+    assert {"reward_parts/position", "reward_parts/stop"} <= tags
+    for row in rows:
+        for name, value in scalars(row).items():
+            logged = {e.step: e.value for e in events.Scalars(name)}
+            assert logged[row["step"]] == pytest.approx(value, rel=1e-6), name
+    # log_samples_every=2: a table at step 2, none at step 1
+    texts = events.Tensors("samples/text_summary")
+    assert [t.step for t in texts] == [2]
+    table = texts[0].tensor_proto.string_val[0].decode()
+    assert table.startswith("| prompt | completion | reward | advantage |") and ">" in table
