@@ -255,13 +255,12 @@ class PromptDataset:
             self.token_ids.append(list(ids))
 
     @classmethod
-    def from_config(cls, data_cfg, tokenizer, path: str | None = None) -> PromptDataset:
-        """The training dataset of ``data_cfg``, or another one (``path``: the eval set) read alike."""
+    def from_config(cls, data_cfg, tokenizer) -> PromptDataset:
         return cls(
-            path or data_cfg.path,
+            data_cfg.path,
             tokenizer,
             data_cfg.format,
-            (data_cfg.eval_split if path else None) or data_cfg.split,
+            data_cfg.split,
             data_cfg.apply_chat_template,
             data_cfg.prompt_key,
             data_cfg.answer_key,

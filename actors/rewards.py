@@ -45,6 +45,8 @@ from actors.sandbox import run_python
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[..., "float | dict[str, float]"]
+# a fresh worker's imports (a plug-in, math-verify's sympy) do not count against a sample's time
+STARTUP_S = 120.0
 
 
 # -- built-ins ---------------------------------------------------------------------------------
@@ -315,6 +317,8 @@ def _worker(conn, specs: list[dict], memory_mb: int) -> None:
         current = int(f.read().split()[0]) * resource.getpagesize()
     limit = current + (memory_mb << 20)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # ready: the pool starts the per-sample clock only now, not while imports run
+    conn.send(None)
     while True:
         try:
             chunk = conn.recv()
@@ -331,6 +335,7 @@ def _worker(conn, specs: list[dict], memory_mb: int) -> None:
 
 class _Worker:
     def __init__(self, ctx, specs: list[dict], memory_mb: int) -> None:
+        self.ready = False
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker, args=(child, specs, memory_mb), daemon=True)
         self.process.start()
@@ -395,9 +400,13 @@ class RewardPool:
                 if conn in ready:
                     try:
                         while job.indices and conn.poll():
-                            results[job.indices.pop(0)] = conn.recv()
-                            job.batched_pending = False
+                            message = conn.recv()
                             job.deadline = time.monotonic() + self.timeout_s
+                            if message is None:
+                                self._workers[slot].ready = True
+                                continue
+                            results[job.indices.pop(0)] = message
+                            job.batched_pending = False
                     except (EOFError, OSError):
                         self._lose(slot, job, "crash", results, chunks)
                 elif time.monotonic() >= job.deadline:
@@ -416,7 +425,8 @@ class RewardPool:
         except (BrokenPipeError, OSError):
             self._replace(slot)
             self._workers[slot].conn.send(payload)
-        return _Job(list(chunk), time.monotonic() + self.timeout_s, self.has_batched)
+        startup = 0.0 if self._workers[slot].ready else STARTUP_S
+        return _Job(list(chunk), time.monotonic() + self.timeout_s + startup, self.has_batched)
 
     def _lose(self, slot: int, job: _Job, kind: str, results: list, chunks: list) -> None:
         """The worker hung or died on the job's next sample: that sample (with batched rewards, the

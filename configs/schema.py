@@ -153,7 +153,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """The prompt dataset the actors draw from, its columns, and the held-out evaluation set."""
+    """The prompt dataset the actors draw from and its columns."""
 
     path: str = Field(
         "runs/demo-data/train.jsonl",
@@ -182,21 +182,6 @@ class DataConfig(Section):
     build_demo: bool = Field(
         True,
         description="If `path` does not exist and it is the demo task, generate the demo dataset there.",
-    )
-    eval_path: str | None = Field(
-        None,
-        description="Held-out prompt dataset (same forms and columns as `path`); None = no evaluation.",
-    )
-    eval_split: str | None = Field(
-        None, description="Split of `eval_path` to read (None = `split`)."
-    )
-    eval_every: int = Field(
-        0,
-        ge=0,
-        description="The first actor evaluates every this many policy versions (0 = off): mean reward and pass@1 sampled at rollout.temperature, and greedy.",
-    )
-    eval_size: int = Field(
-        64, ge=1, description="Most eval prompts per evaluation (the first ones of the set)."
     )
 
 

@@ -172,3 +172,10 @@ def test_a_batched_reward_that_raises_scores_zero_for_its_chunk_only():
         scores = pool.score([(turn("1"), "1"), (turn("2"), "3")])
     assert [s.total for s in scores] == [1.0, 0.0]
     assert all(s.failures == ["exception"] for s in scores)
+
+
+def test_a_workers_start_up_does_not_count_against_the_first_samples_time_limit():
+    cfg = _cfg(RewardSpec(fn="slow_import_reward:one"), timeout_s=1.0)
+    with RewardPool(cfg) as pool:
+        scores = pool.score([(turn("1"), "1"), (turn("2"), "2")])
+    assert [(s.total, s.failures) for s in scores] == [(1.0, []), (1.0, [])]
