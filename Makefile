@@ -17,10 +17,9 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
-export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test lint bench chaos broker actors scale dashboard prometheus clean venv
+.PHONY: run test lint bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -69,6 +68,18 @@ scale: $(STAMP)
 
 dashboard: $(STAMP) prometheus
 	$(BIN)/python -m launch.dashboard --config $(CONFIG) $(ARGS)
+
+# TensorBoard over every run's event files (<run.dir>/tensorboard), on http://127.0.0.1:6006
+tensorboard: $(STAMP)
+	$(BIN)/tensorboard --logdir runs --host 127.0.0.1 --port 6006
+
+# Stream, pending and dead-letter entries of a running `make run`, decoded, and the admission counters.
+inspect: $(STAMP)
+	$(BIN)/streamrl inspect --config $(CONFIG) $(ARGS)
+
+# The run's latest checkpoint as a Hugging Face folder (<run.dir>/policy unless --out).
+export: $(STAMP)
+	$(BIN)/streamrl export --config $(CONFIG) $(ARGS)
 
 # Debian's Prometheus (server + promtool) for `make dashboard` and the dashboard tests, and Debian's
 # Chromium, in which the tests render the live view headless; installed once.

@@ -31,7 +31,7 @@ import torch
 from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams
 from actors.prompts import Prompt, PromptDataset, PromptSource
-from actors.rewards import RewardPool, Score
+from actors.rewards import RewardInput, RewardPool, Score
 from broker.audit import JsonlLog, published_path
 from broker.wire import Completion, RolloutGroup
 from configs.schema import Config
@@ -48,10 +48,15 @@ def default_actor_id() -> str:
 def ensure_assets(cfg: Config) -> None:
     """Build the demo policy / dataset when configured to and missing (atomic, safe to race)."""
     from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from weightsync.policy import wants_demo_policy
 
-    if cfg.model.build_demo and not os.path.exists(cfg.model.path):
+    if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
         ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
-    if cfg.data.build_demo and not os.path.exists(cfg.data.path):
+    if (
+        cfg.data.build_demo
+        and cfg.data.path.endswith(".jsonl")
+        and not os.path.exists(cfg.data.path)
+    ):
         ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
 
 
@@ -254,8 +259,14 @@ class Actor:
                 await self._release(pending.lease_id)
         if not complete:
             return
+        conversational = self.dataset.format == "messages"
         samples = [
-            (p.prompt.messages + [self._assistant_turn(o)], p.prompt.answer)
+            RewardInput(
+                p.prompt.messages + [self._assistant_turn(o)],
+                p.prompt.answer,
+                p.prompt.columns,
+                conversational,
+            )
             for p in complete
             for o in p.outputs
         ]

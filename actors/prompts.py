@@ -1,10 +1,15 @@
 """Prompt datasets and the prompt order all actors share.
 
-Loading: JSONL, JSON, Parquet, CSV and Arrow files and saved HF dataset folders,
-through the ``datasets`` library. Rows are either RL2-style ``messages`` (a list
-of ``{role, content}``) + ``answer``, or ``prompt`` (a string) + ``answer``.
-Every row is validated and tokenized at load time, so malformed data fails
-before anything starts, with the file, row and column named.
+Loading, through the ``datasets`` library: JSONL, JSON, Parquet, CSV and Arrow files,
+saved dataset folders (``save_to_disk``), local dataset repositories, and hub datasets
+(``data.path`` = ``org/name``, with ``data.config`` and ``data.split``; the repository is
+fetched into the hub cache with ``snapshot_download`` and read with ``load_dataset``, so
+``HF_HUB_OFFLINE=1`` works from a cache). The prompt column (``data.prompt_key``; by
+default ``messages`` if present, else ``prompt``) holds either RL2-style ``messages`` (a
+list of ``{role, content}``) or a string; ``data.answer_key`` names the answer column.
+Every other column of a row rides along to the reward functions as keyword arguments.
+Every row is validated and tokenized at load time, so malformed data fails before
+anything starts, with the file, row and column named.
 
 Order: one Redis counter (``prompts:cursor``) is INCRed per prompt taken. Value
 ``c`` maps to epoch ``c // size`` and to row ``permutation(seed + epoch)[c % size]``:
@@ -17,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +48,39 @@ class Prompt:
     token_ids: list[int]
     messages: list[dict[str, str]]  # the conversation before the completion
     answer: Any
+    columns: dict[str, Any] = field(default_factory=dict)  # the row's other columns, for rewards
 
     @property
     def prompt_id(self) -> str:
         return f"row{self.index}"
 
 
-def _load_table(path: Path, split: str):
+# columns that would collide with the reward functions' positional parameters
+_RESERVED = ("messages", "answer")
+_SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
+
+
+def _looks_local(path: Path) -> bool:
+    text = str(path)
+    return (
+        path.is_absolute()
+        or text.startswith((".", "~"))
+        or path.suffix.lower() in _FILE_BUILDERS
+        or text.count("/") != 1
+    )
+
+
+def _load_table(path: Path, split: str, config: str | None = None):
     import datasets
 
     datasets.disable_progress_bars()
+    if not path.exists():
+        if _looks_local(path):
+            raise PromptDataError(f"{path}: dataset does not exist")
+        return _load_repo(_hub_snapshot(str(path)), config, split, str(path))
     if path.is_dir():
+        if not any((path / marker).exists() for marker in _SAVED_MARKERS):
+            return _load_repo(str(path), config, split, str(path))
         try:
             loaded = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError) as exc:
@@ -81,6 +108,31 @@ def _load_table(path: Path, split: str):
         ) from None
 
 
+def _hub_snapshot(name: str) -> str:
+    """The hub-cache folder of dataset repository ``name`` (downloaded unless HF_HUB_OFFLINE is set)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, repo_type="dataset")
+    except Exception as exc:  # invalid id, offline cache miss, unknown or gated repo, no network
+        raise PromptDataError(
+            f"{name}: not a local file or folder, and no hub dataset of that name could be "
+            f"resolved ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _load_repo(folder: str, config: str | None, split: str, shown: str):
+    """A dataset repository (hub snapshot or local clone) read by ``load_dataset``."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(folder, config, split=split)
+    except Exception as exc:  # unknown config or split, unreadable data files
+        raise PromptDataError(
+            f"{shown} (config {config!r}, split {split!r}): cannot load: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 def _check_json_lines(path: Path) -> None:
     """Name the first bad line of a JSONL file (datasets' own error does not)."""
     if path.suffix.lower() != ".jsonl":
@@ -103,30 +155,38 @@ def _check_json_lines(path: Path) -> None:
                 )
 
 
-def _pick_format(columns: list[str], wanted: str, path: Path) -> str:
-    if wanted == "auto":
-        wanted = "messages" if "messages" in columns else "prompt"
-    needed = [wanted, "answer"]
+def _pick_columns(
+    table, wanted: str, prompt_key: str | None, answer_key: str | None, path: Path
+) -> tuple[str, str]:
+    """(format, prompt column) of the table; PromptDataError naming what is missing."""
+    columns = list(table.column_names)
+    if prompt_key is None:
+        if wanted == "auto":
+            wanted = "messages" if "messages" in columns else "prompt"
+        prompt_key = wanted
+    elif wanted == "auto" and prompt_key in columns:
+        wanted = "messages" if isinstance(table[0][prompt_key], list) else "prompt"
+    needed = [prompt_key] + ([answer_key] if answer_key else [])
     missing = [c for c in needed if c not in columns]
     if missing:
         raise PromptDataError(
             f"{path}: format {wanted!r} needs columns {needed}; missing {missing} (has {columns})"
         )
-    return wanted
+    return wanted, prompt_key
 
 
-def _messages(row: dict, fmt: str, where: str) -> list[dict[str, str]]:
+def _messages(row: dict, fmt: str, key: str, where: str) -> list[dict[str, str]]:
     if fmt == "prompt":
-        prompt = row["prompt"]
+        prompt = row[key]
         if not isinstance(prompt, str) or not prompt:
             raise PromptDataError(
-                f"{where}, column 'prompt': expected a non-empty string, got {prompt!r:.80}"
+                f"{where}, column {key!r}: expected a non-empty string, got {prompt!r:.80}"
             )
         return [{"role": "user", "content": prompt}]
-    messages = row["messages"]
+    messages = row[key]
     if not isinstance(messages, list) or not messages:
         raise PromptDataError(
-            f"{where}, column 'messages': expected a non-empty list, got {messages!r:.80}"
+            f"{where}, column {key!r}: expected a non-empty list, got {messages!r:.80}"
         )
     for turn in messages:
         if (
@@ -135,18 +195,25 @@ def _messages(row: dict, fmt: str, where: str) -> list[dict[str, str]]:
             or not isinstance(turn.get("content"), str)
         ):
             raise PromptDataError(
-                f"{where}, column 'messages': expected {{role, content}} strings, got {turn!r:.80}"
+                f"{where}, column {key!r}: expected {{role, content}} strings, got {turn!r:.80}"
             )
     return [{"role": t["role"], "content": t["content"]} for t in messages]
 
 
-def _render(messages: list[dict[str, str]], fmt: str, tokenizer, chat_template: bool) -> list[int]:
-    if chat_template or fmt == "messages":
+def _render(
+    messages: list[dict[str, str]], fmt: str, tokenizer, chat_template: bool | None
+) -> list[int]:
+    """Prompt token ids; ``chat_template`` None = the template for messages rows only."""
+    if chat_template is None:
+        chat_template = fmt == "messages"
+    if chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise PromptDataError("rendering messages needs a tokenizer with a chat template")
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return tokenizer(messages[0]["content"], add_special_tokens=True)["input_ids"]
+    # without a template the turns' texts are the prompt, one after the other
+    text = "\n".join(turn["content"] for turn in messages)
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
 
 
 class PromptDataset:
@@ -158,35 +225,46 @@ class PromptDataset:
         tokenizer,
         fmt: str = "auto",
         split: str = "train",
-        chat_template: bool = False,
+        chat_template: bool | None = None,
+        prompt_key: str | None = None,
+        answer_key: str | None = "answer",
+        config: str | None = None,
     ):
         path = Path(path)
-        if not path.exists():
-            raise PromptDataError(f"{path}: dataset does not exist")
-        table = _load_table(path, split)
+        table = _load_table(path, split, config)
         if len(table) == 0:
             raise PromptDataError(f"{path}: dataset has no rows")
         self.path = path
-        self.format = _pick_format(list(table.column_names), fmt, path)
+        self.format, self.prompt_key = _pick_columns(table, fmt, prompt_key, answer_key, path)
         self.messages: list[list[dict[str, str]]] = []
         self.answers: list[Any] = []
+        self.columns: list[dict[str, Any]] = []
         self.token_ids: list[list[int]] = []
         for number, row in enumerate(table, start=1):
             where = f"{path}: row {number}"
-            messages = _messages(row, self.format, where)
-            if row["answer"] is None:
-                raise PromptDataError(f"{where}, column 'answer': missing value")
+            messages = _messages(row, self.format, self.prompt_key, where)
+            answer = row[answer_key] if answer_key else None
+            if answer_key and answer is None:
+                raise PromptDataError(f"{where}, column {answer_key!r}: missing value")
             ids = _render(messages, self.format, tokenizer, chat_template)
             if not ids:
                 raise PromptDataError(f"{where}: the prompt renders to no tokens")
             self.messages.append(messages)
-            self.answers.append(row["answer"])
+            self.answers.append(answer)
+            self.columns.append({k: v for k, v in row.items() if k not in _RESERVED})
             self.token_ids.append(list(ids))
 
     @classmethod
     def from_config(cls, data_cfg, tokenizer) -> PromptDataset:
         return cls(
-            data_cfg.path, tokenizer, data_cfg.format, data_cfg.split, data_cfg.apply_chat_template
+            data_cfg.path,
+            tokenizer,
+            data_cfg.format,
+            data_cfg.split,
+            data_cfg.apply_chat_template,
+            data_cfg.prompt_key,
+            data_cfg.answer_key,
+            data_cfg.config,
         )
 
     def __len__(self) -> int:
@@ -194,7 +272,12 @@ class PromptDataset:
 
     def get(self, index: int, epoch: int = 0) -> Prompt:
         return Prompt(
-            index, epoch, self.token_ids[index], self.messages[index], self.answers[index]
+            index,
+            epoch,
+            self.token_ids[index],
+            self.messages[index],
+            self.answers[index],
+            self.columns[index],
         )
 
 

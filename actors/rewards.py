@@ -1,23 +1,32 @@
-"""Reward functions: built-ins, ``module:function`` plug-ins, and a contained worker pool that runs them.
+"""Reward functions: built-ins, plug-ins, and a contained worker pool that runs them.
 
-A reward function has RL2's signature ``fn(messages, answer, **kwargs) -> float |
-dict[str, float]``: ``messages`` is the conversation ending with the assistant
-turn ``{"role": "assistant", "content": text, "raw_content": ..., "finish_reason": ...}``
-(``content`` without special tokens, ``raw_content`` with them, EOS included). A dict
-return is a set of named parts whose sum is the function's value. The scalar
-reward is the weighted sum over ``cfg.reward.functions``.
+Two signatures. Per sample (RL2's): ``fn(messages, answer, **columns) -> float | dict[str,
+float]``: ``messages`` is the conversation ending with the assistant turn ``{"role":
+"assistant", "content": text, "raw_content": ..., "finish_reason": ...}`` (``content``
+without special tokens, ``raw_content`` with them, EOS included). Batched (TRL's, ``batched: true`` in
+the spec): ``fn(prompts, completions, **columns) -> list[float | None]``, one value per
+sample, every argument a list. ``columns`` are the dataset row's other columns (and
+``answer``), passed by name to the functions that declare them (all of them to a
+``**kwargs``); the spec's ``kwargs`` are added to every call. A dict return is a set of
+named parts whose sum is the function's value. The scalar reward is the weighted sum over
+``cfg.reward.functions``. A function is named as a built-in, ``module:function`` or
+``path/to/file.py:function``.
 
-Containment: rewards run in worker processes. A reward that raises, returns
-something that is not a finite number, sleeps past ``cfg.reward.timeout_s`` or
-runs out of memory (``worker_memory_mb`` address-space limit) scores 0 for that
-sample; the failure is counted by kind in
-``streamrl_actor_reward_failures_total`` and logged, and a hung or dead worker
-is killed and replaced. The actor never stops for a reward.
+Containment: rewards run in worker processes, one message per chunk of samples each way
+and back (a chunk is a worker's share of one ``score`` call). A per-sample reward that
+raises, returns something that is not a finite number, sleeps past
+``cfg.reward.timeout_s`` or runs out of memory (``worker_memory_mb`` address-space limit)
+scores 0 for that sample alone; a batched one that fails scores 0 for its chunk. Failures
+are counted by kind in ``streamrl_actor_reward_failures_total`` and logged; a hung or dead
+worker is killed and replaced, and the rest of its chunk goes to the new one. The actor
+never stops for a reward.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import logging
 import math
 import multiprocessing
@@ -27,6 +36,8 @@ import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from actors import metrics
 from actors.demo_task import EOS, reverse_digits_reward
@@ -35,6 +46,8 @@ from actors.sandbox import run_python
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[..., "float | dict[str, float]"]
+# a fresh worker's imports (a plug-in, math-verify's sympy) do not count against a sample's time
+STARTUP_S = 120.0
 
 
 # -- built-ins ---------------------------------------------------------------------------------
@@ -130,26 +143,69 @@ BUILTINS: dict[str, RewardFn] = {
 }
 
 
+def _from_file(name: str, file: str, attr: str):
+    path = Path(file).resolve()
+    if not path.is_file():
+        raise ValueError(f"reward {name!r}: no file {file!r}")
+    spec = importlib.util.spec_from_file_location(f"streamrl_reward_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a user file may fail to import in any way
+        raise ValueError(f"reward {name!r}: cannot import {file!r}: {exc!r}") from None
+    return module
+
+
 def resolve(name: str) -> RewardFn:
-    """A built-in by name or a plug-in ``module:function``; raises ValueError with the reason."""
+    """A built-in, a ``module:function`` or a ``path/to/file.py:function``; ValueError with the reason."""
     if name in BUILTINS:
         return BUILTINS[name]
-    module_name, sep, attr = name.partition(":")
+    module_name, sep, attr = name.rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(
-            f"unknown reward {name!r}: built-ins are {sorted(BUILTINS)}, plug-ins are module:function"
+            f"unknown reward {name!r}: built-ins are {sorted(BUILTINS)}, plug-ins are "
+            "module:function or path/to/file.py:function"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"reward {name!r}: cannot import {module_name!r}: {exc}") from None
+    if module_name.endswith(".py"):
+        module = _from_file(name, module_name, attr)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"reward {name!r}: cannot import {module_name!r}: {exc}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"reward {name!r}: {module_name} has no callable {attr!r}")
     return fn
 
 
-# -- scoring one sample (runs in a worker) -----------------------------------------------------
+def accepted_columns(fn: RewardFn) -> set[str] | None:
+    """The keyword arguments ``fn`` declares (None: it takes ``**kwargs``, so every column)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+# -- scoring (runs in a worker) ----------------------------------------------------------------
+
+
+@dataclass
+class RewardInput:
+    """One sample to score: the conversation with the completion, the answer, the row's columns."""
+
+    messages: list[dict]
+    answer: Any = None
+    columns: dict[str, Any] = field(default_factory=dict)
+    # the prompt was a string column: batched rewards get strings, as TRL gives them
+    conversational: bool = True
+
+    @classmethod
+    def of(cls, sample) -> RewardInput:
+        return sample if isinstance(sample, RewardInput) else cls(*sample)
 
 
 @dataclass
@@ -172,27 +228,93 @@ def _as_parts(name: str, value) -> dict[str, float]:
     return parts
 
 
-def score_sample(specs: Sequence[dict], fns: Sequence[RewardFn], messages, answer) -> Score:
-    """Weighted total over the reward functions; a failing function contributes 0 and is reported."""
+def _failure_kind(name: str, exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "memory"
+    kind = "invalid" if isinstance(exc, ValueError) and "expected" in str(exc) else "exception"
+    log.warning("reward %s failed (%s): %s: %s", name, kind, type(exc).__name__, exc)
+    return kind
+
+
+def _call_kwargs(spec: dict, allowed: set[str] | None, columns: dict) -> dict:
+    picked = {k: v for k, v in columns.items() if allowed is None or k in allowed}
+    return picked | spec.get("kwargs", {})
+
+
+def score_sample(
+    specs: Sequence[dict],
+    fns: Sequence[RewardFn],
+    messages,
+    answer,
+    columns: dict | None = None,
+    batched: Sequence[dict[str, float] | str | None] | None = None,
+) -> Score:
+    """Weighted total over the reward functions; a failing function contributes 0 and is reported.
+
+    ``batched[i]``: the parts batched function ``i`` gave this sample, or its failure kind.
+    """
     score = Score(0.0)
-    for spec, fn in zip(specs, fns, strict=True):
-        try:
-            parts = _as_parts(spec["fn"], fn(messages, answer, **spec.get("kwargs", {})))
-        except MemoryError:
-            score.failures.append("memory")
-            continue
-        except ValueError as exc:
-            kind = "invalid" if "expected" in str(exc) else "exception"
-            score.failures.append(kind)
-            log.warning("reward %s failed (%s): %s", spec["fn"], kind, exc)
-            continue
-        except Exception as exc:  # a plug-in may raise anything; it must not stop the actor
-            score.failures.append("exception")
-            log.warning("reward %s raised %s: %s", spec["fn"], type(exc).__name__, exc)
-            continue
+    for i, (spec, fn) in enumerate(zip(specs, fns, strict=True)):
+        if spec.get("batched"):
+            parts = batched[i] if batched else None
+            if isinstance(parts, str):
+                score.failures.append(parts)
+                continue
+            parts = parts or {}
+        else:
+            allowed = accepted_columns(fn)
+            try:
+                value = fn(messages, answer, **_call_kwargs(spec, allowed, columns or {}))
+                parts = _as_parts(spec["fn"], value)
+            except Exception as exc:  # a plug-in may raise anything (MemoryError included)
+                score.failures.append(_failure_kind(spec["fn"], exc))
+                continue
         score.parts.update(parts)
         score.total += spec.get("weight", 1.0) * sum(parts.values())
     return score
+
+
+def _batched_arguments(inputs: list[RewardInput]) -> dict[str, list]:
+    """TRL's arguments: prompts and completions (conversations or strings), and one list per column."""
+    prompts, completions = [], []
+    for x in inputs:
+        prompt, completion = x.messages[:-1], x.messages[-1]
+        if x.conversational:
+            prompts.append(prompt)
+            completions.append([{"role": "assistant", "content": completion["content"]}])
+        else:
+            prompts.append(prompt[-1]["content"])
+            completions.append(completion["content"])
+    args: dict[str, list] = {"prompts": prompts, "completions": completions}
+    args["answer"] = [x.answer for x in inputs]
+    for name in dict.fromkeys(k for x in inputs for k in x.columns):
+        args.setdefault(name, [x.columns.get(name) for x in inputs])
+    return args
+
+
+def score_batched(spec: dict, fn: RewardFn, inputs: list[RewardInput]) -> list:
+    """Per sample: the parts of one batched function, or its failure kind for the whole chunk."""
+    args = _batched_arguments(inputs)
+    allowed = accepted_columns(fn)
+    try:
+        values = fn(**_call_kwargs(spec, allowed, args))
+        if not isinstance(values, (list, tuple)) or len(values) != len(inputs):
+            got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            raise ValueError(f"returned {got}, expected a list of {len(inputs)} numbers")
+        return [{} if v is None else _as_parts(spec["fn"], v) for v in values]
+    except Exception as exc:  # a plug-in may raise anything; the chunk scores 0 for it
+        return [_failure_kind(spec["fn"], exc)] * len(inputs)
+
+
+def score_chunk(specs: Sequence[dict], fns: Sequence[RewardFn], inputs: list[RewardInput]):
+    """Yield each sample's Score in order: batched functions first (once), then per sample."""
+    per_fn = [
+        score_batched(spec, fn, inputs) if spec.get("batched") else None
+        for spec, fn in zip(specs, fns, strict=True)
+    ]
+    for j, x in enumerate(inputs):
+        batched = [None if p is None else p[j] for p in per_fn]
+        yield score_sample(specs, fns, x.messages, x.answer, x.columns, batched)
 
 
 def _worker(conn, specs: list[dict], memory_mb: int) -> None:
@@ -201,13 +323,17 @@ def _worker(conn, specs: list[dict], memory_mb: int) -> None:
         current = int(f.read().split()[0]) * resource.getpagesize()
     limit = current + (memory_mb << 20)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # ready: the pool starts the per-sample clock only now, not while imports run
+    conn.send(None)
     while True:
         try:
-            task = conn.recv()
+            chunk = conn.recv()
         except EOFError:
             return
-        messages, answer = task
-        conn.send(score_sample(specs, fns, messages, answer))
+        # one message per sample back, sent as each is scored: the pool's per-sample deadline
+        # restarts with each, and a hang is pinned on the sample that hangs
+        for score in score_chunk(specs, fns, chunk):
+            conn.send(score)
 
 
 # -- the pool ------------------------------------------------------------------------------------
@@ -215,6 +341,7 @@ def _worker(conn, specs: list[dict], memory_mb: int) -> None:
 
 class _Worker:
     def __init__(self, ctx, specs: list[dict], memory_mb: int) -> None:
+        self.ready = False
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker, args=(child, specs, memory_mb), daemon=True)
         self.process.start()
@@ -226,8 +353,17 @@ class _Worker:
         self.conn.close()
 
 
+@dataclass
+class _Job:
+    """A chunk on a worker: the sample indices still unscored, in order, and the current deadline."""
+
+    indices: list[int]
+    deadline: float
+    batched_pending: bool  # batched functions run before the first result comes back
+
+
 class RewardPool:
-    """Scores samples in ``workers`` processes, each sample under a time limit."""
+    """Scores samples in ``workers`` processes, one chunk per worker, each sample under a time limit."""
 
     def __init__(self, reward_cfg) -> None:
         self.specs = [spec.model_dump() for spec in reward_cfg.functions]
@@ -241,6 +377,7 @@ class RewardPool:
                 } | spec["kwargs"]
         for spec in self.specs:
             resolve(spec["fn"])  # a bad name or plug-in fails here, before anything starts
+        self.has_batched = any(spec.get("batched") for spec in self.specs)
         self.timeout_s = reward_cfg.timeout_s
         self.memory_mb = reward_cfg.worker_memory_mb
         self._ctx = multiprocessing.get_context("spawn")
@@ -249,43 +386,65 @@ class RewardPool:
     def _spawn(self) -> _Worker:
         return _Worker(self._ctx, self.specs, self.memory_mb)
 
-    def score(self, samples: Sequence[tuple[list[dict], object]]) -> list[Score]:
-        """Score ``(messages, answer)`` samples; failures score 0 and are counted by kind."""
-        results: list[Score | None] = [None] * len(samples)
-        queue = list(range(len(samples)))[::-1]
-        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (sample index, deadline)
-        while queue or busy:
+    def score(self, samples: Sequence) -> list[Score]:
+        """Score samples (RewardInput or ``(messages, answer[, columns])``); failures score 0, counted."""
+        inputs = [RewardInput.of(s) for s in samples]
+        results: list[Score | None] = [None] * len(inputs)
+        size = max(1, math.ceil(len(inputs) / len(self._workers)))
+        chunks = [list(range(i, min(i + size, len(inputs)))) for i in range(0, len(inputs), size)]
+        busy: dict[int, _Job] = {}
+        while chunks or busy:
             for slot in range(len(self._workers)):
-                if slot not in busy and queue:
-                    index = queue.pop()
-                    try:
-                        self._workers[slot].conn.send(samples[index])
-                    except (BrokenPipeError, OSError):
-                        self._replace(slot)
-                        self._workers[slot].conn.send(samples[index])
-                    busy[slot] = (index, time.monotonic() + self.timeout_s)
-            wait_s = max(0.0, min(deadline for _, deadline in busy.values()) - time.monotonic())
+                if slot not in busy and chunks:
+                    busy[slot] = self._start(slot, chunks.pop(0), inputs)
+            wait_s = max(0.0, min(job.deadline for job in busy.values()) - time.monotonic())
             ready = multiprocessing.connection.wait(
                 [self._workers[s].conn for s in busy], timeout=wait_s
             )
             for slot in list(busy):
-                index, deadline = busy[slot]
-                worker = self._workers[slot]
-                if worker.conn in ready:
+                job, conn = busy[slot], self._workers[slot].conn
+                if conn in ready:
                     try:
-                        results[index] = worker.conn.recv()
+                        while job.indices and conn.poll():
+                            message = conn.recv()
+                            job.deadline = time.monotonic() + self.timeout_s
+                            if message is None:
+                                self._workers[slot].ready = True
+                                continue
+                            results[job.indices.pop(0)] = message
+                            job.batched_pending = False
                     except (EOFError, OSError):
-                        results[index] = self._failed("crash", index)
-                        self._replace(slot)
-                    del busy[slot]
-                elif time.monotonic() >= deadline:
-                    results[index] = self._failed("timeout", index)
-                    self._replace(slot)
+                        self._lose(slot, job, "crash", results, chunks)
+                elif time.monotonic() >= job.deadline:
+                    self._lose(slot, job, "timeout", results, chunks)
+                if not job.indices:
                     del busy[slot]
         for result in results:
             for kind in result.failures:
                 metrics.REWARD_FAILURES.labels(kind=kind).inc()
         return results
+
+    def _start(self, slot: int, chunk: list[int], inputs: list[RewardInput]) -> _Job:
+        payload = [inputs[i] for i in chunk]
+        try:
+            self._workers[slot].conn.send(payload)
+        except (BrokenPipeError, OSError):
+            self._replace(slot)
+            self._workers[slot].conn.send(payload)
+        startup = 0.0 if self._workers[slot].ready else STARTUP_S
+        return _Job(list(chunk), time.monotonic() + self.timeout_s + startup, self.has_batched)
+
+    def _lose(self, slot: int, job: _Job, kind: str, results: list, chunks: list) -> None:
+        """The worker hung or died on the job's next sample: that sample (with batched rewards, the
+        whole chunk, which they score together) scores 0; the rest goes to a fresh worker."""
+        lost = job.indices if job.batched_pending else job.indices[:1]
+        for index in lost:
+            results[index] = self._failed(kind, index)
+        rest = job.indices[len(lost) :]
+        if rest:
+            chunks.insert(0, rest)
+        job.indices = []
+        self._replace(slot)
 
     def _failed(self, kind: str, index: int) -> Score:
         log.warning("reward worker %s on sample %d; it scores 0", kind, index)

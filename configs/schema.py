@@ -55,6 +55,18 @@ class RunConfig(Section):
         ge=1,
         description="Learner steps averaged for the target (the reference loop's 20-rollout mean).",
     )
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Experiment trackers that get every scalar of the learner's step rows (TensorBoard event files under <run.dir>/tensorboard; wandb and trackio are extras).",
+    )
+    log_samples_every: int = Field(
+        10, ge=0, description="Log a table of sample completions every N learner steps (0 = off)."
+    )
+    log_samples: int = Field(4, ge=1, description="Sample completions per logged table.")
+    export_at_end: bool = Field(
+        True,
+        description="When the learner stops, write the policy as a Hugging Face folder (safetensors, config, tokenizer) to <run.dir>/policy.",
+    )
 
 
 class BrokerConfig(Section):
@@ -157,36 +169,47 @@ class BrokerConfig(Section):
 
 
 class ModelConfig(Section):
-    """The policy checkpoint (a Hugging Face folder) shared by learner and actors."""
+    """The policy checkpoint (a Hugging Face folder or hub id) shared by learner and actors."""
 
     path: str = Field(
         "runs/demo-policy",
-        description="Hugging Face model folder (config, tokenizer, weights) loaded with from_pretrained by learner and actors.",
+        description="Hugging Face model folder (config, tokenizer, weights) or hub id `org/name[@revision]` (downloaded into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache), loaded with from_pretrained by learner and actors.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
     )
     build_demo: bool = Field(
         True,
-        description="If `path` does not exist, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start).",
+        description="If `path` is neither a folder nor a cached hub id, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start); set false for a hub id that is not cached yet.",
     )
 
 
 class DataConfig(Section):
-    """The prompt dataset the actors draw from."""
+    """The prompt dataset the actors draw from and its columns."""
 
     path: str = Field(
         "runs/demo-data/train.jsonl",
-        description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file or a saved HF dataset folder.",
+        description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file, a saved or local HF dataset folder, or a hub dataset `org/name` (fetched into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache).",
+    )
+    config: str | None = Field(
+        None, description="Dataset config (subset) name of a hub or local dataset repository."
     )
     format: Literal["auto", "messages", "prompt"] = Field(
         "auto",
-        description="messages = RL2 style `messages` + `answer`; prompt = `prompt` + `answer`; auto picks by columns.",
+        description="messages = a list of {role, content} turns; prompt = a string; auto picks by column name (or by the value of `prompt_key`).",
     )
-    split: str = Field("train", description="Split to read from a dataset folder.")
-    apply_chat_template: bool = Field(
-        False,
-        description="Render `messages` (or the prompt as one user turn) through the tokenizer's chat template.",
+    prompt_key: str | None = Field(
+        None,
+        description="Column holding the prompt (string or messages); None = `messages` if present, else `prompt`.",
+    )
+    answer_key: str | None = Field(
+        "answer",
+        description="Column passed to the rewards as `answer` (None = no answer column). Every other column reaches the rewards as a keyword argument.",
+    )
+    split: str = Field("train", description="Split to read from a dataset folder or repository.")
+    apply_chat_template: bool | None = Field(
+        None,
+        description="Render prompts through the tokenizer's chat template: true = always (a string prompt becomes one user turn), false = never (turns' texts joined by newlines), None = for messages rows only.",
     )
     build_demo: bool = Field(
         True,
@@ -221,7 +244,11 @@ class RewardSpec(Section):
 
     fn: str = Field(
         ...,
-        description="Built-in reward name or a plug-in as `module:function` taking (messages, answer) -> float | dict.",
+        description="Built-in reward name, or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict.",
+    )
+    batched: bool = Field(
+        False,
+        description="TRL's batched form: fn(prompts, completions, **columns) -> list[float | None], every argument a list over a chunk of samples.",
     )
     weight: float = Field(1.0, description="Weight of this reward in the total.")
     kwargs: dict = Field(

@@ -43,7 +43,9 @@ from learner import algorithm, checkpoint, target
 from learner import metrics as m
 from learner.batching import Sample, samples_from_group
 from learner.engine import build_engine, device, init_distributed
+from learner.export import export_at_end
 from learner.step import UpdateStats, first_pass_tokens, train_batch
+from learner.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
     samples: list[Sample] = []
     skipped: list[Sample] = []
     rewards, exact, staleness = [], [], []
+    parts: dict[str, list[float]] = {}
     by_actor: dict[str, int] = {}
     spanning = 0
     dropped_stale = zero_variance = 0
@@ -152,6 +155,9 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
             m.DROPPED_STALE_TOKENS.inc(sum(s.size for s in group_staleness))
             continue
         rewards += [c.reward for c in g.completions]
+        for c in g.completions:
+            for part, value in c.reward_parts.items():
+                parts.setdefault(part, []).append(value)
         exact += [_exact(c) for c in g.completions]
         by_actor[g.actor_id] = by_actor.get(g.actor_id, 0) + 1
         # completions that saw a weight swap between two of their tokens
@@ -194,6 +200,7 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
             "wait_s": wait_s,
             "groups_by_actor": by_actor,
             "version_spanning_completions": spanning,
+            "reward_parts": {name: float(np.mean(v)) for name, v in parts.items()},
         },
         skipped=skipped,
     )
@@ -224,6 +231,7 @@ class RankZeroIO:
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
+        self.tracker = Tracker(cfg)
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer = []
         self.wait_s = 0.0
@@ -351,6 +359,7 @@ class RankZeroIO:
             "time": time.time(),
         }
         self.steps_log.write(row)
+        self.tracker.log(row, batch)
         if time.monotonic() - self.alive_checked > ALIVE_EVERY_S:
             self.alive_checked = time.monotonic()
             m.ACTORS_ALIVE.set(len(self.heartbeats.alive()))
@@ -375,6 +384,7 @@ class RankZeroIO:
         if self.metrics_port:
             broker_metrics.unregister(self.cfg, "learner", "0", self.metrics_port)
         self.steps_log.close()
+        self.tracker.close()
         if self.commit_log is not None:
             self.commit_log.close()
         self.consumer.close()
@@ -529,10 +539,12 @@ class Learner:
         self.progress.unacked = []
 
     def close(self) -> None:
-        """Checkpoint what is not yet saved, then release Redis, weights and metrics."""
+        """Checkpoint what is not yet saved, export the policy (rank 0), then release Redis, weights, metrics."""
         try:
             if self.progress.step > self.last_ckpt_step or self.progress.unacked:
                 self.save_checkpoint()
+            if self.io is not None:
+                export_at_end(self.cfg, self.model, self.progress.step, self.progress.version)
         finally:
             if self.io is not None:
                 self.io.close()

@@ -27,3 +27,30 @@ def hogs_memory(messages, answer):
 
 def length_parts(messages, answer):
     return {"chars": len(messages[-1]["content"]) / 10, "bonus": 0.5}
+
+
+def picky(messages, answer):
+    if answer == "bad":
+        raise RuntimeError("this sample breaks the plug-in")
+    return 1.0
+
+
+def hangs_on_hang(messages, answer):
+    if answer == "hang":
+        time.sleep(3600)
+    return 1.0
+
+
+def uses_column(messages, answer, difficulty):
+    return float(difficulty)
+
+
+def chunk_size(prompts, completions, answer, **columns):
+    """TRL's batched form: every sample of the call scores the number of samples in the call."""
+    assert len(prompts) == len(completions) == len(answer)
+    assert all(len(values) == len(prompts) for values in columns.values())
+    return [float(len(prompts))] * len(prompts)
+
+
+def batched_raises(prompts, completions, **columns):
+    raise RuntimeError("batched plug-in bug")

@@ -140,3 +140,93 @@ def test_cursor_positions_visit_every_row_once_per_epoch_in_a_new_order():
         assert {epoch for epoch, _ in taken} == {e}
         assert sorted(row for _, row in taken) == list(range(size))
     assert len({tuple(row for _, row in taken) for taken in epochs}) > 1
+
+
+def test_mapped_columns_and_every_other_column_of_the_row(tmp_path, tokenizer):
+    rows = [{"question": "314>", "solution": "413", "level": 2, "source": "demo"}]
+    path = _write(tmp_path / "q.jsonl", "jsonl", rows)
+    dataset = PromptDataset(path, tokenizer, prompt_key="question", answer_key="solution")
+    prompt = dataset.get(0)
+    assert dataset.format == "prompt" and prompt.token_ids == tokenizer("314>")["input_ids"]
+    assert prompt.answer == "413"
+    assert prompt.columns == {"question": "314>", "solution": "413", "level": 2, "source": "demo"}
+    with pytest.raises(PromptDataError, match=r"missing \['answer'\]"):
+        PromptDataset(path, tokenizer, prompt_key="question")
+    assert (
+        PromptDataset(path, tokenizer, prompt_key="question", answer_key=None).get(0).answer is None
+    )
+
+
+def test_apply_chat_template_false_is_honoured_for_messages_rows(tmp_path, tokenizer):
+    turns = [{"role": "system", "content": "reverse"}, {"role": "user", "content": "314>"}]
+    path = _write(tmp_path / "m.jsonl", "jsonl", [{"messages": turns, "answer": "413"}])
+    dataset = PromptDataset(path, tokenizer, chat_template=False)
+    assert dataset.format == "messages"
+    assert tokenizer.decode(dataset.get(0).token_ids) == "reverse\n314>"
+    assert "<|im_start|>" in tokenizer.decode(PromptDataset(path, tokenizer).get(0).token_ids)
+
+
+HUB_README = """---
+configs:
+- config_name: easy
+  data_files:
+  - split: train
+    path: easy/train.jsonl
+  - split: test
+    path: easy/test.jsonl
+- config_name: hard
+  data_files:
+  - split: train
+    path: hard/train.jsonl
+---
+"""
+
+HUB_CHILD = """
+import json, sys
+from actors.demo_task import build_tokenizer
+from actors.prompts import PromptDataError, PromptDataset
+from configs.schema import DataConfig
+tokenizer = build_tokenizer()
+out = {}
+for config, split in (("easy", "train"), ("easy", "test"), ("hard", "train")):
+    cfg = DataConfig(path="org/toy-math", config=config, split=split, prompt_key="question",
+                     answer_key="solution", build_demo=False)
+    d = PromptDataset.from_config(cfg, tokenizer)
+    out[f"{config}/{split}"] = [d.get(i).columns for i in range(len(d))]
+try:
+    PromptDataset.from_config(DataConfig(path="org/not-cached", build_demo=False), tokenizer)
+except PromptDataError as exc:
+    out["missing"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_hub_dataset_loads_by_name_config_and_split_from_the_hub_cache_offline(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.hub_cache import add_to_cache, hub_env
+
+    repo = tmp_path / "repo"
+    for config, split, rows in (
+        ("easy", "train", [{"question": "12>", "solution": "21"}, {"question": "34>", "solution": "43"}]),
+        ("easy", "test", [{"question": "56>", "solution": "65"}]),
+        ("hard", "train", [{"question": "789>", "solution": "987"}]),
+    ):  # fmt: skip
+        (repo / config).mkdir(parents=True, exist_ok=True)
+        _write(repo / config / f"{split}.jsonl", "jsonl", rows)
+    (repo / "README.md").write_text(HUB_README)
+    cache = tmp_path / "hf"
+    add_to_cache(cache, "org/toy-math", repo, kind="dataset")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(hub_env(cache), PYTHONPATH=os.getcwd(), HF_DATASETS_CACHE=str(tmp_path / "ds"))
+    done = subprocess.run(
+        [sys.executable, "-c", HUB_CHILD], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r["solution"] for r in got["easy/train"]] == ["21", "43"]
+    assert got["easy/test"] == [{"question": "56>", "solution": "65"}]
+    assert got["hard/train"] == [{"question": "789>", "solution": "987"}]
+    assert "org/not-cached" in got["missing"] and "no hub dataset" in got["missing"]

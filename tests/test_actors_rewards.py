@@ -111,3 +111,71 @@ def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(
         # the pool keeps working: a hung or crashed worker was replaced, the next call scores again
         again = pool.score([(turn("413"), "413")])[0]
         assert again.failures == [kind] and again.total == scores[0].total
+
+
+def _cfg(*specs: RewardSpec, **kwargs) -> RewardConfig:
+    return RewardConfig(functions=list(specs), **kwargs)
+
+
+def test_a_reward_given_as_a_file_path_sees_the_rows_columns_by_name(tmp_path, monkeypatch):
+    (tmp_path / "my_reward.py").write_text(
+        "def score(messages, answer, difficulty, source='none'):\n"
+        "    return {'difficulty': float(difficulty), 'has_source': float(source != 'none')}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    specs = [
+        RewardSpec(fn="my_reward.py:score"),
+        RewardSpec(fn="reward_plugins:uses_column", weight=2.0),
+    ]
+    with RewardPool(_cfg(*specs)) as pool:
+        got = pool.score([(turn("1"), "1", {"difficulty": 3, "source": "gsm8k", "unused": 1})])[0]
+    assert not got.failures
+    assert got.parts == {
+        "my_reward.py:score/difficulty": 3.0,
+        "my_reward.py:score/has_source": 1.0,
+        "reward_plugins:uses_column": 3.0,
+    }
+    assert got.total == pytest.approx(3.0 + 1.0 + 2 * 3.0)
+    with pytest.raises(ValueError, match="no file"):
+        resolve("missing_file.py:score")
+
+
+def test_a_batched_reward_is_called_once_per_chunk_with_trl_arguments():
+    specs = [RewardSpec(fn="reward_plugins:chunk_size", batched=True), RewardSpec(fn="exact_match")]
+    samples = [(turn(str(i)), str(i % 2), {"level": i}) for i in range(6)]
+    with RewardPool(_cfg(*specs)) as pool:
+        scores = pool.score(samples)
+    assert [s.parts["reward_plugins:chunk_size"] for s in scores] == [6.0] * 6
+    assert [s.parts["exact_match"] for s in scores] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    with RewardPool(_cfg(*specs, workers=2)) as pool:
+        scores = pool.score(samples)
+    assert [s.parts["reward_plugins:chunk_size"] for s in scores] == [3.0] * 6
+
+
+def test_in_a_chunk_a_sample_that_raises_or_hangs_scores_zero_alone():
+    samples = [(turn("x"), answer) for answer in ("ok", "bad", "ok", "hang", "ok")]
+    before = _failures("exception"), _failures("timeout")
+    specs = [RewardSpec(fn="reward_plugins:picky"), RewardSpec(fn="reward_plugins:hangs_on_hang")]
+    with RewardPool(_cfg(*specs, timeout_s=1.0)) as pool:
+        scores = pool.score(samples)
+    assert [s.total for s in scores] == [2.0, 1.0, 2.0, 0.0, 2.0]
+    assert [s.failures for s in scores] == [[], ["exception"], [], ["timeout"], []]
+    assert (_failures("exception"), _failures("timeout")) == (before[0] + 1, before[1] + 1)
+
+
+def test_a_batched_reward_that_raises_scores_zero_for_its_chunk_only():
+    specs = [
+        RewardSpec(fn="reward_plugins:batched_raises", batched=True),
+        RewardSpec(fn="exact_match"),
+    ]
+    with RewardPool(_cfg(*specs)) as pool:
+        scores = pool.score([(turn("1"), "1"), (turn("2"), "3")])
+    assert [s.total for s in scores] == [1.0, 0.0]
+    assert all(s.failures == ["exception"] for s in scores)
+
+
+def test_a_workers_start_up_does_not_count_against_the_first_samples_time_limit():
+    cfg = _cfg(RewardSpec(fn="slow_import_reward:one"), timeout_s=1.0)
+    with RewardPool(cfg) as pool:
+        scores = pool.score([(turn("1"), "1"), (turn("2"), "2")])
+    assert [(s.total, s.failures) for s in scores] == [(1.0, []), (1.0, [])]

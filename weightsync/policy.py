@@ -1,4 +1,10 @@
-"""The one policy loader that learner and actors share, so both see the same module names and dtype."""
+"""The one policy loader that learner and actors share, so both see the same module names and dtype.
+
+``model.path`` is a local Hugging Face folder or a hub id (``org/name``, optionally
+``org/name@revision``). A hub id resolves through ``huggingface_hub.snapshot_download``
+to a snapshot folder of the local hub cache (``HF_HOME`` / ``HF_HUB_CACHE``), downloading
+it when it is missing; ``HF_HUB_OFFLINE=1``, when the user sets it, keeps it to the cache.
+"""
 
 from __future__ import annotations
 
@@ -20,14 +26,61 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
     return _DTYPES[dtype]
 
 
+def _split_revision(path: str) -> tuple[str, str | None]:
+    repo_id, sep, revision = path.partition("@")
+    return repo_id, (revision if sep else None)
+
+
+def cached_snapshot(path: str | os.PathLike) -> str | None:
+    """The hub-cache snapshot folder of hub id ``path`` when it is cached, else None (no network)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    repo_id, revision = _split_revision(os.fspath(path))
+    try:
+        return snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except (HFValidationError, LocalEntryNotFoundError, ValueError):
+        return None
+
+
+def wants_demo_policy(path: str | os.PathLike, build_demo: bool) -> bool:
+    """Whether to build the CPU demo policy at ``path``: asked for, and no folder nor cached hub id there."""
+    return build_demo and not os.path.exists(path) and cached_snapshot(path) is None
+
+
+def model_folder(path: str | os.PathLike) -> str:
+    """``path`` itself when it is a folder, else the snapshot folder of hub id ``path``.
+
+    Raises FileNotFoundError naming the path and the reason when it is neither.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise FileNotFoundError(f"model path {path!r} is a file, not a Hugging Face folder")
+    repo_id, revision = _split_revision(path)
+    try:
+        return snapshot_download(repo_id, revision=revision)
+    except HFValidationError as exc:
+        raise FileNotFoundError(
+            f"model path {path!r} is not a local folder nor a hub id: {exc}"
+        ) from None
+    except Exception as exc:  # offline cache miss, unknown repo, gated repo, network down
+        raise FileNotFoundError(
+            f"model path {path!r} is not a local folder and the hub id could not be resolved "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+
+
 def load_policy(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu"):
-    """A causal LM from a Hugging Face folder, on ``device``, in eval mode (dropout off for sampling)."""
+    """A causal LM from a Hugging Face folder or hub id, on ``device``, in eval mode (dropout off)."""
     from transformers import AutoModelForCausalLM
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"policy folder {os.fspath(path)!r} does not exist")
     model = AutoModelForCausalLM.from_pretrained(
-        os.fspath(path), dtype=resolve_dtype(dtype, device)
+        model_folder(path), dtype=resolve_dtype(dtype, device)
     )
     return model.to(device).eval()
 
@@ -47,9 +100,7 @@ def parameter_template(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"policy folder {os.fspath(path)!r} does not exist")
-    config = AutoConfig.from_pretrained(os.fspath(path))
+    config = AutoConfig.from_pretrained(model_folder(path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     dtype = resolve_dtype(dtype, device)
@@ -60,9 +111,7 @@ def parameter_template(
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved next to the policy."""
+    """The tokenizer saved next to the policy (folder or hub id)."""
     from transformers import AutoTokenizer
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"tokenizer folder {os.fspath(path)!r} does not exist")
-    return AutoTokenizer.from_pretrained(os.fspath(path))
+    return AutoTokenizer.from_pretrained(model_folder(path))

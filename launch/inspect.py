@@ -1,0 +1,135 @@
+"""``streamrl inspect``: what a run's Redis holds, decoded (stream entries are msgpack bytes).
+
+    streamrl inspect --config configs/demo_cpu.yaml [--count 5] [--json]
+
+Prints the admission counters (policy version, accepted, consumed, live leases, capacity),
+the last ``--count`` stream entries, the learner's pending entries (consumer, idle time,
+delivery count) and the dead-letter entries with the reason each was refused. Entries are
+decoded with the same validating decoder the learner uses; one that does not decode is
+shown with the decoder's reason, never executed or trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import redis
+
+from broker.client import RedisNotConfigured, connect_sync
+from broker.keys import Keys
+from broker.wire import WireError, decode_group
+from configs import config_from_cli
+from configs.schema import Config
+
+
+def describe_payload(payload: bytes | None, max_bytes: int) -> dict:
+    """A decoded group as a short summary, or the reason it does not decode."""
+    if payload is None:
+        return {"error": "entry has no payload field 'g'"}
+    try:
+        g = decode_group(payload, max_bytes=max_bytes)
+    except WireError as exc:
+        return {"error": str(exc), "bytes": len(payload)}
+    rewards = [c.reward for c in g.completions]
+    versions = [int(v) for c in g.completions for v in c.versions]
+    return {
+        "group_id": g.group_id,
+        "actor": g.actor_id,
+        "prompt_id": g.prompt_id,
+        "completions": len(g.completions),
+        "tokens": sum(len(c) for c in g.completions),
+        "reward_mean": round(float(np.mean(rewards)), 4) if rewards else None,
+        "versions": [min(versions), max(versions)] if versions else [],
+        "created_at": g.created_at,
+    }
+
+
+def _text(value) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def collect(client: redis.Redis, cfg: Config, count: int) -> dict:
+    keys = Keys.from_config(cfg)
+    limit = cfg.broker.max_entry_bytes
+    leases = client.zcard(keys.leases)
+    report: dict = {
+        "run": cfg.run.name,
+        "admission": {
+            "version": int(client.get(keys.version) or 0),
+            "accepted": int(client.get(keys.accepted) or 0),
+            "consumed": int(client.get(keys.consumed) or 0),
+            "live_leases": int(leases),
+        },
+        "stream": {"length": int(client.xlen(keys.stream)), "last": []},
+        "pending": [],
+        "dead_letter": {"length": int(client.xlen(keys.dead)), "last": []},
+    }
+    for entry_id, fields in client.xrevrange(keys.stream, count=count):
+        report["stream"]["last"].append(
+            {"id": _text(entry_id), **describe_payload(fields.get(b"g"), limit)}
+        )
+    try:
+        pending = client.xpending_range(
+            keys.stream, cfg.broker.consumer_group, min="-", max="+", count=count
+        )
+    except redis.ResponseError:  # the consumer group appears with the learner's first read
+        pending = []
+    for p in pending:
+        report["pending"].append(
+            {
+                "id": _text(p["message_id"]),
+                "consumer": _text(p["consumer"]),
+                "idle_ms": int(p["time_since_delivered"]),
+                "deliveries": int(p["times_delivered"]),
+            }
+        )
+    for entry_id, fields in client.xrevrange(keys.dead, count=count):
+        report["dead_letter"]["last"].append(
+            {
+                "id": _text(entry_id),
+                "source_id": _text(fields.get(b"source_id", b"")),
+                "reason": _text(fields.get(b"reason", b"")),
+                **describe_payload(fields.get(b"g"), limit),
+            }
+        )
+    return report
+
+
+def render(report: dict) -> str:
+    a = report["admission"]
+    lines = [
+        f"run {report['run']}: policy version {a['version']}, accepted {a['accepted']}, "
+        f"consumed {a['consumed']}, live leases {a['live_leases']}, "
+        f"in flight or queued {a['accepted'] + a['live_leases'] - a['consumed']}",
+        f"stream: {report['stream']['length']} entries; last {len(report['stream']['last'])}:",
+    ]
+    lines += [f"  {json.dumps(e)}" for e in report["stream"]["last"]]
+    lines.append(f"pending (read by the learner, not acked): {len(report['pending'])}")
+    lines += [f"  {json.dumps(e)}" for e in report["pending"]]
+    lines.append(f"dead letter: {report['dead_letter']['length']} entries")
+    lines += [f"  {json.dumps(e)}" for e in report["dead_letter"]["last"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="streamrl inspect", description=__doc__.strip().splitlines()[0]
+    )
+    parser.add_argument("--count", type=int, default=5, help="entries to show per list")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args, cfg = config_from_cli(parser, argv)
+    try:
+        client = connect_sync(cfg)
+        report = collect(client, cfg, args.count)
+    except (RedisNotConfigured, redis.RedisError) as exc:
+        print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if args.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

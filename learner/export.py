@@ -1,0 +1,119 @@
+"""Export the trained policy as a Hugging Face folder that transformers and vLLM load.
+
+    python -m learner.export --config configs/demo_cpu.yaml [--checkpoint DIR] [--out DIR]
+
+Reads the newest checkpoint under ``<run.dir>/checkpoints`` (or ``--checkpoint``), puts
+its weights into the model of ``model.path`` and writes ``config.json``, the weights as
+``model.safetensors``, the generation config, the tokenizer and ``streamrl_export.json``
+(step, version, source) to ``<run.dir>/policy`` (or ``--out``). The learner does the same
+with its live weights at the end of a run (``run.export_at_end``).
+
+The folder is written next to its destination and renamed into place, so a reader never
+sees half an export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from configs import config_from_cli
+from configs.schema import Config
+
+EXPORT_DIR = "policy"
+INFO_FILE = "streamrl_export.json"
+# DeepSpeed keeps the full module weights of every ZeRO stage <= 2 in this file of the tag folder
+MODEL_STATES = "mp_rank_00_model_states.pt"
+
+
+def default_out(cfg: Config) -> Path:
+    return Path(cfg.run.dir) / EXPORT_DIR
+
+
+def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
+    """Write ``model`` + ``tokenizer`` as a Hugging Face folder at ``out`` (replaced atomically)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def checkpoint_weights(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """The module weights and client state of one checkpoint folder (``.../step-N``)."""
+    from learner.checkpoint import TAG
+
+    path = Path(folder) / TAG / MODEL_STATES
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no DeepSpeed model states at {path}")
+    # DeepSpeed pickles its own objects next to the tensors, so weights_only loading refuses it
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    progress = (state.get("progress") or {}) if isinstance(state, dict) else {}
+    return state["module"], progress
+
+
+def export_checkpoint(cfg: Config, checkpoint: str | os.PathLike | None, out: Path) -> Path:
+    from learner import checkpoint as ckpt
+    from weightsync.policy import load_policy, load_tokenizer
+
+    folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(cfg.run.dir) / "checkpoints")
+    if folder is None:
+        raise FileNotFoundError(f"no checkpoint under {Path(cfg.run.dir) / 'checkpoints'}")
+    weights, progress = checkpoint_weights(folder)
+    model = load_policy(cfg.model.path, cfg.model.dtype)
+    model.load_state_dict(weights, strict=True)
+    info = {
+        "step": progress.get("step"),
+        "version": progress.get("version"),
+        "source": cfg.model.path,
+        "checkpoint": str(folder),
+    }
+    return export_policy(model, load_tokenizer(cfg.model.path), out, info)
+
+
+def export_at_end(cfg: Config, model, step: int, version: int) -> Path | None:
+    """The learner's end-of-run export of its live weights (rank 0), when ``run.export_at_end``."""
+    if not cfg.run.export_at_end or step == 0:
+        return None
+    from weightsync.policy import load_tokenizer
+
+    info = {"step": step, "version": version, "source": cfg.model.path}
+    return export_policy(model, load_tokenizer(cfg.model.path), default_out(cfg), info)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m learner.export", description=__doc__.strip().splitlines()[0]
+    )
+    parser.add_argument("--checkpoint", help="checkpoint folder (default: the run's latest)")
+    parser.add_argument("--out", help="output folder (default: <run.dir>/policy)")
+    args, cfg = config_from_cli(parser, argv)
+    torch.set_num_threads(cfg.run.torch_threads)
+    try:
+        out = export_checkpoint(
+            cfg, args.checkpoint, Path(args.out) if args.out else default_out(cfg)
+        )
+    except (FileNotFoundError, RuntimeError, KeyError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported the policy to {out} (load it with from_pretrained or vLLM)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""``streamrl inspect`` decodes what a run's Redis holds; the console script dispatches to each command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import redis
+
+from broker.keys import Keys
+from broker.wire import Completion, RolloutGroup, encode_group
+
+
+def _group(group_id: str) -> RolloutGroup:
+    completions = [
+        Completion(
+            token_ids=np.array([5, 6, 2], dtype=np.int32),
+            logprobs=np.array([-0.5, -0.5, -0.1], dtype=np.float32),
+            versions=np.array([3, 3, 4], dtype=np.int32),
+            reward=reward,
+        )
+        for reward in (0.0, 1.0)
+    ]
+    return RolloutGroup(group_id, "row1", "actor-a", 0, np.array([1, 2], np.int32), completions)
+
+
+def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_counters(
+    redis_cfg, capsys
+):
+    from broker.stream import Blocking, RolloutConsumer
+    from launch.cli import main
+
+    keys = Keys.from_config(redis_cfg)
+    client = redis.Redis.from_url(redis_cfg.broker.redis_url)
+    client.xadd(keys.stream, {"g": encode_group(_group("g-1"))})
+    client.xadd(keys.stream, {"g": b"\x93not msgpack of a group"})
+    client.set(keys.accepted, 2)
+    client.set(keys.version, 4)
+    consumer = Blocking(redis_cfg, lambda r: RolloutConsumer(r, redis_cfg, "learner-0"))
+    try:
+        assert [d.group.group_id for d in consumer.read(2, 100)] == ["g-1"]
+    finally:
+        consumer.close()
+    client.xadd(keys.stream, {"g": encode_group(_group("g-2"))})
+
+    overrides = [f"run.name={redis_cfg.run.name}", f"broker.redis_url={redis_cfg.broker.redis_url}"]
+    assert main(["inspect", "--json", *overrides]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["admission"]["version"] == 4 and report["admission"]["accepted"] == 2
+    assert report["stream"]["length"] == 2
+    assert [e["group_id"] for e in report["stream"]["last"]] == ["g-2", "g-1"]
+    newest = report["stream"]["last"][0]
+    assert newest["actor"] == "actor-a" and newest["reward_mean"] == 0.5
+    assert newest["versions"] == [3, 4] and newest["completions"] == 2
+    assert [(p["consumer"], p["deliveries"]) for p in report["pending"]] == [("learner-0", 1)]
+    assert report["dead_letter"]["length"] == 1
+    dead = report["dead_letter"]["last"][0]
+    assert dead["reason"] and "error" in dead
+
+    assert main(["inspect", *overrides]) == 0
+    text = capsys.readouterr().out
+    assert "policy version 4" in text and '"group_id": "g-2"' in text and dead["reason"] in text
+
+
+def test_the_console_script_lists_its_commands_and_refuses_unknown_ones(capsys):
+    from launch.cli import COMMANDS, main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"streamrl {name}" in out for name in COMMANDS)
+    assert main(["frobnicate"]) == 2
+    with pytest.raises(SystemExit) as done:
+        main(["export", "--help"])
+    assert done.value.code == 0 and "--checkpoint" in capsys.readouterr().out
