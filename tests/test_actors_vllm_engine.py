@@ -33,10 +33,14 @@ from learner.batching import Sample, collate  # noqa: E402
 from learner.engine import token_logprobs  # noqa: E402
 from weightsync import make_publisher  # noqa: E402
 from weightsync.announce import read_announcement  # noqa: E402
-from weightsync.vllm_adapter import EngineFailed  # noqa: E402
 from weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from weightsync.vllm_adapter import EngineFailed  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+# the module's one engine starts in its first test's setup: 30-60 s on an idle 2-core machine, minutes
+# on a loaded one (a hang guard, not a speed target)
+pytestmark = pytest.mark.timeout(900)
 
 PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "70>", "5>", "271>"]
 TOLERANCE = 1e-4
@@ -144,7 +148,9 @@ def _assert_matches_learner(rig: Rig, requests, outputs, temperature: float) -> 
         for version in sorted(set(versions)):
             expected = rig.learner_logprobs(version, request, output, temperature)
             mask = output.versions == version
-            np.testing.assert_allclose(output.logprobs[mask], expected[mask], atol=TOLERANCE, rtol=0)
+            np.testing.assert_allclose(
+                output.logprobs[mask], expected[mask], atol=TOLERANCE, rtol=0
+            )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -174,7 +180,7 @@ def test_a_push_during_generation_tags_each_span_with_the_weights_that_produced_
         before = rig.engine.version
         result: dict = {}
         worker = threading.Thread(
-            target=lambda: result.update(outputs=rig.engine.generate(requests, params))
+            target=lambda r=result: r.update(outputs=rig.engine.generate(requests, params))
         )
         worker.start()
         time.sleep(0.3)
