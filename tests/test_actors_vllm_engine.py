@@ -231,6 +231,17 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
     _assert_matches_learner(rig, requests, outputs, 1.0)
 
 
+def test_a_stop_aborts_the_requests_in_flight_without_an_error(rig):
+    started = time.monotonic()
+    outputs = rig.engine.generate(
+        rig.requests(32),
+        SamplingParams(max_new_tokens=48),
+        should_abort=lambda: time.monotonic() - started > 0.2,
+    )
+    assert len(outputs) == 32 and {o.finish_reason for o in outputs} <= {"abort", "length"}
+    assert any(o.finish_reason == "abort" for o in outputs)
+
+
 def test_a_dead_engine_fails_generation_loudly_instead_of_returning_empty_output(rig):
     import psutil
 

@@ -534,19 +534,24 @@ class VLLMEngine(Engine):
         sampling = self._sampling_params(**sampling_kwargs(params))
         ids = {r.request_id: f"{r.request_id}-{uuid.uuid4().hex[:8]}" for r in requests}
         tasks = [asyncio.create_task(self._one(r, ids[r.request_id], sampling)) for r in requests]
+        aborted = False
         while not all(t.done() for t in tasks):
             if self.failed is not None or (should_abort is not None and should_abort()):
                 await self.llm.abort(list(ids.values()))
+                aborted = True
                 break
             await asyncio.wait(tasks, timeout=ABORT_POLL_S)
         done = await asyncio.gather(*tasks, return_exceptions=True)
         if self.failed is not None:
             raise self.failed
         errors = [d for d in done if isinstance(d, BaseException)]
-        if errors:
+        if errors and not aborted:
             # a dead engine answers every request with an error: never turn that into empty output
             raise EngineFailed(f"vLLM engine failed while generating: {errors[0]!r}") from errors[0]
-        return done
+        return [
+            d if isinstance(d, Output) else Output(r.request_id, *_empty(), finish_reason="abort")
+            for r, d in zip(requests, done, strict=True)
+        ]
 
     async def _one(self, request: Request, vllm_id: str, sampling) -> Output:
         start_version = self.version
