@@ -189,8 +189,11 @@ def test_nccl_sender_joins_through_vllms_trainer_helper_with_its_real_signature(
         world_size=3,
         device=0,
     )
-    source = inspect.getsource(NCCLSender.connect)
-    assert "stateless_init_process_group" in source and "trainer_init" not in source
+    # the old fallback called NCCLWeightTransferEngine.trainer_init, which vLLM does not have
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+    assert not hasattr(NCCLWeightTransferEngine, "trainer_init")
+    assert "NCCLWeightTransferEngine" not in inspect.getsource(NCCLSender.connect)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
