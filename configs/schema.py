@@ -289,7 +289,7 @@ class ActorConfig(Section):
 
     engine: Literal["hf", "vllm"] = Field(
         "hf",
-        description="Generation engine: hf (transformers, any device) or vllm (GPU, optional extra).",
+        description="Generation engine: hf (transformers, any device) or vllm (vLLM on GPUs, or its CPU build: make .venv-vllm).",
     )
     device: str = Field("cpu", description="torch device of the hf engine.")
     batch_slots: int = Field(

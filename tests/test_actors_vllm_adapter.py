@@ -1,13 +1,21 @@
-"""The vLLM engine's GPU-free parts: arguments, output conversion, version spans, the missing-extra error,
-the parameter template built from a checkpoint, and the weight task's orchestration of vLLM's weight-transfer
-protocol (against a recording stand-in for AsyncLLM: vLLM itself needs a GPU)."""
+"""The vLLM engine's parts that need no engine: arguments, output conversion, version spans, the missing-extra
+error, the parameter template built from a checkpoint, the IPC and NCCL senders against vLLM's own parsing
+(in .venv-vllm), and the orchestration of the staged (``dist``) weight path.
+
+The staged path's backends, CUDA IPC and NCCL, need a GPU: its orchestration is tested against a
+recording stand-in for AsyncLLM, the only stand-in left. The ``shm`` path, log-probs, pushes during
+generation, failed pushes and a dead engine run against the real vLLM CPU build in
+``test_actors_vllm_engine.py``."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import os
 import threading
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,12 +30,18 @@ from actors.engines.vllm import (
     make_sender,
     sampling_kwargs,
     to_output,
+    weight_transfer_backend,
 )
 from configs import Config
 from weightsync import make_publisher, make_subscriber
 from weightsync.naming import canonical_tensors, map_to_template
 from weightsync.policy import load_policy, parameter_template
-from weightsync.vllm_adapter import IPCSender, NCCLSender, staged_buckets
+from weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None and not os.environ.get("STREAMRL_REQUIRE_VLLM"),
+    reason="vLLM lives in .venv-vllm (make test-vllm)",
+)
 
 
 @dataclass
@@ -67,9 +81,24 @@ def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer():
     assert isinstance(make_sender(cfg), IPCSender)
 
 
+def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_build_runs_eager():
+    cfg = Config.model_validate({"actor": {"engine": "vllm"}, "weightsync": {"transport": "shm"}})
+    assert weight_transfer_backend(cfg) == "streamrl_shm" and make_sender(cfg) is None
+    args = engine_args(cfg, gpu=False)
+    assert args["weight_transfer_config"] == {"backend": "streamrl_shm"}
+    # float32 like the learner on CPU (auto), no torch.compile on the CPU build
+    assert args["dtype"] == "float32" and args["enforce_eager"] is True
+    assert engine_args(cfg, gpu=True)["dtype"] == "bfloat16" and "enforce_eager" not in engine_args(
+        cfg
+    )
+
+
 def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info():
     cfg = Config.model_validate(
-        {"actor": {"engine": "vllm", "tensor_parallel_size": 2, "device": "cuda:2"}}
+        {
+            "actor": {"engine": "vllm", "tensor_parallel_size": 2, "device": "cuda:2"},
+            "weightsync": {"transport": "dist"},
+        }
     )
     assert engine_args(cfg)["weight_transfer_config"] == {"backend": "nccl"}
     sender = make_sender(cfg)
@@ -129,6 +158,44 @@ def test_missing_logprobs_or_bad_spans_are_clear_errors():
         to_output("r", bad, 0)
 
 
+@needs_vllm
+def test_ipc_update_info_carries_the_rebuild_args_alone_and_parses_as_vllms(monkeypatch):
+    from torch.multiprocessing.reductions import reduce_tensor
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+
+    staged = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4)}
+    (bucket,) = staged_buckets(staged, 1 << 20)
+    sender = IPCSender(device_uuid=lambda device: "GPU-test")
+    info = sender.update_info(bucket, bucket.tensors(staged))
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    parsed = IPCWeightTransferUpdateInfo(**info)
+    assert parsed.names == ["a", "b"] and parsed.shapes == [[2, 3], [4]]
+    for handle, tensor in zip(parsed.ipc_handles, staged.values(), strict=True):
+        args = handle["GPU-test"]
+        # the worker indexes the args (args[6] = device index on CUDA): no (rebuild_fn, args) pair
+        assert args[0] is torch.Tensor and len(args) == len(reduce_tensor(tensor)[1])
+
+
+@needs_vllm
+def test_nccl_sender_joins_through_vllms_trainer_helper_with_its_real_signature():
+    from vllm.distributed.weight_transfer import nccl_common
+
+    sender = NCCLSender(world_size=3, device="cpu")
+    nccl_common.NCCLWeightTransferInitInfo(**sender.init_info())
+    inspect.signature(nccl_common.stateless_init_process_group).bind(
+        master_address=sender.master_address,
+        master_port=sender.master_port,
+        rank=0,
+        world_size=3,
+        device=0,
+    )
+    # the old fallback called NCCLWeightTransferEngine.trainer_init, which vLLM does not have
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+    assert not hasattr(NCCLWeightTransferEngine, "trainer_init")
+    assert "NCCLWeightTransferEngine" not in inspect.getsource(NCCLSender.connect)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_engine_names_the_extra_to_install():
     with pytest.raises(VLLMUnavailable, match=r"streamrl\[vllm\]"):
@@ -160,12 +227,12 @@ def test_parameter_template_from_a_saved_checkpoint_matches_the_models_parameter
 
 
 class RecordingLLM:
-    """Stands in for vLLM's AsyncLLM, which needs a GPU and cannot be installed here.
+    """Stands in for vLLM's AsyncLLM on the staged path, whose backends (CUDA IPC, NCCL) need a GPU.
 
     It only records the calls of the six async methods the weight path uses,
     with their arguments, into a shared log: it checks our orchestration of
-    vLLM's documented weight-transfer protocol, not vLLM. ``fail_bucket = k``
-    makes the k-th ``update_weights`` of the next push raise (once).
+    vLLM's weight-transfer protocol, not vLLM. ``fail_bucket = k`` makes the
+    k-th ``update_weights`` of the next push raise (once).
     """
 
     def __init__(self, log: list) -> None:
@@ -296,6 +363,9 @@ def rig(redis_cfg, demo_policy):
             bucket_bytes=BUCKET_BYTES,
             timeout_s=timeout_s,
             poll_s=0.01,
+            sampling_params=SimpleNamespace,
+            init_request=lambda info: SimpleNamespace(init_info=info),
+            update_request=lambda info: SimpleNamespace(update_info=info),
         )
         return state["engine"], llm, sender, source
 
@@ -353,32 +423,40 @@ def test_a_staged_version_goes_through_the_protocol_bucket_by_bucket(rig):
     assert rig.sub.version == 2 and engine.push_failures == 0
 
 
-def test_a_failed_bucket_still_resumes_keeps_the_old_version_and_counts_it(rig):
+def test_a_failed_bucket_is_followed_by_a_whole_second_push_before_generation_resumes(rig):
     engine, llm, _sender, source = rig.engine()
     llm.fail_bucket = 1
     failures = _failures()
-    rig.publish(1)
-    _until(lambda: source.rejected_versions == [1])
+    published = rig.publish(1)
+    _until(lambda: source.applied_versions == [1])
     push = _pushes(rig.log)[-1]
-    assert [c[0] for c in push] == ["pause", "start", "update", "update", "resume"]
-    assert engine.version == 0 and rig.sub.version == 0 and source.applied_versions == []
+    buckets = len(staged_buckets(published, BUCKET_BYTES))
+    # after start every layer is on meta: start again and push the complete staged version, whole
+    assert [c[0] for c in push] == (
+        ["pause", "start", "update", "update", "start"]
+        + ["update"] * buckets
+        + ["finish", "resume"]
+    )
+    assert push[-2] == ("finish", "1")
+    assert engine.version == 1 and rig.sub.version == 1 and source.rejected_versions == []
     assert engine.push_failures == 1 and _failures() == failures + 1
-    # the failed version is not pushed again; the next one is, and the engine serves it
-    rig.publish(2)
-    _until(lambda: engine.version == 2)
-    assert source.applied_versions == [2]
-    assert [c[1] for c in rig.log if c[0] == "finish"] == ["2"]
-    assert len(_pushes(rig.log)) == 2
 
 
-def test_a_hanging_send_is_bounded_by_the_timeout_and_generation_resumes(rig):
+def test_a_hanging_send_ends_the_engine_instead_of_leaving_its_rpc_blocking(rig):
     block = threading.Event()
     try:
-        engine, _llm, _sender, source = rig.engine(block=block)
+        engine, _llm, _sender, _source = rig.engine(block=block)
         rig.publish(1)
-        _until(lambda: source.rejected_versions == [1])
+        _until(lambda: engine.failed is not None)
+        # vLLM's update_weights would still be waiting for the data: every later call would queue
+        # behind it, so the engine must not be used again; generation was still resumed
+        assert isinstance(engine.failed, EngineFailed) and "update_weights" in str(engine.failed)
         assert _pushes(rig.log)[-1][-1] == ("resume",)
-        assert engine.version == 0 and engine.push_failures == 1
+        assert engine.version == 0
+        with pytest.raises(EngineFailed):
+            engine.maybe_swap_weights()
+        with pytest.raises(EngineFailed):
+            engine.generate([], SamplingParams())
     finally:
         block.set()
 

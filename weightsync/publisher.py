@@ -35,7 +35,10 @@ def transfer_dtype(cfg: Config) -> torch.dtype:
     """``weightsync.dtype``; auto = the dtype the actors' engine computes in."""
     if cfg.weightsync.dtype != "auto":
         return resolve_dtype(cfg.weightsync.dtype)
-    on_gpu = cfg.actor.engine == "vllm" or cfg.actor.device.startswith("cuda")
+    # the vLLM CPU build computes in float32 like the hf engine on CPU
+    on_gpu = (
+        cfg.actor.engine == "vllm" and torch.cuda.is_available()
+    ) or cfg.actor.device.startswith("cuda")
     return resolve_dtype(cfg.model.dtype, "cuda" if on_gpu else "cpu")
 
 

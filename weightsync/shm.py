@@ -309,6 +309,43 @@ class ShmReader:
         finally:
             w[row + _SLOT] = -1
 
+    def lease(self, version: int, slot: int, layout: Layout) -> dict[str, torch.Tensor] | None:
+        """Lease ``slot`` and return zero-copy views of ``version`` in it (None: the slot no longer holds it).
+
+        For a consumer that reads the slot in place over a while (vLLM's workers
+        load straight from it): the lease lasts ``lease_s`` from now, ``renew``
+        extends it, and ``release`` ends it and says whether the slot held
+        ``version`` all along.
+        """
+        if not 0 <= slot < self.slots or layout.total_bytes > self.stride:
+            raise ValueError(
+                f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes"
+            )
+        w = self._map.words
+        row = _ROWS + self.row * _ROW_WORDS
+        self.renew()
+        w[row + _VERSION] = version
+        w[row + _SLOT] = slot
+        begin, end = _STAMPS + 2 * slot, _STAMPS + 2 * slot + 1
+        if w[begin] != version or w[end] != version:
+            w[row + _SLOT] = -1
+            return None
+        start = HEADER_BYTES + slot * self.stride
+        return layout.views(self._map.data[start : start + self.stride])
+
+    def renew(self) -> None:
+        self._map.words[_ROWS + self.row * _ROW_WORDS + _EXPIRY] = time.monotonic_ns() + int(
+            self.lease_s * 1e9
+        )
+
+    def release(self) -> bool:
+        """End the lease ``lease`` took; True if no writer touched the slot since."""
+        w = self._map.words
+        row = _ROWS + self.row * _ROW_WORDS
+        slot, version = int(w[row + _SLOT]), int(w[row + _VERSION])
+        w[row + _SLOT] = -1
+        return slot >= 0 and w[_STAMPS + 2 * slot] == version == w[_STAMPS + 2 * slot + 1]
+
     def close(self) -> None:
         self._map.close()  # closing the descriptor drops the row lock
 

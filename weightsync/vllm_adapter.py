@@ -15,25 +15,26 @@ so requests in flight survive the swap
 ``.end``, ``.version`` = the label), turned here into the per-token versions
 the wire format carries.
 
-Backends (``weight_transfer_config={"backend": ...}``) differ only in how one
-bucket reaches the engine's workers (``BucketSender``):
+Backends (``weight_transfer_config={"backend": ...}``):
 
-- ``ipc`` (CUDA IPC, the staged tensors and the engine on the same GPU): no
-  init; the update info carries ``names``, ``dtype_names``, ``shapes`` and
-  ``ipc_handles_pickled`` (base64 pickle of ``[{gpu uuid: reduce_tensor(t)}]``),
-  which the workers unpickle only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
-  (https://docs.vllm.ai/en/latest/training/weight_transfer/ipc/).
-- ``nccl`` (the staged tensors on a GPU the engine does not use): init info
+- ``streamrl_shm`` (ours, one host, CPU and GPU; ``weightsync.vllm_shm_engine``,
+  registered in vLLM's processes by ``weightsync.vllm_plugin``): the update
+  info names the publisher's segment, slot, version, layout and aliases, and
+  each worker loads the slot straight from shared memory (``shm_step``). No
+  staging copy in the actor.
+- ``ipc`` (CUDA IPC, staged tensors and the engine on one GPU): no init; the
+  update info carries ``names``, ``dtype_names``, ``shapes`` and
+  ``ipc_handles_pickled`` (base64 pickle of ``[{gpu uuid: reduce_tensor(t)[1]}]``,
+  the rebuild args alone, as vLLM's own trainer sends them), which the workers
+  unpickle only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
+- ``nccl`` (staged tensors on a GPU the engine does not use): init info
   ``master_address``, ``master_port``, ``rank_offset=1``, ``world_size`` =
   1 + the engine's workers; this process joins as rank 0 through
   ``nccl_common.stateless_init_process_group`` and broadcasts each tensor of a
-  bucket (in update-info order) while ``update_weights`` receives it; the
-  update info is ``names``, ``dtype_names``, ``shapes`` (unpacked)
-  (https://docs.vllm.ai/en/latest/api/vllm/distributed/weight_transfer/nccl_common/).
+  bucket (in update-info order, unpacked) while ``update_weights`` receives it.
 
 Only the senders' methods touch vLLM or CUDA (imported lazily); ``push_weights``
-takes the AsyncLLM and vLLM's request class as arguments, so its orchestration
-is tested on CPU with a stand-in.
+takes the AsyncLLM and vLLM's request class as arguments.
 """
 
 from __future__ import annotations
@@ -167,16 +168,22 @@ class IPCSender:
     def connect(self) -> None:
         pass
 
+    def __init__(self, device_uuid: Callable[[torch.device], str] | None = None) -> None:
+        self.device_uuid = device_uuid or _cuda_uuid
+        self._alive: list[torch.Tensor] = []
+
     def update_info(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> dict:
         from torch.multiprocessing.reductions import reduce_tensor
 
         uuids: dict[torch.device, str] = {}
         handles = []
-        for tensor in tensors:
+        # the handles do not keep their storage alive: hold every tensor until the next push
+        self._alive = [tensor.detach().contiguous() for tensor in tensors]
+        for tensor in self._alive:
             if tensor.device not in uuids:
-                uuids[tensor.device] = str(torch.cuda.get_device_properties(tensor.device).uuid)
-            # the staged tensors stay alive (lent by the subscriber) until update_weights returns
-            handles.append({uuids[tensor.device]: reduce_tensor(tensor.detach().contiguous())})
+                uuids[tensor.device] = self.device_uuid(tensor.device)
+            # vLLM's worker rebuilds from the args alone (its own trainer sends reduce_tensor(w)[1])
+            handles.append({uuids[tensor.device]: reduce_tensor(tensor)[1]})
         info = bucket.update_info()
         info["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
         return info
@@ -185,7 +192,11 @@ class IPCSender:
         pass  # the workers read the staged tensors through the handles
 
     def close(self) -> None:
-        pass
+        self._alive = []
+
+
+def _cuda_uuid(device: torch.device) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 class NCCLSender:
@@ -209,23 +220,16 @@ class NCCLSender:
         }
 
     def connect(self) -> None:
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        try:
-            from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
-        except ImportError:  # vLLM releases that keep the helper on the engine class
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+        # vLLM 0.32: the trainer side joins through nccl_common (the engine class has no trainer_init)
+        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
 
-            torch.cuda.set_device(index)
-            self.group = NCCLWeightTransferEngine.trainer_init(
-                {
-                    "master_address": self.master_address,
-                    "master_port": self.master_port,
-                    "world_size": self.world_size,
-                }
-            )
-            return
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.group = stateless_init_process_group(
-            self.master_address, self.master_port, 0, self.world_size, index
+            master_address=self.master_address,
+            master_port=self.master_port,
+            rank=0,
+            world_size=self.world_size,
+            device=index,
         )
 
     def update_info(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> dict:
@@ -252,8 +256,38 @@ def _free_port(host: str) -> int:
 # -- the protocol ----------------------------------------------------------------------------
 
 
-async def _bounded(awaitable: Awaitable, timeout_s: float | None):
-    return await asyncio.wait_for(awaitable, timeout_s)
+class PushFailed(RuntimeError):
+    """A version could not be pushed; the engine was restored to ``restored`` (a complete version)."""
+
+    def __init__(self, version: int, restored: int | None, detail: str) -> None:
+        super().__init__(detail)
+        self.version = version
+        self.restored = restored
+
+
+class EngineFailed(RuntimeError):
+    """The engine cannot be trusted to serve any complete version any more: the actor must end."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``update_weights`` call: its update info and this process's data plane beside it."""
+
+    update_info: dict
+    send: Callable[[], None] | None = None
+
+
+Plan = Sequence[Step]
+
+
+async def _bounded(awaitable: Awaitable, timeout_s: float | None, what: str):
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except asyncio.TimeoutError:
+        # the engine-side call is still running and every later call queues behind it
+        raise EngineFailed(
+            f"vLLM {what} did not return within {timeout_s} s; the engine cannot take weights any more"
+        ) from None
 
 
 async def connect_engine(
@@ -268,38 +302,101 @@ async def connect_engine(
             llm.init_weight_transfer_engine(init_request(info)), asyncio.to_thread(sender.connect)
         ),
         timeout_s,
+        "init_weight_transfer_engine",
+    )
+
+
+def sender_plan(
+    buckets: Sequence[Bucket], staged: Mapping[str, torch.Tensor], sender: BucketSender
+) -> list[Step]:
+    """One step per bucket of a staged set, sent by ``sender`` (the ipc and nccl backends)."""
+    steps = []
+    for bucket in buckets:
+        tensors = bucket.tensors(staged)
+        steps.append(
+            Step(
+                sender.update_info(bucket, tensors),
+                lambda b=bucket, t=tensors: sender.send(b, t),
+            )
+        )
+    return steps
+
+
+def shm_step(version: int, meta: Mapping[str, Any]) -> Step:
+    """The ``streamrl_shm`` backend's one step for an announced shm version: the workers read the slot."""
+    return Step(
+        {
+            "segment": meta["segment"],
+            "slot": int(meta["slot"]),
+            "version": version,
+            "layout": meta["layout"],
+            "aliases": dict(meta["aliases"]),
+        }
+    )
+
+
+async def _load(llm, version: int, plan: Plan, update_request, timeout_s) -> None:
+    """start -> one update per step (its send beside it) -> finish with the version label."""
+    await _bounded(llm.start_weight_update(), timeout_s, "start_weight_update")
+    for step in plan:
+        calls = [llm.update_weights(update_request(step.update_info))]
+        if step.send is not None:
+            calls.append(asyncio.to_thread(step.send))
+        await _bounded(asyncio.gather(*calls), timeout_s, "update_weights")
+    await _bounded(
+        llm.finish_weight_update(weight_version=str(version)), timeout_s, "finish_weight_update"
     )
 
 
 async def push_weights(
     llm,
     version: int,
-    buckets: Sequence[Bucket],
-    staged: Mapping[str, torch.Tensor],
-    sender: BucketSender,
+    plan: Plan,
     update_request: Callable[[dict], Any],
     timeout_s: float | None = None,
+    fallback: Callable[[], Awaitable[tuple[int, Plan] | None]] | None = None,
 ) -> None:
-    """Swap ``staged`` into a running vLLM AsyncLLM as ``version``, requests in flight kept.
+    """Swap a version into a running vLLM AsyncLLM, requests in flight kept.
 
-    Generation pauses (mode "keep") for the push only and always resumes, also
-    when a step fails; each step is bounded by ``timeout_s``. The version label
-    is committed by ``finish_weight_update`` only after every bucket arrived.
-    ``clear_cache=True`` (vLLM's default) drops the KV cache, so every token
-    after the resume is computed with the new weights only.
+    Generation pauses (mode "keep") for the push only. The version label is
+    committed by ``finish_weight_update`` only after every step arrived.
+    ``clear_cache=True`` drops the KV cache, so every token after the resume is
+    computed with the new weights only.
+
+    After ``start_weight_update`` every layer is on ``meta`` until a complete
+    version is loaded, and vLLM has no abort: a failed step is followed by a
+    second start and a full push of the complete version ``fallback()`` names,
+    then finish and resume, and ``PushFailed`` says which version the engine
+    serves. Without one, or when that fails too, or when a call outlives
+    ``timeout_s`` (the engine-side call keeps running and blocks every later
+    one), ``EngineFailed``: the engine must not generate again.
     """
+    await _bounded(llm.pause_generation(mode="keep", clear_cache=True), timeout_s, "pause")
     try:
-        await _bounded(llm.pause_generation(mode="keep", clear_cache=True), timeout_s)
-        await _bounded(llm.start_weight_update(), timeout_s)
-        for bucket in buckets:
-            tensors = bucket.tensors(staged)
-            request = update_request(sender.update_info(bucket, tensors))
-            await _bounded(
-                asyncio.gather(
-                    llm.update_weights(request), asyncio.to_thread(sender.send, bucket, tensors)
-                ),
-                timeout_s,
-            )
-        await _bounded(llm.finish_weight_update(weight_version=str(version)), timeout_s)
+        try:
+            await _load(llm, version, plan, update_request, timeout_s)
+            return
+        except EngineFailed:
+            raise
+        except Exception as exc:
+            failure = exc
+        restore = await fallback() if fallback is not None else None
+        if restore is None:
+            raise EngineFailed(
+                f"pushing version {version} failed ({_first_line(failure)}) and no complete version is left to restore"
+            ) from failure
+        restored, restore_plan = restore
+        try:
+            await _load(llm, restored, restore_plan, update_request, timeout_s)
+        except Exception as exc:
+            raise EngineFailed(
+                f"pushing version {version} failed ({_first_line(failure)}) and restoring version {restored} failed too"
+            ) from exc
+        raise PushFailed(version, restored, _first_line(failure)) from failure
     finally:
-        await _bounded(llm.resume_generation(), timeout_s)
+        await _bounded(llm.resume_generation(), timeout_s, "resume_generation")
+
+
+def _first_line(exc: BaseException) -> str:
+    # torch and vLLM errors carry long traces: keep the first line
+    return (str(exc) or type(exc).__name__).splitlines()[0][:300]

@@ -1,23 +1,34 @@
-"""The vLLM engine (GPU): a thin adapter around ``vllm.v1.engine.async_llm.AsyncLLM``.
+"""The vLLM engine: a thin adapter around ``vllm.v1.engine.async_llm.AsyncLLM`` (GPU, or the CPU build).
 
-vLLM is an optional extra (``pip install 'streamrl[vllm]'``) and is imported
-only when this engine is built. Everything that needs no GPU lives in pure
-functions here and is tested on CPU: engine arguments, sampling arguments, the
-conversion of a vLLM ``CompletionOutput`` into our ``Output``, and the weight
-task's orchestration (``VLLMEngine.with_llm`` takes an already built AsyncLLM
-or a stand-in).
+vLLM is an optional extra (``streamrl[vllm]`` on GPUs; ``make .venv-vllm``
+builds the CPU build's own venv) and is imported only when this engine is
+built. Pure functions here (engine and sampling arguments, the conversion of a
+vLLM ``CompletionOutput`` into our ``Output``) are tested without vLLM; the
+engine itself is tested against the real vLLM CPU build.
 
 Behaviour log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's
 log-prob, and the engine argument ``logprobs_mode="processed_logprobs"`` makes
 it the log-prob after temperature/top-k/top-p (the default is the raw model
-distribution). Weights: the actor's weightsync subscriber stages each new
-version on ``actor.device``; a task on the engine's event loop takes it
-(``weight_source.take_staged()``) and pushes it through vLLM's native
-weight-transfer API inside ``pause_generation(mode="keep")``
+distribution).
+
+Weights, pushed by a task on the engine's event loop through vLLM's native
+protocol inside ``pause_generation(mode="keep")``
 (``weightsync.vllm_adapter.push_weights``), so requests in flight keep going
-across a swap. Per-token versions: the version label set by
-``finish_weight_update`` comes back as ``weight_versions`` spans on each
-completion (``weightsync.vllm_adapter.token_versions``).
+across a swap:
+
+- ``weightsync.transport=shm``: the task follows the learner's announcements
+  and hands each new version's slot to the ``streamrl_shm`` backend, whose
+  workers load it straight from shared memory (no subscriber, no staging copy).
+- ``dist``: the actor's subscriber stages each version on ``actor.device`` and
+  the task pushes it over CUDA IPC (one GPU) or NCCL (tensor parallel).
+
+A push that fails restores a complete version before generation resumes
+(counted in ``streamrl_weights_transfer_failures_total{reason="engine_push"}``);
+an engine that cannot be restored, or that dies, makes ``generate`` raise
+``EngineFailed`` so the actor ends and its supervisor restarts it.
+Per-token versions: the version label set by ``finish_weight_update`` comes
+back as ``weight_versions`` spans on each completion
+(``weightsync.vllm_adapter.token_versions``).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 
 import numpy as np
@@ -38,10 +49,15 @@ from actors.engines.base import Engine, Output, Request, SamplingParams, WeightS
 from weightsync import metrics as weight_metrics
 from weightsync.vllm_adapter import (
     BucketSender,
+    EngineFailed,
     IPCSender,
     NCCLSender,
+    Plan,
+    PushFailed,
     connect_engine,
     push_weights,
+    sender_plan,
+    shm_step,
     staged_buckets,
     token_versions,
 )
@@ -49,7 +65,8 @@ from weightsync.vllm_adapter import (
 log = logging.getLogger(__name__)
 
 ABORT_POLL_S = 0.05
-WEIGHT_POLL_S = 0.05  # how often the weight task looks for a staged version
+WEIGHT_POLL_S = 0.05  # how often the weight task looks for a new version
+SHM_BACKEND = "streamrl_shm"
 
 
 class VLLMUnavailable(ImportError):
@@ -67,7 +84,8 @@ def _import_vllm() -> SimpleNamespace:
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
         raise VLLMUnavailable(
-            f"actor.engine=vllm needs vLLM >= 0.33 on a GPU machine: pip install 'streamrl[vllm]' ({exc})"
+            "actor.engine=vllm needs vLLM: pip install 'streamrl[vllm]' on a GPU host, "
+            f"or `make .venv-vllm` for the CPU build ({exc})"
         ) from None
     return SimpleNamespace(
         vllm=vllm,
@@ -78,23 +96,33 @@ def _import_vllm() -> SimpleNamespace:
     )
 
 
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def weight_transfer_backend(cfg) -> str:
     """The vLLM weight-transfer backend between this actor process and its own engine's workers.
 
-    It moves the weights the subscriber staged on ``actor.device`` into the
-    engine, whatever transport brought them from the learner. One GPU
-    (``tensor_parallel_size=1``): ``ipc``, the staged tensors and the engine
-    share that GPU (NCCL cannot put two ranks on one GPU). Tensor parallel:
-    ``nccl``, a broadcast to every worker, so ``actor.device`` must then be a
-    GPU the engine does not use.
+    ``shm``: ``streamrl_shm``, the workers read the learner's published slot
+    themselves (CPU and GPU). ``dist`` moves the weights the subscriber staged
+    on ``actor.device`` into the engine: one GPU (``tensor_parallel_size=1``)
+    ``ipc``, the staged tensors and the engine share it (NCCL cannot put two
+    ranks on one GPU); tensor parallel ``nccl``, a broadcast to every worker,
+    so ``actor.device`` must then be a GPU the engine does not use.
     """
+    if cfg.weightsync.transport == "shm":
+        return SHM_BACKEND
     return "ipc" if cfg.actor.tensor_parallel_size == 1 else "nccl"
 
 
-def engine_args(cfg, seed: int = 0) -> dict:
-    """AsyncEngineArgs keyword arguments for the actor's vLLM engine."""
-    dtype = "auto" if cfg.model.dtype == "auto" else cfg.model.dtype
-    return {
+def engine_args(cfg, seed: int = 0, gpu: bool = True) -> dict:
+    """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build)."""
+    from weightsync.policy import resolve_dtype
+
+    dtype = str(resolve_dtype(cfg.model.dtype, "cuda" if gpu else "cpu")).removeprefix("torch.")
+    args = {
         "model": cfg.model.path,
         "dtype": dtype,
         "gpu_memory_utilization": cfg.actor.gpu_memory_utilization,
@@ -106,11 +134,18 @@ def engine_args(cfg, seed: int = 0) -> dict:
         # a WeightTransferConfig(**this) when the engine is built
         "weight_transfer_config": {"backend": weight_transfer_backend(cfg)},
     }
+    if not gpu:
+        # torch.compile roughly doubles the CPU build's start-up (FACTS: 24-42 s eager, 45-57 s compiled)
+        args["enforce_eager"] = True
+    return args
 
 
-def make_sender(cfg) -> BucketSender:
-    """This process's side of ``weight_transfer_backend(cfg)``."""
-    if weight_transfer_backend(cfg) == "ipc":
+def make_sender(cfg) -> BucketSender | None:
+    """This process's side of ``weight_transfer_backend(cfg)`` (None: the workers read shm themselves)."""
+    backend = weight_transfer_backend(cfg)
+    if backend == SHM_BACKEND:
+        return None
+    if backend == "ipc":
         return IPCSender()
     return NCCLSender(world_size=1 + cfg.actor.tensor_parallel_size, device=cfg.actor.device)
 
@@ -151,15 +186,35 @@ def to_output(request_id: str, completion, version_at_start: int) -> Output:
     return Output(request_id, tokens, logprobs, versions, finish)
 
 
+class ShmAnnouncements:
+    """The learner's newest shm announcement, read from Redis (the ``streamrl_shm`` path's weight source)."""
+
+    def __init__(self, cfg) -> None:
+        from broker.client import connect_sync
+        from broker.keys import Keys
+
+        self.client = connect_sync(cfg)
+        self.keys = Keys.from_config(cfg)
+
+    def __call__(self):
+        from weightsync.announce import read_announcement
+
+        ann = read_announcement(self.client, self.keys)
+        return ann if ann is not None and ann.transport == "shm" else None
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class VLLMEngine(Engine):
     """Sync facade: AsyncLLM runs on a private event loop thread; ``generate`` blocks on it.
 
-    With a ``weight_source`` (the actor's subscriber) and a ``sender`` (this
-    process's side of the weight-transfer backend), a task on the same loop
-    polls ``take_staged()`` and pushes each staged version into the engine:
-    ``applied(version)`` after a push, ``rejected(version)`` after a failed one
-    (the engine keeps its version, the failure is counted and logged, the next
-    version is tried as usual).
+    Weights come from one of two sources. ``announcements`` (a callable
+    returning the newest shm ``Announcement``): each newer version is pushed
+    through the ``streamrl_shm`` backend. ``weight_source`` (the actor's
+    subscriber) with a ``sender``: each staged version is pushed over IPC or
+    NCCL, ``applied(version)`` after it, ``rejected(version)`` after a failure.
+    A failed version is not tried again; a newer one is.
     """
 
     def __init__(
@@ -168,6 +223,7 @@ class VLLMEngine(Engine):
         seed: int = 0,
         weight_source: WeightSource | None = None,
         sender: BucketSender | None = None,
+        announcements: Callable[[], object] | None = None,
         bucket_bytes: int = 64 << 20,
         timeout_s: float = 30.0,
     ) -> None:
@@ -183,6 +239,7 @@ class VLLMEngine(Engine):
             seed=seed,
             weight_source=weight_source,
             sender=sender,
+            announcements=announcements,
             sampling_params=api.vllm.SamplingParams,
             init_request=lambda info: api.InitRequest(init_info=info),
             update_request=lambda info: api.UpdateRequest(update_info=info),
@@ -193,20 +250,33 @@ class VLLMEngine(Engine):
 
     @classmethod
     def from_config(cls, cfg, weight_source=None, seed: int = 0) -> VLLMEngine:
-        sender = make_sender(cfg) if weight_source is not None else None
+        gpu = on_gpu()
+        backend = weight_transfer_backend(cfg)
+        if not gpu:
+            # GiB of KV cache; unset, the CPU build takes a fraction of host RAM (FACTS.md)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            if backend != SHM_BACKEND and cfg.weightsync.transport != "none":
+                raise ValueError(
+                    f"weightsync.transport={cfg.weightsync.transport}: the vLLM CPU build takes weights "
+                    "over shm only (its ipc and nccl backends need CUDA)"
+                )
+        announcements = None
+        sender = None
+        if cfg.weightsync.transport == "shm":
+            announcements = ShmAnnouncements(cfg)
+            weight_source = None
+        elif weight_source is not None:
+            sender = make_sender(cfg)
         if isinstance(sender, IPCSender):
             # vLLM's workers (children of this process) unpickle the CUDA IPC handles of our own staged
             # tensors only with this set (docs.vllm.ai/en/latest/training/weight_transfer/ipc/)
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-            log.info(
-                "vLLM weight transfer over CUDA IPC (VLLM_ALLOW_INSECURE_SERIALIZATION=%s)",
-                os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"],
-            )
         return cls(
-            engine_args(cfg, seed),
+            engine_args(cfg, seed, gpu=gpu),
             seed,
             weight_source=weight_source,
             sender=sender,
+            announcements=announcements,
             bucket_bytes=cfg.weightsync.bucket_bytes,
             timeout_s=cfg.weightsync.timeout_s,
         )
@@ -218,6 +288,7 @@ class VLLMEngine(Engine):
         *,
         weight_source: WeightSource | None = None,
         sender: BucketSender | None = None,
+        announcements: Callable[[], object] | None = None,
         seed: int = 0,
         bucket_bytes: int = 64 << 20,
         timeout_s: float = 30.0,
@@ -226,11 +297,16 @@ class VLLMEngine(Engine):
         init_request: Callable[[dict], object] | None = None,
         update_request: Callable[[dict], object] | None = None,
     ) -> VLLMEngine:
-        """An engine around an already built AsyncLLM (or a stand-in); imports nothing of vLLM.
+        """An engine around an already built AsyncLLM (one engine shared by several tests).
 
-        The request builders default to plain objects with the one attribute
-        AsyncLLM reads (``init_info`` / ``update_info``).
+        Request builders and ``sampling_params`` default to vLLM's own classes
+        (imported only when one is left out).
         """
+        if sampling_params is None or init_request is None or update_request is None:
+            api = _import_vllm()
+            sampling_params = sampling_params or api.vllm.SamplingParams
+            init_request = init_request or (lambda info: api.InitRequest(init_info=info))
+            update_request = update_request or (lambda info: api.UpdateRequest(update_info=info))
         self = cls.__new__(cls)
         self._start_loop()
         self._setup(
@@ -238,9 +314,10 @@ class VLLMEngine(Engine):
             seed=seed,
             weight_source=weight_source,
             sender=sender,
+            announcements=announcements,
             sampling_params=sampling_params,
-            init_request=init_request or (lambda info: SimpleNamespace(init_info=info)),
-            update_request=update_request or (lambda info: SimpleNamespace(update_info=info)),
+            init_request=init_request,
+            update_request=update_request,
             bucket_bytes=bucket_bytes,
             timeout_s=timeout_s,
             poll_s=poll_s,
@@ -265,6 +342,7 @@ class VLLMEngine(Engine):
         seed,
         weight_source,
         sender,
+        announcements,
         sampling_params,
         init_request,
         update_request,
@@ -277,20 +355,32 @@ class VLLMEngine(Engine):
         self.seed = seed
         self.weight_source = weight_source
         self.sender = sender
+        self.announcements = announcements
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.push_failures = 0
+        self.failed: EngineFailed | None = None
         self._sampling_params = sampling_params
         self._update_request = update_request
         self._weights: asyncio.Task | None = None
-        if weight_source is None:
+        self._live_meta: dict | None = None
+        self._live_publisher: str | None = None
+        self._refused: set[tuple[str, int]] = set()
+        if weight_source is None and announcements is None:
             return
-        if sender is None:
+        if weight_source is not None and sender is None:
             raise ValueError("a vLLM engine with a weight source needs a sender for its backend")
         try:
-            self._call(connect_engine(llm, sender, init_request, timeout_s))
-            self._weights = self._call(self._spawn(self._follow_weights()))
+            if sender is not None:
+                self._call(connect_engine(llm, sender, init_request, timeout_s))
+            else:
+                # the workers' lease on a slot lasts as long as one push may take
+                self._call(
+                    llm.init_weight_transfer_engine(init_request({"lease_s": float(timeout_s)}))
+                )
+            follow = self._follow_staged() if sender is not None else self._follow_shm()
+            self._weights = self._call(self._spawn(follow))
         except BaseException:
             self.close()
             raise
@@ -312,7 +402,58 @@ class VLLMEngine(Engine):
 
     # -- weights -------------------------------------------------------------------------------
 
-    async def _follow_weights(self) -> None:
+    def maybe_swap_weights(self) -> None:
+        """Called by the actor between batches: pushes run on their own; this surfaces a dead engine."""
+        if self.failed is not None:
+            raise self.failed
+
+    async def _follow_shm(self) -> None:
+        """Push every newer announced shm version; the workers read the slot themselves."""
+        while True:
+            try:
+                ann = await asyncio.to_thread(self.announcements)
+            except Exception as exc:  # Redis hiccup: keep the weights, try again
+                log.warning("vLLM engine: reading the weight announcement failed: %r", exc)
+                ann = None
+            if ann is None or not self._wanted(ann):
+                await asyncio.sleep(self.poll_s)
+                continue
+            await self.push_announcement(ann)
+
+    def _wanted(self, ann) -> bool:
+        if (ann.publisher, ann.version) in self._refused:
+            return False
+        # a restarted learner (new publisher id) is authoritative even if it restarted the count
+        return ann.publisher != self._live_publisher or ann.version > self.version
+
+    async def push_announcement(self, ann) -> bool:
+        """Push one announced shm version; after a failure the live slot (or the newest) is restored."""
+
+        async def fallback() -> tuple[int, Plan] | None:
+            newest = await asyncio.to_thread(self.announcements) if self.announcements else None
+            candidates = []
+            if self._live_meta is not None:
+                candidates.append((self.version, self._live_meta, self._live_publisher))
+            if newest is not None and (newest.publisher, newest.version) != key:
+                candidates.append((newest.version, newest.meta, newest.publisher))
+            for version, meta, publisher in candidates:
+                if _slot_holds(meta, version):
+                    restored["publisher"], restored["meta"] = publisher, meta
+                    return version, [shm_step(version, meta)]
+            return None
+
+        key = (ann.publisher, ann.version)
+        restored: dict = {}
+        ok = await self._push(ann.version, [shm_step(ann.version, ann.meta)], fallback)
+        if ok:
+            self._live_meta, self._live_publisher = ann.meta, ann.publisher
+        else:
+            self._refused.add(key)
+            if restored:
+                self._live_meta, self._live_publisher = restored["meta"], restored["publisher"]
+        return ok
+
+    async def _follow_staged(self) -> None:
         """Between requests and while they run: push every version the subscriber stages."""
         while True:
             try:
@@ -323,38 +464,57 @@ class VLLMEngine(Engine):
             if staged is None:
                 await asyncio.sleep(self.poll_s)
                 continue
-            await self._push(*staged)
+            version, tensors = staged
+            plan = sender_plan(staged_buckets(tensors, self.bucket_bytes), tensors, self.sender)
 
-    async def _push(self, version: int, staged: dict) -> bool:
+            async def fallback(version=version, plan=plan) -> tuple[int, Plan]:
+                # the staged set is complete and still lent: push it once more, whole
+                return version, plan
+
+            if await self._push(version, plan, fallback):
+                self.weight_source.applied(version)
+            else:
+                self.weight_source.rejected(version)
+
+    async def _push(
+        self, version: int, plan: Plan, fallback: Callable[[], Awaitable[tuple[int, Plan] | None]]
+    ) -> bool:
         start = time.perf_counter()
         try:
-            buckets = staged_buckets(staged, self.bucket_bytes)
             await push_weights(
-                self.llm,
-                version,
-                buckets,
-                staged,
-                self.sender,
-                self._update_request,
-                self.timeout_s,
+                self.llm, version, plan, self._update_request, self.timeout_s, fallback
             )
+        except PushFailed as exc:
+            self.push_failures += 1
+            weight_metrics.TRANSFER_FAILURES.labels(reason="engine_push").inc()
+            if exc.restored == version:  # the second, whole push of the same version went through
+                self._serve(version)
+                return True
+            log.warning(
+                "vLLM engine: pushing version %d failed, serving version %s: %s",
+                version,
+                exc.restored,
+                exc,
+            )
+            self._serve(exc.restored)
+            return False
         except Exception as exc:
             self.push_failures += 1
             weight_metrics.TRANSFER_FAILURES.labels(reason="engine_push").inc()
-            detail = (str(exc) or type(exc).__name__).splitlines()[0][:300]
-            log.warning(
-                "vLLM engine: pushing version %d failed, keeping version %d: %s",
-                version,
-                self.version,
-                detail,
+            self.failed = (
+                exc
+                if isinstance(exc, EngineFailed)
+                else EngineFailed(f"pushing version {version} failed: {exc!r}")
             )
-            self.weight_source.rejected(version)
-            return False
+            log.error("vLLM engine: %s; the actor must restart", self.failed)
+            raise self.failed from exc
         metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
-        self.weight_source.applied(version)
+        self._serve(version)
+        return True
+
+    def _serve(self, version: int) -> None:
         self.version = version
         metrics.POLICY_VERSION.set(version)
-        return True
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -364,6 +524,8 @@ class VLLMEngine(Engine):
         params: SamplingParams,
         should_abort: Callable[[], bool] | None = None,
     ) -> list[Output]:
+        if self.failed is not None:
+            raise self.failed
         outputs = self._call(self._generate_all(requests, params, should_abort))
         metrics.TOKENS_GENERATED.inc(sum(len(o.token_ids) for o in outputs))
         return outputs
@@ -372,12 +534,20 @@ class VLLMEngine(Engine):
         sampling = self._sampling_params(**sampling_kwargs(params))
         ids = {r.request_id: f"{r.request_id}-{uuid.uuid4().hex[:8]}" for r in requests}
         tasks = [asyncio.create_task(self._one(r, ids[r.request_id], sampling)) for r in requests]
+        aborted = False
         while not all(t.done() for t in tasks):
-            if should_abort is not None and should_abort():
+            if self.failed is not None or (should_abort is not None and should_abort()):
                 await self.llm.abort(list(ids.values()))
+                aborted = True
                 break
             await asyncio.wait(tasks, timeout=ABORT_POLL_S)
         done = await asyncio.gather(*tasks, return_exceptions=True)
+        if self.failed is not None:
+            raise self.failed
+        errors = [d for d in done if isinstance(d, BaseException)]
+        if errors and not aborted:
+            # a dead engine answers every request with an error: never turn that into empty output
+            raise EngineFailed(f"vLLM engine failed while generating: {errors[0]!r}") from errors[0]
         return [
             d if isinstance(d, Output) else Output(r.request_id, *_empty(), finish_reason="abort")
             for r, d in zip(requests, done, strict=True)
@@ -390,6 +560,8 @@ class VLLMEngine(Engine):
             {"prompt_token_ids": request.prompt_token_ids}, sampling, vllm_id
         ):
             final = out
+        if final is None:  # aborted before its first token
+            return Output(request.request_id, *_empty(), finish_reason="abort")
         return to_output(request.request_id, final.outputs[0], start_version)
 
     def close(self) -> None:
@@ -402,9 +574,26 @@ class VLLMEngine(Engine):
                 log.warning("vLLM engine: stopping the weight task: %r", exc)
             self._weights = None
         self.llm.shutdown()
-        if self.sender is not None:
-            self.sender.close()
+        for part in (self.sender, self.announcements):
+            if part is not None and hasattr(part, "close"):
+                part.close()
         self._stop_loop()
+
+
+def _slot_holds(meta: dict, version: int) -> bool:
+    """Whether the announced slot still holds ``version`` (the segment may be gone or the slot reused)."""
+    from weightsync.layout import Layout
+    from weightsync.shm import ShmReader
+
+    try:
+        reader = ShmReader(meta["segment"], lease_s=1.0)
+    except (OSError, ValueError):
+        return False
+    try:
+        views = reader.lease(version, int(meta["slot"]), Layout.from_json(meta["layout"]))
+        return views is not None and reader.release()
+    finally:
+        reader.close()
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -1,0 +1,257 @@
+"""The vLLM actor engine against the real vLLM CPU build (``make .venv-vllm``): one AsyncLLM for the module.
+
+Weights reach it the way they do in a run: a real learner-side publisher writes
+versions into shared memory and announces them in Redis; the engine follows the
+announcements and its workers load each slot through the ``streamrl_shm``
+backend. Every check compares vLLM's behaviour log-probs with the learner's own
+``token_logprobs`` on the weights of the version vLLM names.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import REGISTRY
+
+if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
+    pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
+
+from actors.engines.base import Output, Request, SamplingParams  # noqa: E402
+from actors.engines.vllm import VLLMEngine  # noqa: E402
+from broker.client import connect_sync  # noqa: E402
+from broker.keys import Keys  # noqa: E402
+from configs import Config  # noqa: E402
+from learner.batching import Sample, collate  # noqa: E402
+from learner.engine import token_logprobs  # noqa: E402
+from weightsync import make_publisher  # noqa: E402
+from weightsync.announce import read_announcement  # noqa: E402
+from weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from weightsync.vllm_adapter import EngineFailed  # noqa: E402
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+# the module's one engine starts in its first test's setup: 30-60 s on an idle 2-core machine, minutes
+# on a loaded one (a hang guard, not a speed target)
+pytestmark = pytest.mark.timeout(900)
+
+PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "70>", "5>", "271>"]
+TOLERANCE = 1e-4
+
+
+def _config(redis_url: str, policy: str, run_dir) -> Config:
+    return Config.model_validate(
+        {
+            "run": {"name": f"vllm-{uuid.uuid4().hex[:10]}", "dir": str(run_dir)},
+            "broker": {"redis_url": redis_url},
+            "model": {"path": policy},
+            "actor": {"engine": "vllm", "batch_slots": 32},
+            "weightsync": {"transport": "shm", "timeout_s": 60},
+        }
+    )
+
+
+class Rig:
+    """The engine under test, the learner's model per version, and the publisher feeding the engine."""
+
+    def __init__(self, cfg: Config, policy: str) -> None:
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer(policy)
+        self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
+        self.model = load_policy(policy)
+        self.weights = {0: self.base}
+        self.publisher = make_publisher(cfg)
+        self.engine = VLLMEngine.from_config(cfg, seed=0)
+
+    def versioned(self, version: int, only: str | None = None) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(version)
+        return {
+            n: p + (0.3 * torch.randn(p.shape, generator=gen) if only is None or only in n else 0)
+            for n, p in self.base.items()
+        }
+
+    def publish(self, version: int, only: str | None = None, wait: bool = True) -> None:
+        tensors = self.versioned(version, only)
+        self.weights[version] = tensors
+        self.publisher.publish(version, {"module." + n: t for n, t in tensors.items()})
+        if wait:
+            _until(lambda: self.engine.version == version)
+
+    def learner_logprobs(
+        self, version: int, request: Request, output: Output, temperature: float
+    ) -> np.ndarray:
+        """The learner's log-probs of the sampled tokens under ``version``'s weights."""
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.copy_(self.weights[version][name])
+        prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
+        sample = Sample(
+            np.concatenate([prompt, output.token_ids.astype(np.int64)]),
+            len(prompt),
+            output.logprobs,
+            output.versions.astype(np.int64),
+            0.0,
+            0.0,
+            "g",
+        )
+        batch = collate([sample], self.tokenizer.pad_token_id or 0)
+        with torch.no_grad():
+            logprobs = token_logprobs(self.model, batch, temperature)
+        return logprobs[batch.completion_mask].numpy()
+
+    def requests(self, n: int) -> list[Request]:
+        return [
+            Request(f"r{i}", self.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
+            for i in range(n)
+        ]
+
+    def close(self) -> None:
+        self.engine.close()
+        self.publisher.close()
+
+
+def _until(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)
+
+
+def _push_failures() -> float:
+    value = REGISTRY.get_sample_value(
+        "streamrl_weights_transfer_failures_total", {"reason": "engine_push"}
+    )
+    return value or 0.0
+
+
+@pytest.fixture(scope="module")
+def rig(redis_server, demo_policy, tmp_path_factory):
+    rig = Rig(_config(redis_server.url, demo_policy, tmp_path_factory.mktemp("run")), demo_policy)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _assert_matches_learner(rig: Rig, requests, outputs, temperature: float) -> None:
+    for request, output in zip(requests, outputs, strict=True):
+        assert len(output.token_ids) > 0
+        versions = output.versions.tolist()
+        for version in sorted(set(versions)):
+            expected = rig.learner_logprobs(version, request, output, temperature)
+            mask = output.versions == version
+            np.testing.assert_allclose(
+                output.logprobs[mask], expected[mask], atol=TOLERANCE, rtol=0
+            )
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_the_learners_on_the_same_weights(rig, temperature):
+    requests = rig.requests(16)
+    params = SamplingParams(max_new_tokens=12, temperature=temperature)
+    outputs = rig.engine.generate(requests, params)
+    assert [o.request_id for o in outputs] == [r.request_id for r in requests]
+    assert all(set(o.versions.tolist()) == {rig.engine.version} for o in outputs)
+    _assert_matches_learner(rig, requests, outputs, temperature)
+
+
+def test_a_pushed_version_is_served_and_its_tied_lm_head_follows_the_embedding(rig):
+    # only the input embedding changes; the demo model ties the LM head to it
+    version = rig.engine.version + 1
+    rig.publish(version, only="embed_tokens")
+    requests = rig.requests(8)
+    outputs = rig.engine.generate(requests, SamplingParams(max_new_tokens=12))
+    assert all(set(o.versions.tolist()) == {version} for o in outputs)
+    _assert_matches_learner(rig, requests, outputs, 1.0)
+
+
+def test_a_push_during_generation_tags_each_span_with_the_weights_that_produced_it(rig):
+    requests = rig.requests(32)
+    params = SamplingParams(max_new_tokens=48, temperature=1.0)
+    for _attempt in range(4):
+        before = rig.engine.version
+        result: dict = {}
+        worker = threading.Thread(
+            target=lambda r=result: r.update(outputs=rig.engine.generate(requests, params))
+        )
+        worker.start()
+        time.sleep(0.3)
+        rig.publish(before + 1, wait=False)
+        worker.join(120)
+        _until(lambda b=before: rig.engine.version == b + 1)
+        outputs = result["outputs"]
+        straddling = [o for o in outputs if len(set(o.versions.tolist())) > 1]
+        if straddling:
+            break
+    assert straddling, "no completion straddled a push in 4 tries"
+    for output in straddling:
+        versions = output.versions.tolist()
+        assert versions == sorted(versions) and set(versions) <= {before, before + 1}
+    _assert_matches_learner(rig, requests, outputs, 1.0)
+
+
+def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_succeeds(
+    rig, tmp_path
+):
+    live = rig.engine.version
+    failures = _push_failures()
+    # version live+1 sits in a segment of its own, announced under another run's keys (so the engine
+    # does not follow it); its layout renames the last tensor: the workers load every layer before it,
+    # then fail with the rest of the model on meta
+    other = rig.cfg.model_copy(
+        update={"run": rig.cfg.run.model_copy(update={"name": f"other-{uuid.uuid4().hex[:8]}"})}
+    )
+    side = make_publisher(other)
+    try:
+        side.publish(live + 1, {"module." + n: t for n, t in rig.versioned(live + 1).items()})
+        ann = read_announcement(connect_sync(other), Keys.from_config(other))
+        layout = [list(spec) for spec in ann.meta["layout"]]
+        layout[-1][0] = "model.no_such_layer.weight"
+        broken = replace(ann, meta={**ann.meta, "layout": layout})
+        assert not rig.engine._call(rig.engine.push_announcement(broken))
+    finally:
+        side.close()
+    assert rig.engine.version == live and rig.engine.failed is None
+    assert _push_failures() == failures + 1
+    requests = rig.requests(8)
+    outputs = rig.engine.generate(requests, SamplingParams(max_new_tokens=12))
+    assert all(set(o.versions.tolist()) == {live} for o in outputs)
+    _assert_matches_learner(rig, requests, outputs, 1.0)
+    rig.publish(live + 1)
+    outputs = rig.engine.generate(requests, SamplingParams(max_new_tokens=12))
+    assert all(set(o.versions.tolist()) == {live + 1} for o in outputs)
+    _assert_matches_learner(rig, requests, outputs, 1.0)
+
+
+def test_a_stop_aborts_the_requests_in_flight_without_an_error(rig):
+    started = time.monotonic()
+    outputs = rig.engine.generate(
+        rig.requests(32),
+        SamplingParams(max_new_tokens=48),
+        should_abort=lambda: time.monotonic() - started > 0.2,
+    )
+    assert len(outputs) == 32 and {o.finish_reason for o in outputs} <= {"abort", "length", "stop"}
+    assert any(o.finish_reason == "abort" for o in outputs)
+
+
+def test_a_dead_engine_fails_generation_loudly_instead_of_returning_empty_output(rig):
+    import psutil
+
+    cores = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()
+    ]
+    assert cores, "no vLLM engine core process found"
+    for core in cores:
+        os.kill(core.pid, signal.SIGKILL)
+    with pytest.raises(EngineFailed):
+        rig.engine.generate(rig.requests(4), SamplingParams(max_new_tokens=8))
