@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test lint bench chaos broker actors scale dashboard prometheus clean venv
+.PHONY: run test lint mutate bench chaos broker actors scale dashboard prometheus clean venv
 
 venv: $(STAMP)
 
@@ -50,6 +50,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Mutation testing (mutmut, settings and test files in pyproject's [tool.mutmut]): mutates
+# learner/ and broker/, runs the mutants of MUTATE (dotted module name, glob allowed), then prints
+# each of them with its status. `$(BIN)/mutmut show NAME` shows one mutant's diff.
+# Also: MUTATE="broker.admission*" or MUTATE="broker.wire*".
+MUTATE ?= learner.algorithm*
+mutate: $(STAMP)
+	$(BIN)/mutmut run --max-children 2 "$(MUTATE)"
+	$(BIN)/mutmut results --all true | grep -F "$(subst *,,$(MUTATE))" | sed 's/^ *//' | sort -t: -k2 | awk -F': ' '{n[$$2]++; print} END {for (s in n) printf "%s: %d\n", s, n[s] > "/dev/stderr"}'
+
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
@@ -76,5 +85,5 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis mutants
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
