@@ -52,12 +52,12 @@ lint: $(STAMP)
 
 # Mutation testing (mutmut, settings and test files in pyproject's [tool.mutmut]): mutates
 # learner/ and broker/, runs the mutants of MUTATE (dotted module name, glob allowed), then prints
-# each of them with its status. `$(BIN)/mutmut show NAME` shows one mutant's diff.
+# every mutant not killed and the count per status. `$(BIN)/mutmut show NAME` shows one mutant's diff.
 # Also: MUTATE="broker.admission*" or MUTATE="broker.wire*".
 MUTATE ?= learner.algorithm*
 mutate: $(STAMP)
 	$(BIN)/mutmut run --max-children 2 "$(MUTATE)"
-	$(BIN)/mutmut results --all true | grep -F "$(subst *,,$(MUTATE))" | sed 's/^ *//' | sort -t: -k2 | awk -F': ' '{n[$$2]++; print} END {for (s in n) printf "%s: %d\n", s, n[s] > "/dev/stderr"}'
+	$(BIN)/mutmut results --all true | grep -F "$(subst *,,$(MUTATE))" | sed 's/^ *//' | awk -F': ' '{n[$$2]++; if ($$2 != "killed") print} END {for (s in n) printf "%s: %d\n", s, n[s]}'
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
