@@ -19,7 +19,7 @@ export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test test-vllm .venv-vllm lint bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: run test test-vllm .venv-vllm lint mutate bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -85,6 +85,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Mutation testing (mutmut, settings and test files in pyproject's [tool.mutmut]): mutates
+# learner/ and broker/, runs the mutants of MUTATE (dotted module name, glob allowed), then prints
+# every mutant not killed and the count per status. `$(BIN)/mutmut show NAME` shows one mutant's diff.
+# Also: MUTATE="broker.admission*" or MUTATE="broker.wire*".
+MUTATE ?= learner.algorithm*
+mutate: $(STAMP)
+	$(BIN)/mutmut run --max-children 2 "$(MUTATE)"
+	$(BIN)/mutmut results --all true | grep -F "$(subst *,,$(MUTATE))" | sed 's/^ *//' | awk -F': ' '{n[$$2]++; if ($$2 != "killed") print} END {for (s in n) printf "%s: %d\n", s, n[s]}'
+
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
@@ -123,5 +132,5 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis mutants
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

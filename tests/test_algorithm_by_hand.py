@@ -101,7 +101,7 @@ def test_aggregation_of_a_per_token_loss_by_hand():
     """per-token [[1, 2, 4], [8, 16, 32]], row 0 counts 3 tokens, row 1 only its first.
 
     token_mean = (1 + 2 + 4 + 8) / 4 = 3.75; seq_mean = (7/3 + 8/1) / 2 = 31/6;
-    constant C=5: 15 / 5 = 3; a normalizer overrides the denominator: token_mean / 10 = 1.5,
+    constant C=5: 15 / 5 = 3 (C=1: 15, C=0.5: 30); a normalizer overrides the denominator: token_mean / 10 = 1.5,
     seq_mean / 4 = (7/3 + 8) / 4 = 31/12.
     """
     per_token = torch.tensor([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]], dtype=torch.float64)
@@ -114,8 +114,14 @@ def test_aggregation_of_a_per_token_loss_by_hand():
     # a sequence with no counted token is left out of seq_mean's count: (7/3) / 1
     empty_row = torch.tensor([[True, True, True], [False, False, False]])
     assert algorithm.aggregate(per_token, empty_row, "seq_mean").item() == pytest.approx(7 / 3)
-    with pytest.raises(ValueError, match="normalizer"):
-        algorithm.aggregate(per_token, mask, "constant", 0.0)
+    # any positive constant is a valid normaliser, 1 and below included
+    assert algorithm.aggregate(per_token, mask, "constant", 1.0).item() == pytest.approx(15.0)
+    assert algorithm.aggregate(per_token, mask, "constant", 0.5).item() == pytest.approx(30.0)
+    for bad in (None, 0.0, -1.0):
+        with pytest.raises(
+            ValueError, match=r"^aggregation 'constant' needs a positive normalizer$"
+        ):
+            algorithm.aggregate(per_token, mask, "constant", bad)
 
 
 def test_k3_kl_is_to_the_reference_from_the_policy_side():
@@ -142,14 +148,41 @@ def test_k3_kl_is_to_the_reference_from_the_policy_side():
     assert theta.grad.tolist()[0] == pytest.approx([-0.05, -0.15], abs=1e-12)
 
 
-def test_kl_without_a_coefficient_is_reported_but_not_trained():
-    theta = torch.tensor([[LN(0.25)]], dtype=torch.float64, requires_grad=True)
-    ref = torch.tensor([[LN(0.5)]], dtype=torch.float64)
+def test_kl_and_entropy_are_off_by_default_even_where_the_reference_gives_zero_probability():
+    """Default kl_coef and entropy_coef are 0: the reference (here log 0 = -inf on one token, k3
+    infinite) and the entropy are reported, never trained. Loss 0 at A = 0, not 0 * inf."""
+    theta = torch.tensor([[LN(0.25), LN(0.5)]], dtype=torch.float64)
+    ref = torch.tensor([[LN(0.5), float("-inf")]], dtype=torch.float64)
     loss, stats = algorithm.policy_loss(
-        theta, theta.detach(), torch.zeros(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool),
-        clip_low=0.2, clip_high=0.2, rho_max=2.0, ref_logprobs=ref, kl_coef=0.0,
+        theta, theta, torch.zeros(1, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool),
+        clip_low=0.2, clip_high=0.2, rho_max=2.0, ref_logprobs=ref,
+        entropy=torch.tensor([[1.0, 3.0]], dtype=torch.float64),
+    )  # fmt: skip
+    assert loss.item() == 0.0
+    assert stats.entropy == pytest.approx(2.0) and stats.kl == float("inf")
+    loss, stats = algorithm.policy_loss(
+        theta[:, :1], theta[:, :1], torch.zeros(1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool), clip_low=0.2, clip_high=0.2, rho_max=2.0,
+        ref_logprobs=ref[:, :1], kl_coef=0.0,
     )  # fmt: skip
     assert loss.item() == 0.0 and stats.kl == pytest.approx(1 - LN(2))
+
+
+def test_truncation_is_exact_in_double_precision_and_strictly_above_rho():
+    """w = 0.8/0.25 = 3.2 truncated at rho 1.1 (not a float32 number): l = -1.1 * r A = -1.1 to
+    double precision. A weight equal to rho (pi_prox = mu, w = 1, rho = 1) is not truncated."""
+    theta = torch.tensor([[LN(0.8)]], dtype=torch.float64)
+    one = torch.ones(1, 1, dtype=torch.bool)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, stats = algorithm.policy_loss(
+        theta, torch.tensor([[LN(0.25)]], dtype=torch.float64), adv, one, clip_low=0.2,
+        clip_high=0.2, rho_max=1.1, proximal_logprobs=theta,
+    )  # fmt: skip
+    assert abs(loss.item() + 1.1) < 1e-15 and stats.is_truncated_fraction == 1.0
+    _, stats = algorithm.policy_loss(
+        theta, theta, adv, one, clip_low=0.2, clip_high=0.2, rho_max=1.0, proximal_logprobs=theta
+    )
+    assert stats.is_weight_mean == 1.0 and stats.is_truncated_fraction == 0.0
 
 
 def test_drift_kl_to_the_behaviour_policy_when_there_is_no_reference():
@@ -223,9 +256,10 @@ def test_group_advantages_by_hand():
     assert adv[0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-12)
     adv, _ = algorithm.group_advantages(rewards, "grpo", eps, 0.5)
     assert adv[0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-12)
-    # at the threshold itself the std is used (fallback only strictly below)
-    adv, _ = algorithm.group_advantages(rewards, "grpo", eps, math.sqrt(0.1875))
-    assert adv[0, 0].item() == pytest.approx(0.75 / (math.sqrt(0.1875) + eps), rel=1e-12)
+    # rewards (0, 2): mean 1, std exactly 1. At the threshold itself the std is used (the
+    # fallback is strictly below): A = +-1 / (1 + eps), not +-1.
+    adv, _ = algorithm.group_advantages(torch.tensor([[0.0, 2.0]]), "grpo", eps, 1.0)
+    assert adv[0].tolist() == pytest.approx([-1 / (1 + eps), 1 / (1 + eps)], rel=1e-12)
     with pytest.raises(ValueError, match=r"\[N, G\]"):
         algorithm.group_advantages(torch.zeros(4), "grpo", eps, 1e-6)
     with pytest.raises(ValueError, match=r"\[N, G\]"):

@@ -14,7 +14,9 @@ process, one sample at a time; it shares no code with the learner.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ from configs import Config
 from weightsync.policy import load_policy, load_tokenizer
 
 STEPS, GROUPS, GROUP_SIZE, UPDATES = 3, 4, 4, 2
+TIMEOUT_S = 480
 MAX_STALENESS, CLIP, RHO, KL, LR, GRAD_CLIP, EPS = 2, 0.02, 1.05, 0.1, 1e-3, 1.0, 1e-4
 # Version tags per step and group, as (old, new): the first half of each completion was sampled
 # at ``old``, the rest at ``new``. The learner is at version 2 * (step - 1) when it takes step's batch.
@@ -153,7 +156,7 @@ def _config(redis_cfg: Config, policy: str, tmp_path: Path) -> Config:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TIMEOUT_S + 60)
 def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
     redis_cfg, demo_policy, tmp_path
 ):
@@ -165,10 +168,20 @@ def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
     out = tmp_path / "weights"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(script), str(out), *_overrides(cfg)]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.Popen(
+        cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        # the reference trains while the two ranks do
+        expected, reference_stats = reference_run(demo_policy, steps)
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            # torchrun and both ranks: a failing reference must not leave them training
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-6000:]
 
-    expected, reference_stats = reference_run(demo_policy, steps)
     rows = [
         json.loads(line)
         for line in (Path(cfg.run.dir) / "learner_steps.jsonl").read_text().splitlines()
