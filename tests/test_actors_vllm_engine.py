@@ -204,8 +204,9 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
     live = rig.engine.version
     failures = _push_failures()
     # version live+1 sits in a segment of its own, announced under another run's keys (so the engine
-    # does not follow it); its layout renames the last tensor: the workers load every layer before it,
-    # then fail with the rest of the model on meta
+    # does not follow it); its layout renames layer 0's v_proj: the workers buffer q and k of layer
+    # 0's fused qkv, then fail with the rest of the model on meta. The restore must not mix the
+    # buffered q and k into the next push
     other = rig.cfg.model_copy(
         update={"run": rig.cfg.run.model_copy(update={"name": f"other-{uuid.uuid4().hex[:8]}"})}
     )
@@ -214,7 +215,8 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
         side.publish(live + 1, {"module." + n: t for n, t in rig.versioned(live + 1).items()})
         ann = read_announcement(connect_sync(other), Keys.from_config(other))
         layout = [list(spec) for spec in ann.meta["layout"]]
-        layout[-1][0] = "model.no_such_layer.weight"
+        names = [spec[0] for spec in layout]
+        layout[names.index("model.layers.0.self_attn.v_proj.weight")][0] = "model.no_such.weight"
         broken = replace(ann, meta={**ann.meta, "layout": layout})
         assert not rig.engine._call(rig.engine.push_announcement(broken))
     finally:
