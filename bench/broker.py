@@ -71,7 +71,14 @@ def best_rate(fn, repeats: int, rounds: int = 3) -> float:
 
 def run_cfg(url: str, run_name: str | None = None) -> Config:
     name = run_name or f"bench-{uuid.uuid4().hex[:8]}"
-    return Config.model_validate({"run": {"name": name}, "broker": {"redis_url": url}})
+    # The consumer checks groups against the rollout limits: these are the benchmark's groups.
+    return Config.model_validate(
+        {
+            "run": {"name": name},
+            "broker": {"redis_url": url},
+            "rollout": {"group_size": G, "max_new_tokens": T},
+        }
+    )
 
 
 def producer_process(url: str, run_name: str, mode: str, n: int, ready, go, cpu) -> None:

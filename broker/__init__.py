@@ -1,7 +1,8 @@
 """broker: everything that lives in Redis, and the wire format that travels through it.
 
 Owns the embedded Redis server (``server``), key naming (``keys``), the
-rollout-group wire format (``wire``), the crash-safe stream producer/consumer
+rollout-group wire format (``wire``) and the limits a valid group must also
+keep (``semantics``), the crash-safe stream producer/consumer
 with dead-lettering and redelivery (``stream``), the shared admission-control
 counters and policy version (``admission``), actor heartbeats (``liveness``)
 and the Prometheus endpoint helper (``metrics``).

@@ -91,8 +91,12 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
     )
     try:
         line = proc.stdout.readline()
-        assert "redis ready at redis://127.0.0.1:" in line, line + proc.stderr.read()
+        assert "redis ready at redis://" in line and "@127.0.0.1:" in line, (
+            line + proc.stderr.read()
+        )
         url = (tmp_path / "redis.url").read_text().strip()
+        password = redis.connection.parse_url(url)["password"]
+        assert password and password not in line  # the run's password is never printed
         assert redis.Redis.from_url(url, socket_timeout=2).ping()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

@@ -36,7 +36,16 @@ def _env() -> dict:
 def _overrides(cfg: Config) -> list[str]:
     """The same config on a command line: learner processes take dotted overrides."""
     flat = []
-    for section in ("run", "broker", "model", "learner", "algo", "weightsync", "metrics"):
+    for section in (
+        "run",
+        "broker",
+        "model",
+        "rollout",
+        "learner",
+        "algo",
+        "weightsync",
+        "metrics",
+    ):
         for key, value in getattr(cfg, section).model_dump(exclude_defaults=True).items():
             flat.append(f"{section}.{key}={json.dumps(value)}")
     return flat
