@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -231,6 +232,13 @@ def run_reference(
     }
 
 
+def _last_window(curve: list, window: int) -> str:
+    last = curve[-window:]
+    if not last:
+        return "–"
+    return f"{sum(p[1] for p in last) / len(last):.3f} / {sum(p[2] for p in last) / len(last):.2f}"
+
+
 def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) -> str:
     """The benchmark section: the loop's rollouts and time to the preset's target, per optimizer start."""
     import datetime
@@ -244,9 +252,12 @@ def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) 
     for r in results:
         ttt = r["time_to_target_s"]
         rows.append(
-            f"| {r['seed']} | {'carried from the warm start' if r['carry_optimizer'] else 'fresh'} | "
+            f"| {r['seed']} | {' '.join(r['overrides']) or 'preset'} | "
+            f"{'carried from the warm start' if r['carry_optimizer'] else 'fresh'} | "
             f"{r['rollouts_to_target'] or f'not in {cap_s:.0f} s'} | "
-            f"{'–' if ttt is None else f'{ttt:.0f} s'} | {r['samples_per_s']:.0f} |"
+            f"{'–' if ttt is None else f'{ttt:.0f} s'} | {len(r['curve'])} | "
+            f"{_last_window(r['curve'], run.target_window)} | {r['samples_per_s']:.0f} | "
+            f"{r.get('samples_per_cpu_s', math.nan):.0f} |"
         )
     return "\n".join(
         [
@@ -262,8 +273,9 @@ def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) 
             "the warmed policy, as the streamrl learner starts; *carried* = the warm start's AdamW, moments "
             "included, kept for RL.",
             "",
-            "| seed | AdamW | rollouts to target | time to target | samples/s |",
-            "|---|---|---|---|---|",
+            "| seed | overrides | AdamW | rollouts to target | time to target | rollouts run "
+            f"| last {run.target_window} rollouts: reward / exact | samples/s | samples per CPU-second |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]
     )
