@@ -19,7 +19,7 @@ def test_the_copy_task_config_loads_its_data_and_scores_with_both_reward_forms()
     dataset = PromptDataset.from_config(cfg.data, build_tokenizer())
     assert len(dataset) == 500 and dataset.format == "prompt"
     prompt = dataset.get(0)
-    assert prompt.messages[0]["content"] == prompt.answer + "="
+    assert prompt.messages[0]["content"] == prompt.answer + ">"
     assert prompt.columns["length"] == len(prompt.answer)
     from actors.evaluation import eval_dataset
 
