@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         run_actor(cfg, args.actor_id or default_actor_id(), stop)
-    except PromptDataError as exc:  # raised while loading, before Redis is touched
+    except (PromptDataError, FileNotFoundError) as exc:  # raised while loading, before Redis
         print(exc, file=sys.stderr)
         return 2
     return 0

@@ -145,6 +145,13 @@ class Actor:
         self.params = SamplingParams.from_config(
             cfg.rollout, stop_token_ids(self.tokenizer, config)
         )
+        self.evaluator = None
+        self.evaluated = 0
+        if cfg.data.eval_path and cfg.data.eval_every:
+            from actors.evaluation import Evaluator, eval_dataset
+
+            dataset = eval_dataset(cfg, self.tokenizer)
+            self.evaluator = Evaluator(cfg, dataset, self.params, self._assistant_turn)
 
     def connect(self) -> None:
         import weightsync
@@ -199,6 +206,7 @@ class Actor:
                 if not batch:
                     continue
                 await self._generate_score_publish(batch)
+                await self._maybe_evaluate()
         finally:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
@@ -283,6 +291,21 @@ class Actor:
             self.seq += 1
             self._observe(group)
 
+    async def _maybe_evaluate(self) -> None:
+        """Evaluate once per ``eval_every`` versions crossed; one actor per version (SET NX)."""
+        every = self.cfg.data.eval_every
+        version = self.engine.version
+        if self.evaluator is None or version // every <= self.evaluated // every:
+            return
+        self.evaluated = version
+        claim = self.keys.eval_claim(version // every * every)
+        if not await self.redis.set(claim, self.actor_id, nx=True):
+            return
+        row = await asyncio.to_thread(
+            self.evaluator.run, self.engine, self.rewards, version, self.stop.is_set
+        )
+        log.info("eval at version %d: %s", version, row)
+
     def _assistant_turn(self, output: Output) -> dict:
         return assistant_turn(self.tokenizer, output)
 
@@ -323,6 +346,8 @@ class Actor:
             self.subscriber.close()
         self.engine.close()
         self.rewards.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
         if self.publish_log is not None:
             self.publish_log.close()
         await self.redis.aclose()

@@ -46,6 +46,10 @@ class Keys:
     def from_config(cls, cfg: Config) -> Keys:
         return cls(cfg.run.name, cfg.broker.stream, cfg.broker.dead_letter_stream)
 
+    def eval_claim(self, version: int) -> str:
+        """Set (NX) by the one actor that evaluates this policy version."""
+        return f"{self.prefix}eval:{version}"
+
     def actor(self, actor_id: str) -> str:
         """Heartbeat hash of one actor."""
         return f"{self.prefix}actor:{actor_id}"

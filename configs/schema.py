@@ -215,6 +215,19 @@ class DataConfig(Section):
         True,
         description="If `path` does not exist and it is the demo task, generate the demo dataset there.",
     )
+    eval_path: str | None = Field(
+        None,
+        description="Held-out prompt dataset (same forms and columns as `path`); None = no evaluation.",
+    )
+    eval_split: str | None = Field(None, description="Split of `eval_path` (None = `split`).")
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="Evaluate every this many policy versions on one actor (0 = off): mean reward and pass@1 sampled at rollout.temperature and greedy, to <run.dir>/eval.jsonl and TensorBoard.",
+    )
+    eval_size: int = Field(
+        64, ge=1, description="Most eval prompts per evaluation (the first ones)."
+    )
 
 
 class RolloutConfig(Section):

@@ -2,6 +2,7 @@
 
 Owns starting and stopping a whole run (``supervisor``), the terminal view and
 end-of-run summary (``view``, ``status``), live scaling (``scale``) and the
-Prometheus side (``scrape``, ``dashboard``). May import every streamrl package;
+Prometheus side (``scrape``, ``dashboard``), the ``streamrl`` console script
+(``cli``) and the decoded view of a run's Redis (``inspect``). May import every streamrl package;
 none of them imports it.
 """

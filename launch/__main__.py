@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     last_plain = elapsed
                     print(plain_line(snap, elapsed), flush=True)
                 time.sleep(REFRESH_S)
-    except (PromptDataError, RedisServerError) as exc:
+    except (PromptDataError, RedisServerError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 2
     except _Stop as stop:

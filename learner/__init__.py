@@ -2,7 +2,9 @@
 
 Owns the RL math as pure functions (``algorithm``), batching into token-budget
 micro-batches (``batching``), the DeepSpeed ZeRO-2 engine (``engine``),
-checkpoint/resume (``checkpoint``) and the training loop (``__main__``).
+checkpoint/resume (``checkpoint``), the training loop (``__main__``), experiment
+tracking of the step rows (``tracking``) and the export of the policy as a Hugging
+Face folder (``export``).
 
 Talks to: Redis through ``broker`` (consumer group, version, admission
 counters) and the actors through ``weightsync`` publishers. May import:

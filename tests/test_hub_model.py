@@ -73,3 +73,15 @@ def test_a_missing_local_path_that_is_no_hub_id_is_a_clear_error(tmp_path):
         model_folder(tmp_path / "weights.bin")
     assert wants_demo_policy(str(tmp_path / "demo-policy"), True)
     assert not wants_demo_policy(str(tmp_path / "demo-policy"), False)
+
+
+def test_launch_with_a_model_that_is_neither_a_folder_nor_a_hub_id_exits_2_naming_it(tmp_path):
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd())
+    missing = "org/no-such-model"
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", "--actors", "1", f"run.dir={tmp_path / 'run'}",
+         f"model.path={missing}", "model.build_demo=false", f"data.path={tmp_path / 'd.jsonl'}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert missing in done.stderr and "Traceback" not in done.stderr

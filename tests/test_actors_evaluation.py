@@ -1,0 +1,64 @@
+"""Held-out evaluation: sampled and greedy completions of the eval prompts, scored and logged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from actors.engines.base import SamplingParams
+from actors.evaluation import EVAL_LOG, Evaluator, eval_dataset, summarize
+from actors.rewards import RewardPool
+from configs import Config
+from weightsync.policy import load_policy, load_tokenizer
+
+
+def test_pass_at_1_counts_samples_that_reach_the_full_reward():
+    assert summarize([1.0, 0.5, 1.0, 0.0]) == (pytest.approx(0.625), 0.5)
+
+
+@pytest.mark.timeout(240)
+def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
+    tmp_path, demo_policy, demo_dataset
+):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from actors.engines.hf import HFEngine
+
+    cfg = Config.model_validate(
+        {
+            "run": {"dir": str(tmp_path / "run")},
+            "model": {"path": demo_policy},
+            "data": {"path": demo_dataset, "eval_path": demo_dataset, "eval_every": 1, "eval_size": 12},
+            "rollout": {"max_new_tokens": 6},
+        }
+    )  # fmt: skip
+    tokenizer = load_tokenizer(demo_policy)
+    engine = HFEngine(load_policy(demo_policy), tokenizer, 16, seed=0)
+    params = SamplingParams.from_config(cfg.rollout, [tokenizer.eos_token_id])
+
+    def decode(output) -> dict:
+        text = tokenizer.decode(output.token_ids.tolist(), skip_special_tokens=True)
+        return {"role": "assistant", "content": text, "finish_reason": output.finish_reason}
+
+    evaluator = Evaluator(cfg, eval_dataset(cfg, tokenizer), params, decode)
+    with RewardPool(cfg.reward) as rewards:
+        first = evaluator.run(engine, rewards, version=3)
+        second = evaluator.run(engine, rewards, version=4)
+    evaluator.close()
+    assert first["prompts"] == 12
+    for row in (first, second):
+        for name in ("sampled", "greedy"):
+            assert 0.0 <= row[f"{name}/pass@1"] <= 1.0 and 0.0 < row[f"{name}/reward_mean"] <= 1.0
+    # greedy decoding of unchanged weights gives the same completions, hence the same scores
+    assert first["greedy/reward_mean"] == second["greedy/reward_mean"]
+    rows = [json.loads(line) for line in (Path(cfg.run.dir) / EVAL_LOG).open()]
+    assert [r["version"] for r in rows] == [3, 4]
+    events = EventAccumulator(str(Path(cfg.run.dir) / "tensorboard" / "eval"))
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("eval/greedy/pass@1")}
+    assert logged == {
+        3: pytest.approx(first["greedy/pass@1"]),
+        4: pytest.approx(second["greedy/pass@1"]),
+    }
