@@ -354,7 +354,8 @@ class AlgoConfig(Section):
         description="Adaptive fallback: a group whose reward std is below this uses mean subtraction only.",
     )
     skip_zero_variance: bool = Field(
-        True, description="Drop groups whose rewards are all equal (no signal); they are counted."
+        True,
+        description="Leave groups whose rewards are all equal out of the update (they still count in the loss normaliser and are counted); ignored while kl_coef or entropy_coef is on, whose terms give those tokens a gradient.",
     )
     dynamic_sampling: bool = Field(
         False,

@@ -89,8 +89,9 @@ class Batch:
     samples: list[Sample]
     entries: list[tuple[str, str]]  # every entry taken off the stream for this step
     log: dict
-    # zero-variance groups' samples: not trained (their advantage is 0) but counted by the loss
-    # normaliser, so skipping them saves compute without changing the objective
+    # zero-variance groups' samples: not trained (their advantage is 0 and no KL or entropy term
+    # is on) but counted by the loss normaliser, so skipping them saves compute without changing
+    # the objective
     skipped: list[Sample] = field(default_factory=list)
 
 
@@ -165,7 +166,10 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
         advantages, zero_var = algorithm.group_advantages(
             torch.tensor(g.rewards)[None], a.advantage, a.adv_eps, a.std_threshold
         )
-        if (a.skip_zero_variance or a.dynamic_sampling) and bool(zero_var[0]):
+        # with a KL or entropy term a zero-advantage token still has a gradient: skipping it
+        # would change the objective, so only dynamic sampling (DAPO's batch definition) drops it
+        skippable = a.skip_zero_variance and a.kl_coef == 0 and a.entropy_coef == 0
+        if (skippable or a.dynamic_sampling) and bool(zero_var[0]):
             zero_variance += 1
             if not a.dynamic_sampling:
                 skipped += samples_from_group(g, advantages[0].tolist())

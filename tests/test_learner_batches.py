@@ -67,6 +67,8 @@ def _config(redis_cfg, **algo):
         deep=True,
         update={
             "learner": redis_cfg.learner.model_copy(update={"groups_per_step": 3}),
+            # the consumer dead-letters groups of another size (broker.semantics)
+            "rollout": redis_cfg.rollout.model_copy(update={"group_size": 2}),
             "algo": redis_cfg.algo.model_copy(update=algo),
             "weightsync": redis_cfg.weightsync.model_copy(update={"transport": "none"}),
         },
@@ -147,6 +149,24 @@ def test_prepare_batch_counts_stale_groups_apart_from_zero_variance_ones(redis_c
     )
     assert batch.log["dropped_stale_groups"] == 1 and batch.log["zero_variance_groups"] == 1
     assert batch.samples == [] and len(batch.skipped) == (0 if dynamic else 2)
+
+
+@pytest.mark.parametrize("term", ["kl_coef", "entropy_coef"])
+def test_zero_variance_groups_are_trained_while_a_kl_or_entropy_term_gives_them_a_gradient(
+    redis_cfg, term
+):
+    """Skipping a zero-advantage group is free only when its tokens have no other loss term."""
+    cfg = _config(redis_cfg, skip_zero_variance=True, **{term: 0.1})
+
+    class Delivery:
+        def __init__(self, g):
+            self.group, self.entry_id = g, "0-1"
+
+    batch = prepare_batch(
+        [Delivery(group([0.0, 1.0])), Delivery(group([1.0, 1.0]))], version=0, cfg=cfg, wait_s=0.0
+    )
+    assert len(batch.samples) == 4 and batch.skipped == []
+    assert batch.log["zero_variance_groups"] == 0
 
 
 def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
