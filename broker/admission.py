@@ -21,14 +21,14 @@ Why it bounds staleness: the stream is FIFO and every step takes at least
 ``<= u + max_staleness``. ``version`` is never below the version the next step
 starts at, so it errs on the safe side. A group leased now may overtake groups
 still being generated, so the bound uses the oldest version among the live
-leases of live actors (heartbeat) as well: a lagging actor (and anyone racing
+leases of live actor processes (heartbeat with their pid) as well: a lagging actor (and anyone racing
 it) gets a tighter bound.
 This is AReaL's ``(S + v + 1)·B − (accepted + running) > 0`` with ``v`` the
 generating engine's version and ``v·B`` replaced by what the learner actually
 took, so a learner that drops groups or samples dynamically never starves.
 
 In-flight groups are leases in a zset scored by their expiry (member
-``{actor}:{uuid}@{version}``), so a SIGKILLed actor's slots free themselves
+``{actor}:{pid}:{uuid}@{version}``), so a SIGKILLed actor's slots free themselves
 after ``broker.lease_ttl_s``. The check and the lease are one Lua script
 (atomic); the clock is Redis's, so actors on hosts with skewed clocks agree.
 """
@@ -36,6 +36,7 @@ after ``broker.lease_ttl_s``. The check and the lease are one Lua script
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 
@@ -47,8 +48,9 @@ from configs.schema import Config
 # KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
 # version, max_staleness, versions_per_batch, groups_per_step, heartbeat key prefix.
 # Returns {granted (0/1), accepted + live after the call, the bound}.
-# Only leases of actors with a live heartbeat hold the bound down: a killed actor's lease keeps
-# its slot until it expires, but must not cap everybody else at its old version meanwhile.
+# Only leases of a live process (its actor's heartbeat names its pid) hold the bound down: a killed
+# actor's lease keeps its slot until it expires, but must not cap everybody else at its old version
+# meanwhile, not even once the actor is restarted under the same id.
 _TRY_START = """
 redis.replicate_commands()
 local t = redis.call('TIME')
@@ -57,8 +59,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 local oldest = tonumber(ARGV[3])
 local live = redis.call('ZRANGE', KEYS[5], 0, -1)
 for _, member in ipairs(live) do
-  local actor, v = string.match(member, '^(.*):%x+@(%d+)$')
-  if v and tonumber(v) < oldest and redis.call('EXISTS', ARGV[7] .. actor) == 1 then
+  local actor, pid, v = string.match(member, '^(.*):(%d+):%x+@(%d+)$')
+  if v and tonumber(v) < oldest and redis.call('HGET', ARGV[7] .. actor, 'pid') == pid then
     oldest = tonumber(v)
   end
 end
@@ -127,7 +129,7 @@ class Admission:
 
     async def check(self, actor_id: str, version: int) -> tuple[str | None, int, int]:
         """``try_start`` that also returns (accepted + live leases, bound) as the script saw them."""
-        lease_id = f"{actor_id}:{uuid.uuid4().hex}@{int(version)}"
+        lease_id = f"{actor_id}:{os.getpid()}:{uuid.uuid4().hex}@{int(version)}"
         k, a = self.keys, self.cfg.algo
         ok, ahead, bound = await self._try_start(
             keys=[k.accepted, k.consumed, k.discarded, k.trimmed, k.leases, k.version],

@@ -227,8 +227,15 @@ def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_le
         await beats.beat("lagging", version=2)
         # now alive: nobody may start beyond the lagging engine's bound of 12 (12 are ahead)
         assert await adm.check("fresh", 3) == (None, 12, 12)
-        await adm.release(lease)  # the lagging group is published or given up: the bound is 14
+        # the lagging actor is killed and restarted under the same id (another process): its old
+        # lease keeps its slot until it expires, but bounds nobody
+        await beats.beat("lagging", version=3, pid=os.getpid() + 1)
+        granted, ahead, bound = await adm.check("fresh", 3)
+        assert granted is not None and (ahead, bound) == (13, 14)
+        await adm.release(lease)  # the lagging group is published or given up: 12 ahead, bound 14
         assert await adm.try_start("fresh", 3) is not None
+        assert await adm.try_start("fresh", 3) is not None
+        assert await adm.check("fresh", 3) == (None, 14, 14)
         await r.aclose()
 
     asyncio.run(main())
