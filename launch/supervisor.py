@@ -36,6 +36,8 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
+# the rendezvous variables a learner of one must not inherit (see Supervisor._env)
+DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -170,7 +172,10 @@ class Supervisor:
         return launcher + self._argv("learner")[1:]
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # A rendezvous inherited from the launching shell (a torchrun/SLURM job, or a process that
+        # already ran a learner in-process) would make a learner of one join it through a TCP
+        # store on every interface; torchrun sets these itself for learner.ranks > 1.
+        env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
         env["REDIS_URL"] = self.redis_url or ""
         env.setdefault("OMP_NUM_THREADS", str(self.cfg.run.torch_threads))
         env.setdefault("DS_ACCELERATOR", "cpu")

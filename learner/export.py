@@ -61,8 +61,8 @@ def checkpoint_weights(folder: str | os.PathLike) -> tuple[dict[str, torch.Tenso
     path = Path(folder) / TAG / MODEL_STATES
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no DeepSpeed model states at {path}")
-    # DeepSpeed pickles its own objects next to the tensors, so weights_only loading refuses it
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    # weights_only: a checkpoint folder is a file like any other; loading it must not run code
+    state = torch.load(path, map_location="cpu", weights_only=True)
     progress = (state.get("progress") or {}) if isinstance(state, dict) else {}
     return state["module"], progress
 

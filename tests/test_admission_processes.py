@@ -89,10 +89,12 @@ def test_a_running_system_starts_no_group_beyond_the_bound_and_trains_no_stale_t
         f"data.path={demo_dataset}",
         "run.max_steps=30",
         "run.max_time_s=0",
+        # one version per batch, so max_staleness=1 is one batch of look-ahead
+        "learner.minibatches=1",
         "algo.max_staleness=1",
     ]
     cfg = load_config(CONFIG, overrides, env={})
-    assert cfg.learner.updates_per_batch == 1
+    assert cfg.learner.versions_per_batch == 1
     keys = Keys.from_config(cfg)
     run_dir = Path(cfg.run.dir)
     sup = Supervisor(cfg, CONFIG, overrides, actors=2)

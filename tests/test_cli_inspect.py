@@ -37,7 +37,11 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     client.xadd(keys.stream, {"g": b"\x93not msgpack of a group"})
     client.set(keys.accepted, 2)
     client.set(keys.version, 4)
-    consumer = Blocking(redis_cfg, lambda r: RolloutConsumer(r, redis_cfg, "learner-0"))
+    # groups of two completions pass the consumer's group-size check (broker.semantics)
+    cfg = redis_cfg.model_copy(
+        deep=True, update={"rollout": redis_cfg.rollout.model_copy(update={"group_size": 2})}
+    )
+    consumer = Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "learner-0"))
     try:
         assert [d.group.group_id for d in consumer.read(2, 100)] == ["g-1"]
     finally:

@@ -34,6 +34,7 @@ def trained(redis_cfg, demo_policy):
             },
             "broker": {"redis_url": redis_cfg.broker.redis_url, "block_ms": 200},
             "model": {"path": demo_policy},
+            "rollout": {"group_size": 8},
             "learner": {"groups_per_step": 4, "read_timeout_s": 3.0, "lr": 1e-3},
             "weightsync": {"transport": "none"},
             "metrics": {"enabled": False},

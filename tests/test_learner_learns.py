@@ -37,6 +37,7 @@ def test_reward_on_reverse_digits_rises_clearly_within_bounded_steps(redis_cfg, 
             "lr": 1e-3,
         },
         algo={"max_staleness": 2},
+        rollout={"group_size": 16},
     )
     learner = Learner(cfg)
     tokenizer = load_tokenizer(demo_policy)

@@ -147,6 +147,7 @@ def _config(redis_cfg: Config, policy: str, tmp_path: Path) -> Config:
     return learner_config(
         base, policy,
         run={"max_steps": STEPS},
+        rollout={"group_size": GROUP_SIZE},
         learner={"lr": LR, "grad_clip": GRAD_CLIP, "groups_per_step": GROUPS,
                  "updates_per_batch": UPDATES, "micro_batch_tokens": 48, "read_timeout_s": 60},
         algo={"max_staleness": MAX_STALENESS, "clip_low": CLIP, "clip_high": CLIP, "rho_max": RHO,
@@ -206,6 +207,8 @@ def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
     for name, value in expected.items():
         assert torch.equal(rank0[name], rank1[name]), f"{name}: the ranks disagree"
         diff = (rank0[name] - value).abs().max().item()
-        assert diff <= 1e-5, f"{name}: learner and plain-torch reference differ by {diff:.2e}"
+        # summation order differs between two ranks and one process, and Adam rescales a
+        # near-zero gradient's rounding: up to 1.2e-5 seen; a reversed IS weight is ~1e-4 off
+        assert diff <= 2e-5, f"{name}: learner and plain-torch reference differ by {diff:.2e}"
         moved = max(moved, (value - initial[name]).abs().max().item())
     assert moved > 1e-3  # the comparison is not between two untouched models

@@ -34,6 +34,7 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
         run={"max_steps": 1},
         algo={"max_staleness": 0, "skip_zero_variance": True},
         learner={"groups_per_step": 4},
+        rollout={"group_size": 4},
     )
     xadd_groups(cfg, groups)
     progress = Learner(cfg).run(echo=lambda line: None)

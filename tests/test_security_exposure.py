@@ -237,11 +237,15 @@ def test_every_listening_socket_of_a_running_system_is_loopback_and_redis_wants_
         "run.max_time_s=0",
     ]
     cfg = load_config(config, overrides, env={})
+    # children an earlier test of this pytest process left behind are not this system's
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     sup = Supervisor(cfg, config, overrides, actors=1)
     try:
         sup.start()
         assert sup.wait_until(lambda: len(read_steps(Path(cfg.run.dir))) >= 2, timeout=180)
-        processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        processes = [psutil.Process()] + [
+            p for p in psutil.Process().children(recursive=True) if p.pid not in before
+        ]
         listening = []
         for proc in processes:
             try:
