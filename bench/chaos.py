@@ -194,11 +194,10 @@ class ChaosRound:
     def kill_learner(self) -> Fault:
         learner = self.sup.learner
         learner.proc.kill()
-        learner.proc.wait(
-            30
-        )  # the supervisor's next tick reaps the exit code and schedules the restart
+        # the supervisor's next tick reaps the exit code and schedules the restart
+        learner.proc.wait(30)
         latest = checkpoint.latest(self.run_dir / "checkpoints")
-        ckpt_step = int(latest.name.split("-")[1]) if latest is not None else 0
+        ckpt_step = checkpoint.step_of(latest) if latest is not None else 0
         rows = len(self.steps())
         self.kills.append(checks.LearnerKill(rows, ckpt_step))
         t0 = time.monotonic()

@@ -98,6 +98,11 @@ def save(engine, root: str | os.PathLike, step: int, client_state: dict, rank: i
     return folder
 
 
+def step_of(folder: str | os.PathLike) -> int:
+    """The training step a checkpoint folder (``step-00000004.0``) holds."""
+    return int(Path(folder).name.removeprefix("step-").split(".")[0])
+
+
 def latest(root: str | os.PathLike) -> Path | None:
     link = Path(root) / LATEST
     return link.resolve() if link.is_symlink() else None

@@ -29,6 +29,7 @@ def test_a_resave_at_the_same_step_keeps_latest_and_the_last_two(learner, tmp_pa
     first = checkpoint.save(learner.engine, root, 4, {"version": 4}, 0)
     again = checkpoint.save(learner.engine, root, 4, {"version": 4, "unacked": ["x"]}, 0)
     assert first != again and first.exists() and checkpoint.latest(root) == again.resolve()
+    assert checkpoint.step_of(again) == checkpoint.step_of(first) == 4
     checkpoint.save(learner.engine, root, 5, {"version": 5}, 0)
     assert _folders(root) == [again.name, "step-00000005.0"]
     assert checkpoint.load(learner.engine, root, 0)["version"] == 5
