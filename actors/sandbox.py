@@ -324,6 +324,8 @@ def _sweep_orphaned_workdirs() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+# os.kill rather than psutil: this module runs under a bare interpreter too (the sandbox tests
+# import it as an unprivileged user with the system python), so it needs the standard library only
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

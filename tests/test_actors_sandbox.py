@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from accounts import system_user_uid
 
 from actors import sandbox
 from actors.sandbox import SandboxResult, layers, run_python
@@ -38,14 +38,7 @@ _AS_USER = (
 
 
 def _test_uid() -> int:
-    try:
-        return pwd.getpwnam(TEST_USER).pw_uid
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
-            check=True,
-        )
-        return pwd.getpwnam(TEST_USER).pw_uid
+    return system_user_uid(TEST_USER)
 
 
 def _as_user(**kwargs) -> dict:

@@ -5,12 +5,12 @@ able to stop the learner, nor read as weights by an actor."""
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 import subprocess
 import uuid
 
 import pytest
+from accounts import system_user_uid
 
 from weightsync.layout import Layout, TensorSpec
 from weightsync.shm import SHM_DIR, ShmReader, ShmWriter, segment_prefix
@@ -20,14 +20,7 @@ LAYOUT = Layout.build([TensorSpec("w", (16,), "float32")])
 
 
 def _other_uid() -> int:
-    try:
-        return pwd.getpwnam(OTHER_USER).pw_uid
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-            check=True,
-        )
-        return pwd.getpwnam(OTHER_USER).pw_uid
+    return system_user_uid(OTHER_USER)
 
 
 def _planted(name: str) -> str:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 from weightsync.layout import Layout
@@ -71,7 +72,7 @@ def cleanup_stale_segments(run_name: str) -> list[str]:
     removed = []
     for path in SHM_DIR.glob(segment_prefix(run_name) + "*"):
         pid = _pid_of(path.name)
-        if pid is None or _alive(pid) or not _ours(path):
+        if pid is None or psutil.pid_exists(pid) or not _ours(path):
             continue
         try:
             path.unlink()
@@ -98,16 +99,6 @@ def _pid_of(name: str) -> int | None:
         return int(parts[-2])
     except (IndexError, ValueError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ofd_lock(fd: int, byte: int, kind: int, cmd: int = fcntl.F_OFD_SETLK) -> int:
