@@ -31,6 +31,7 @@ from broker.keys import Keys  # noqa: E402
 from configs import Config  # noqa: E402
 from learner.batching import Sample, collate  # noqa: E402
 from learner.engine import token_logprobs  # noqa: E402
+from learner.export import export_policy  # noqa: E402
 from weightsync import make_publisher  # noqa: E402
 from weightsync.announce import read_announcement  # noqa: E402
 from weightsync.policy import load_policy, load_tokenizer  # noqa: E402
@@ -132,9 +133,23 @@ def _push_failures() -> float:
     return value or 0.0
 
 
+def _exported_policy(policy: str, out) -> str:
+    """The demo policy moved off its initial weights (a trained policy's stand-in), written the way
+    ``learner.export`` writes a run's policy."""
+    model = load_policy(policy)
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn(param.shape, generator=gen))
+    return str(export_policy(model, load_tokenizer(policy), out, {"step": 0, "version": 0}))
+
+
 @pytest.fixture(scope="module")
 def rig(redis_server, demo_policy, tmp_path_factory):
-    rig = Rig(_config(redis_server.url, demo_policy, tmp_path_factory.mktemp("run")), demo_policy)
+    # the engine starts from an exported policy, so every version-0 check below also shows that
+    # vLLM loads what learner.export writes exactly as transformers does
+    policy = _exported_policy(demo_policy, tmp_path_factory.mktemp("export") / "policy")
+    rig = Rig(_config(redis_server.url, policy, tmp_path_factory.mktemp("run")), policy)
     try:
         yield rig
     finally:
