@@ -62,3 +62,45 @@ def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
         3: pytest.approx(first["greedy/pass@1"]),
         4: pytest.approx(second["greedy/pass@1"]),
     }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_in_a_running_system_each_eval_version_is_evaluated_by_one_actor(
+    tmp_path, demo_policy, demo_dataset
+):
+    """Two real actors race for every multiple of ``data.eval_every``: the Redis claim lets one
+    evaluate it, and its row reaches the run's eval log."""
+    import uuid
+
+    from configs import load_config
+    from launch.supervisor import Supervisor
+
+    config = "configs/demo_cpu.yaml"
+    overrides = [
+        f"run.name=eval-{uuid.uuid4().hex[:8]}",
+        f"run.dir={tmp_path / 'run'}",
+        f"model.path={demo_policy}",
+        f"data.path={demo_dataset}",
+        f"data.eval_path={demo_dataset}",
+        "data.eval_every=4",
+        "data.eval_size=8",
+        "run.max_steps=1000",
+        "run.max_time_s=0",
+    ]
+    cfg = load_config(config, overrides, env={})
+    log = Path(cfg.run.dir) / EVAL_LOG
+
+    def rows() -> list[dict]:
+        return [json.loads(line) for line in log.open()] if log.exists() else []
+
+    sup = Supervisor(cfg, config, overrides, actors=2)
+    try:
+        sup.start()
+        assert sup.wait_until(lambda: len(rows()) >= 3, timeout=240)
+    finally:
+        sup.stop()
+    evaluated = [row["version"] // 4 for row in rows()]
+    assert len(evaluated) == len(set(evaluated)), evaluated
+    assert all(row["prompts"] == 8 for row in rows())
+    assert all(0.0 <= row["greedy/pass@1"] <= 1.0 for row in rows())
