@@ -18,7 +18,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from learner_rollouts import sample_groups, xadd_groups
-from test_learner_processes import HARNESS, ROOT, _env, _overrides
+from test_learner_processes import ROOT, _env, two_rank_command
 from test_learner_sync import learner_config
 
 from configs import Config
@@ -164,11 +163,7 @@ def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
     steps = _recorded_stream(demo_policy)
     cfg = _config(redis_cfg, demo_policy, tmp_path)
     xadd_groups(cfg, [g for batch in steps for g in batch])
-    script = tmp_path / "harness.py"
-    script.write_text(HARNESS)
-    out = tmp_path / "weights"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(script), str(out), *_overrides(cfg)]  # fmt: skip
+    cmd, out = two_rank_command(cfg, tmp_path)
     proc = subprocess.Popen(
         cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,

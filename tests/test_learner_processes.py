@@ -115,6 +115,17 @@ torch.save({n: p.detach() for n, p in learner.model.named_parameters()}, f"{sys.
 """
 
 
+def two_rank_command(cfg: Config, tmp_path: Path) -> tuple[list[str], Path]:
+    """torchrun over HARNESS with two ranks on ``cfg``; each rank saves its weights to
+    ``{out}-{rank}.pt``. Returns (command, out)."""
+    script = tmp_path / "harness.py"
+    script.write_text(HARNESS)
+    out = tmp_path / "weights"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(script), str(out), *_overrides(cfg)]  # fmt: skip
+    return cmd, out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_zero2_ranks_under_torchrun_train_identical_weights_equal_to_one_rank(
@@ -126,11 +137,7 @@ def test_two_zero2_ranks_under_torchrun_train_identical_weights_equal_to_one_ran
     groups = _stream_of(demo_policy, 3, seed=3)
     xadd_groups(two, groups)
     xadd_groups(one, groups)
-    script = tmp_path / "harness.py"
-    script.write_text(HARNESS)
-    out = tmp_path / "weights"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(script), str(out), *_overrides(two)]  # fmt: skip
+    cmd, out = two_rank_command(two, tmp_path)
     proc = subprocess.run(
         cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S
     )
