@@ -88,7 +88,8 @@ def overrides(
 @dataclass
 class Fault:
     kind: str
-    recovery_s: float | None  # None: did not recover within RECOVERY_TIMEOUT_S
+    # None: did not recover within RECOVERY_TIMEOUT_S
+    recovery_s: float | None
     detail: str = ""
 
 
@@ -163,7 +164,8 @@ class ChaosRound:
         self.result = RoundResult(index, appendonly)
         self.procs = _Processes()
         self.kills: list[checks.LearnerKill] = []
-        self.actor_killed_at: float | None = None  # time.monotonic() of the last SIGKILLed actor
+        # time.monotonic() of the last SIGKILLed actor
+        self.actor_killed_at: float | None = None
         self.wipes_ms: list[int] = []
 
     # ----- records ---------------------------------------------------------------------------
@@ -209,9 +211,8 @@ class ChaosRound:
     def stop_actor(self) -> Fault:
         victim = self.rng.choice([a for a in self.sup.actors if a.alive])
         baseline = [r["time"] for r in self.steps()][-4:]
-        pgid = (
-            victim.proc.pid
-        )  # each child leads its own session: this freezes its reward workers too
+        # each child leads its own session: this freezes its reward workers too
+        pgid = victim.proc.pid
         before = self.published_by(victim.name)
         t_stop = time.time()
         os.killpg(pgid, signal.SIGSTOP)
@@ -372,7 +373,8 @@ def soak(
         results = []
         for i in range(rounds):
             faults, appendonly = plan(rng, quick)
-            if i < 2:  # the first two rounds cover both persistence modes whatever the seed
+            # the first two rounds cover both persistence modes whatever the seed
+            if i < 2:
                 appendonly = i == 0
             echo(f"round {i}: AOF {'on' if appendonly else 'off'}, faults {faults}")
             result = ChaosRound(

@@ -19,9 +19,12 @@ class Delivery:
     committed_once: int
     committed_twice: list[str] = field(default_factory=list)
     still_queued: int = 0
-    lost: list[str] = field(default_factory=list)  # published, never committed, not in Redis
-    lost_to_wipes: int = 0  # of `lost`, published before a Redis restart without persistence
-    committed_unlogged: int = 0  # committed, but the actor died before logging its publish
+    # published, never committed, not in Redis
+    lost: list[str] = field(default_factory=list)
+    # of `lost`, published before a Redis restart without persistence
+    lost_to_wipes: int = 0
+    # committed, but the actor died before logging its publish
+    committed_unlogged: int = 0
 
 
 def entry_ms(entry_id: str) -> int:
@@ -68,8 +71,10 @@ def delivery_violations(d: Delivery, persistent: bool) -> list[str]:
 
 @dataclass
 class LearnerKill:
-    rows_before: int  # step records written before the kill
-    checkpoint_step: int  # what `checkpoints/latest` held when the learner died (0 = none)
+    # step records written before the kill
+    rows_before: int
+    # what `checkpoints/latest` held when the learner died (0 = none)
+    checkpoint_step: int
 
 
 def version_violations(rows: list[dict], kills: list[LearnerKill]) -> list[str]:
@@ -103,11 +108,16 @@ class AdmissionCounts:
     """Redis's admission counters after a clean stop (broker.admission)."""
 
     accepted: int
-    consumed: int  # groups taken by the learner's completed steps
-    discarded: int  # acked without training: dead-lettered, duplicates
-    trimmed: int  # removed unread by a MAXLEN trim
-    live_leases: int  # unexpired leases
-    stream_length: int  # entries still in the stream (unread, or read by no completed step)
+    # groups taken by the learner's completed steps
+    consumed: int
+    # acked without training: dead-lettered, duplicates
+    discarded: int
+    # removed unread by a MAXLEN trim
+    trimmed: int
+    # unexpired leases
+    live_leases: int
+    # entries still in the stream (unread, or read by no completed step)
+    stream_length: int
 
 
 def admission_violations(c: AdmissionCounts) -> list[str]:

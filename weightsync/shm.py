@@ -15,7 +15,7 @@ touches the newest complete slot, so with 3+ slots one frozen reader never
 delays it at all.
 
 Pages are allocated (posix_fallocate: a full /dev/shm is an error here, not a
-SIGBUS later) and pre-faulted once (FACTS.md: first touch is the real cost),
+SIGBUS later) and pre-faulted once (the first touch of a page is the real cost),
 then reused for every version.
 """
 
@@ -43,16 +43,21 @@ from weightsync.layout import Layout
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
-MAGIC = 0x5354524D4C575331  # "STRMLWS1"
+# "STRMLWS1"
+MAGIC = 0x5354524D4C575331
 HEADER_BYTES = 4096
 PAGE = 4096
 MAX_SLOTS = 16
 MAX_READERS = 64
-_STAMPS = 8  # word index of slot 0's begin stamp
-_ROWS = _STAMPS + 2 * MAX_SLOTS  # word index of reader row 0
-_ROW_WORDS = 4  # slot, version, expiry_ns, pid
+# word index of slot 0's begin stamp
+_STAMPS = 8
+# word index of reader row 0
+_ROWS = _STAMPS + 2 * MAX_SLOTS
+# slot, version, expiry_ns, pid
+_ROW_WORDS = 4
 _SLOT, _VERSION, _EXPIRY, _PID = range(_ROW_WORDS)
-_FLOCK = "hhxxxxqqixxxx"  # struct flock on 64-bit Linux; l_pid must be 0 for OFD locks
+# struct flock on 64-bit Linux; l_pid must be 0 for OFD locks
+_FLOCK = "hhxxxxqqixxxx"
 
 
 class SlotBusy(RuntimeError):
@@ -125,7 +130,8 @@ class _Mapping:
         try:
             self.mm.close()
         except BufferError:
-            pass  # a caller still holds a view; the mapping goes with the last reference
+            # a caller still holds a view; the mapping goes with the last reference
+            pass
         os.close(self.fd)
 
 
@@ -205,7 +211,8 @@ class ShmWriter:
         """Copy (and convert) ``tensors`` into a slot; returns (slot, had to override a lease)."""
         slot, overrode = self._free_slot()
         w = self._map.words
-        w[_STAMPS + 2 * slot] = version  # begin != end: readers see the slot as being written
+        # begin != end: readers see the slot as being written
+        w[_STAMPS + 2 * slot] = version
         views = self._views[slot]
         with torch.no_grad():
             for spec in self.layout.specs:
@@ -338,7 +345,8 @@ class ShmReader:
         return slot >= 0 and w[_STAMPS + 2 * slot] == version == w[_STAMPS + 2 * slot + 1]
 
     def close(self) -> None:
-        self._map.close()  # closing the descriptor drops the row lock
+        # closing the descriptor drops the row lock
+        self._map.close()
 
 
 _writers: set[ShmWriter] = set()
