@@ -15,6 +15,20 @@ system recovered by itself:
   meanwhile; recovered when the actor published again.
 - ``restart_redis``: ``EmbeddedRedis.restart()``; recovered at the next step.
 
+Aimed faults watch the learner from outside (Redis state and its checkpoint
+folder, polled every few milliseconds; no hook in the learner) and SIGKILL it
+inside one window, then wait for its next step record:
+
+- ``kill_after_read``: its pending list grew (XREADGROUP delivered a batch)
+  while ``adm:consumed`` did not: entries read, not yet counted.
+- ``kill_in_save``: a checkpoint folder newer than the one ``latest`` names
+  exists: a save (a same-step re-save included) is being written.
+- ``kill_after_switch``: ``latest`` just changed: the checkpoint is complete,
+  the entries it covers not yet acked (the detail says if the ack was logged).
+- ``kill_redis``: SIGKILL the embedded redis-server; the supervisor restarts
+  it on the same port and data dir (with AOF it loses nothing it acked; without,
+  it is a wipe like ``restart_redis``); recovered at the next step.
+
 At the end of the round everything is stopped cleanly (actors, then learner,
 through the supervisor) and the invariants of ``bench.chaos_checks`` are
 checked from the run's records and Redis; then the run's keys are deleted
@@ -51,6 +65,9 @@ from weightsync.shm import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"
 FAULTS = ("kill_actor", "kill_learner", "stop_actor", "restart_redis")
+AIMED = ("kill_after_read", "kill_in_save", "kill_after_switch", "kill_redis")
+# how often an aimed fault looks at Redis or the checkpoint folder for its window
+POLL_S = 0.003
 SYNC_TIMEOUT_S = 3.0
 STOP_FOR_S = 2.5 * SYNC_TIMEOUT_S
 RECOVERY_TIMEOUT_S = 150.0
@@ -159,6 +176,7 @@ class ChaosRound:
         self.faults = faults
         self.run_name = f"chaos-{index}-{uuid.uuid4().hex[:6]}"
         self.run_dir = work / self.run_name
+        self.ckpt_root = self.run_dir / "checkpoints"
         self.overrides = overrides(self.run_name, self.run_dir, policy, dataset, appendonly)
         self.cfg = load_config(CONFIG, self.overrides, env={})
         self.result = RoundResult(index, appendonly)
@@ -194,18 +212,128 @@ class ChaosRound:
         return Fault("kill_actor", time.monotonic() - t0 if ok else None, victim.name)
 
     def kill_learner(self) -> Fault:
-        learner = self.sup.learner
-        learner.proc.kill()
+        self.sup.learner.proc.kill()
+        return self._learner_killed("kill_learner")
+
+    def _learner_killed(self, kind: str, detail: str = "") -> Fault:
+        """Book a SIGKILLed learner and wait for the supervisor to bring it back to a step."""
         # the supervisor's next tick reaps the exit code and schedules the restart
-        learner.proc.wait(30)
-        latest = checkpoint.latest(self.run_dir / "checkpoints")
+        self.sup.learner.proc.wait(30)
+        latest = checkpoint.latest(self.ckpt_root)
         ckpt_step = checkpoint.step_of(latest) if latest is not None else 0
         rows = len(self.steps())
         self.kills.append(checks.LearnerKill(rows, ckpt_step))
         t0 = time.monotonic()
         ok = self.wait(lambda: len(self.steps()) > rows, RECOVERY_TIMEOUT_S)
+        detail = f"{detail}; " if detail else ""
         return Fault(
-            "kill_learner", time.monotonic() - t0 if ok else None, f"checkpoint step {ckpt_step}"
+            kind, time.monotonic() - t0 if ok else None, f"{detail}checkpoint step {ckpt_step}"
+        )
+
+    def _kill_learner_when(self, window) -> bool:
+        """SIGKILL the learner the first time ``window()`` is true (polled every POLL_S)."""
+        self.wait(lambda: self.sup.learner.alive, RECOVERY_TIMEOUT_S)
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        ticked = 0.0
+        while time.monotonic() < deadline:
+            if window():
+                self.sup.learner.proc.kill()
+                return True
+            if time.monotonic() - ticked > 0.2:
+                ticked = time.monotonic()
+                self.procs.snapshot()
+                self.sup.tick()
+            time.sleep(POLL_S)
+        return False
+
+    def _missed(self, kind: str) -> Fault:
+        self.result.violations.append(
+            f"{kind}: its window never came within {RECOVERY_TIMEOUT_S:.0f} s"
+        )
+        return Fault(kind, None, "window not seen")
+
+    def kill_after_read(self) -> Fault:
+        redis, keys, group = self.sup.redis, self.sup.keys, self.cfg.broker.consumer_group
+        seen: list[tuple[int, int]] = []
+
+        def read_not_counted() -> bool:
+            pipe = redis.pipeline(transaction=True)
+            pipe.get(keys.consumed)
+            pipe.xpending(keys.stream, group)
+            consumed, pending = pipe.execute()
+            now = (int(consumed or 0), int(pending["pending"]))
+            seen.append(now)
+            return len(seen) > 1 and now[0] == seen[-2][0] and now[1] > seen[-2][1]
+
+        if not self._kill_learner_when(read_not_counted):
+            return self._missed("kill_after_read")
+        consumed, pending = seen[-1]
+        counted_after = int(redis.get(keys.consumed) or 0)
+        read = pending - seen[-2][1]
+        detail = f"{read} entries read, consumed {consumed} -> {counted_after} after the kill"
+        return self._learner_killed("kill_after_read", detail)
+
+    def _checkpoint_state(self) -> tuple[str | None, list[str]]:
+        """(folder ``latest`` names, every checkpoint folder), as the learner left them right now."""
+        link = self.ckpt_root / checkpoint.LATEST
+        try:
+            current = os.readlink(link)
+        except OSError:
+            current = None
+        return current, [p.name for p in self.ckpt_root.glob("step-*")]
+
+    def kill_in_save(self) -> Fault:
+        def order(name: str) -> tuple[int, int]:
+            step, save = name.removeprefix("step-").split(".")
+            return int(step), int(save)
+
+        state: dict = {}
+
+        def saving() -> bool:
+            current, folders = self._checkpoint_state()
+            newest = max((order(f) for f in folders), default=None)
+            if newest is None or (current is not None and newest <= order(current)):
+                return False
+            state.update(latest=current, writing=newest)
+            return True
+
+        if not self._kill_learner_when(saving):
+            return self._missed("kill_in_save")
+        step, save = state["writing"]
+        still = self._checkpoint_state()[0] == state["latest"]
+        kind = "a same-step re-save" if save else "a save"
+        detail = f"during {kind} of step {step} (latest still {state['latest']}: {still})"
+        if not still:
+            self.result.violations.append(f"kill_in_save came after the switch: {detail}")
+        return self._learner_killed("kill_in_save", detail)
+
+    def kill_after_switch(self) -> Fault:
+        before = self._checkpoint_state()[0]
+        if not self._kill_learner_when(lambda: self._checkpoint_state()[0] != before):
+            return self._missed("kill_after_switch")
+        switched = self._checkpoint_state()[0]
+        step = checkpoint.step_of(switched)
+        logged = any(r["step"] == step for r in read_jsonl(commits_path(self.run_dir)))
+        detail = (
+            f"latest -> {switched}, its ack {'logged' if logged else 'not logged'} before the kill"
+        )
+        return self._learner_killed("kill_after_switch", detail)
+
+    def kill_redis(self) -> Fault:
+        rows = len(self.steps())
+        server = self.sup.redis_server
+        pid = server.proc.pid
+        os.kill(pid, signal.SIGKILL)
+        if not self.cfg.broker.appendonly:
+            self.wipes_ms.append(int(time.time() * 1000))
+        t0 = time.monotonic()
+        ok = self.wait(lambda: len(self.steps()) > rows, RECOVERY_TIMEOUT_S)
+        restarted = server.proc is not None and server.proc.pid != pid
+        mode = "AOF" if self.cfg.broker.appendonly else "no persistence"
+        return Fault(
+            "kill_redis",
+            time.monotonic() - t0 if ok else None,
+            f"{mode}; restarted by the supervisor: {restarted}",
         )
 
     def stop_actor(self) -> Fault:
@@ -355,7 +483,7 @@ def admission_counts(redis, keys) -> checks.AdmissionCounts:
 
 def plan(rng: random.Random, quick: bool) -> tuple[list[str], bool]:
     """Faults of one round (each kind at least once per round in a seeded order) and AOF on/off."""
-    faults = list(FAULTS) + ([] if quick else rng.sample(FAULTS, 2))
+    faults = list(FAULTS + AIMED) + ([] if quick else rng.sample(FAULTS + AIMED, 2))
     rng.shuffle(faults)
     return faults, rng.random() < 0.5
 
@@ -410,7 +538,7 @@ def report(results: list[RoundResult], seed: int, command: str) -> str:
         "| fault | injected | recovery median | recovery max |",
         "|---|---|---|---|",
     ]
-    for kind in FAULTS:
+    for kind in FAULTS + AIMED:
         times = by_kind.get(kind, [])
         injected = sum(f.kind == kind for r in results for f in r.faults)
         med = f"{statistics.median(times):.1f} s" if times else "-"

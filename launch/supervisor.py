@@ -29,7 +29,7 @@ from pathlib import Path
 
 from broker.client import connect_sync, url_file
 from broker.keys import Keys
-from broker.server import EmbeddedRedis
+from broker.server import EmbeddedRedis, RedisServerError
 from configs import Config
 
 BACKOFF_START_S = 1.0
@@ -95,6 +95,7 @@ class Supervisor:
         self._next_actor = 0
         self.started_at = 0.0
         self.events: list[str] = []
+        self._redis_next_start = 0.0
 
     # ----- start -------------------------------------------------------------------------
     def start(self) -> Supervisor:
@@ -210,9 +211,28 @@ class Supervisor:
     def tick(self) -> None:
         """Reap exits, restart crashed children after their backoff, apply scale commands."""
         now = time.monotonic()
+        self._watch_redis(now)
         for child in [self.learner, *self.actors]:
             self._watch(child, now)
         self._apply_control()
+
+    def _watch_redis(self, now: float) -> None:
+        """A dead embedded redis-server (SIGKILL, OOM killer) comes back at once on the same port,
+        password and data dir: with AOF it replays everything it acknowledged, and the children's
+        retries bridge the gap. Without persistence it comes back empty (docs/guarantees.md)."""
+        server = self.redis_server
+        if server is None or server.proc is None or now < self._redis_next_start:
+            return
+        code = server.proc.poll()
+        if code is None:
+            return
+        try:
+            server.restart()
+        except RedisServerError as exc:
+            self._redis_next_start = now + BACKOFF_START_S
+            self.event(f"redis-server exited with {_describe(code)}; restart failed: {exc}")
+            return
+        self.event(f"redis-server exited with {_describe(code)}; restarted on port {server.port}")
 
     def _watch(self, child: Child, now: float) -> None:
         if child.done:

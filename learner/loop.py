@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from broker.audit import JsonlLog, commits_path
 from configs.schema import Config
-from learner import algorithm, checkpoint, target
+from learner import algorithm, checkpoint, lineage, target
 from learner import metrics as m
 from learner.batching import Sample, samples_from_group
 from learner.engine import build_engine, device, init_distributed
@@ -249,6 +249,8 @@ class RankZeroIO:
         (acked and deleted), so Redis's count, which holds them, is the right one. With
         ``checkpoint`` those entries come back and are counted again as their steps are redone.
         """
+        announced = max(self.admission.version(), lineage.logged_version(self.cfg.run.dir))
+        progress.version = lineage.resume_version(progress.version, announced)
         if self.cfg.learner.ack_policy == "step":
             progress.consumed = max(progress.consumed, self.admission.counts()["consumed"])
         self.ack(progress)
