@@ -8,11 +8,15 @@ harness and its invariants on every change.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import time
 
 import pytest
+import redis
 
-from bench.chaos import FAULTS, ChaosRound
+from bench.chaos import AIMED, CONFIG, FAULTS, ChaosRound
 from bench.chaos_checks import (
     AdmissionCounts,
     Delivery,
@@ -22,6 +26,9 @@ from bench.chaos_checks import (
     delivery_violations,
     version_violations,
 )
+from broker.server import EmbeddedRedis
+from configs import load_config
+from launch.supervisor import Supervisor
 
 
 def test_delivery_accounting_tells_wiped_lost_and_twice_committed_groups_apart():
@@ -94,3 +101,46 @@ def test_the_system_recovers_from_each_fault_and_keeps_every_invariant(
     assert result.violations == []
     d = result.delivery
     assert d.published > 0 and d.committed_once + d.still_queued + len(d.lost) == d.published
+
+
+def test_the_supervisor_brings_a_sigkilled_embedded_redis_back_with_its_aof(tmp_path):
+    overrides = [f"run.dir={tmp_path}", "run.name=redis-watch", "broker.appendonly=true"]
+    sup = Supervisor(load_config(CONFIG, overrides, env={}), CONFIG, overrides)
+    sup.log_dir.mkdir(parents=True)
+    sup.redis_server = EmbeddedRedis(sup.cfg.broker, tmp_path / "redis").start()
+    try:
+        client = redis.Redis.from_url(sup.redis_server.url, socket_timeout=2)
+        client.xadd("s", {"g": b"acked before the kill"})
+        port, pid = sup.redis_server.port, sup.redis_server.proc.pid
+        os.kill(pid, signal.SIGKILL)
+        sup.redis_server.proc.wait(10)
+        sup._watch_redis(time.monotonic())
+        assert sup.redis_server.proc.pid != pid and sup.redis_server.port == port
+        # same port and password: the old URL works, and the AOF gave the entry back
+        assert [f for _, f in client.xrange("s")] == [{b"g": b"acked before the kill"}]
+        assert "restarted on port" in sup.events[-1]
+        client.close()
+    finally:
+        sup.redis_server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "faults",
+    [["kill_after_read", "kill_after_switch"], ["kill_in_save", "kill_redis"]],
+    ids=["read-switch", "save-redis"],
+)
+def test_kills_aimed_at_the_windows_lose_nothing_and_train_nothing_twice(
+    tmp_path, demo_policy, demo_dataset, faults
+):
+    """AOF on: with it not even a SIGKILLed Redis may lose an accepted group."""
+    assert set(faults) <= set(AIMED)
+    rng = random.Random(3)
+    result = ChaosRound(0, rng, tmp_path, demo_policy, demo_dataset, faults, appendonly=True).run()
+    print(f"round {result.seconds:.0f} s, {result.steps} steps: {result.faults}")
+    assert [f.kind for f in result.faults] == faults
+    assert all(f.recovery_s is not None for f in result.faults), result.faults
+    assert result.violations == [], result.faults
+    d = result.delivery
+    assert d.published > 0 and not d.lost and d.committed_once + d.still_queued == d.published

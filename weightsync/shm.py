@@ -5,8 +5,15 @@ Header words (int64): magic, slots, slot_bytes, max_readers, data_offset; per
 slot a version stamp written before (``begin``) and after (``end``) the data;
 per reader a lease row (slot, version, expiry, pid).
 
-Torn reads are impossible by construction (seqlock): a reader accepts a copy
-only if ``begin == end == version`` before it and ``begin`` is unchanged after.
+A reader accepts a copy only if ``begin == end == version`` before it and
+``begin`` is unchanged after (seqlock), and only if every tensor it copied sums
+to the checksum the writer stored for it. The stamps alone would rely on x86's
+store and load ordering (Python has no fences to place): on a weakly ordered
+CPU (ARM) the reader could see the new stamps with old or half-written data. The
+checksum (the tensor's bytes summed as 64-bit words, mixed with the version;
+one table per slot, after its data) is checked on the bytes the reader actually
+holds, so such a copy is refused as torn and read again. Its cost is measured
+by ``bench/shm_checksum.py``.
 Leases keep the writer off slots readers are copying: a reader owns its row
 through an open-file-description lock, which the kernel drops when the reader
 dies, and a lease expires after ``lease_s``, so neither a SIGKILLed nor a
@@ -135,8 +142,42 @@ class _Mapping:
         os.close(self.fd)
 
 
+def _sums_offset(layout: Layout) -> int:
+    """Where a slot's checksum table (one uint64 per tensor) starts, after its data."""
+    return -(-layout.total_bytes // 64) * 64
+
+
+def _slot_bytes_used(layout: Layout) -> int:
+    return _sums_offset(layout) + 8 * len(layout.specs)
+
+
 def _slot_stride(layout: Layout) -> int:
-    return max(PAGE, -(-layout.total_bytes // PAGE) * PAGE)
+    return max(PAGE, -(-_slot_bytes_used(layout) // PAGE) * PAGE)
+
+
+def _sums(slot: torch.Tensor, layout: Layout) -> np.ndarray:
+    """The checksum table of one slot (a view into the segment)."""
+    start = _sums_offset(layout)
+    return slot[start : start + 8 * len(layout.specs)].numpy().view(np.uint64)
+
+
+def checksum(tensor: torch.Tensor, version: int) -> int:
+    """The bytes of a contiguous CPU tensor summed as little-endian uint64 words (the tail
+    zero-padded), plus a multiple of ``version``: a copy mixing two versions, or old data under
+    a new stamp, fails to match except by a 2**-64 chance."""
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    whole = raw.size - raw.size % 8
+    # uint64 sums wrap modulo 2**64 (and np.sum keeps the dtype: passing one is 4x slower)
+    total = int(raw[:whole].view(np.uint64).sum())
+    if whole < raw.size:
+        total += int.from_bytes(raw[whole:].tobytes(), "little")
+    return (total + version * 0x9E3779B97F4A7C15) % 2**64
+
+
+def _checkable(tensor: torch.Tensor, published: torch.Tensor) -> bool:
+    return (
+        tensor.device.type == "cpu" and tensor.dtype == published.dtype and tensor.is_contiguous()
+    )
 
 
 class ShmWriter:
@@ -171,14 +212,12 @@ class ShmWriter:
         w[0] = MAGIC
         self._versions = [-1] * slots
         self._newest = -1
-        self._views = [
-            layout.views(
-                self._map.data[
-                    HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride
-                ]
-            )
+        slot_bytes = [
+            self._map.data[HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride]
             for s in range(slots)
         ]
+        self._views = [layout.views(b) for b in slot_bytes]
+        self._sums = [_sums(b, layout) for b in slot_bytes]
 
     def _leased(self, slot: int) -> bool:
         w, now = self._map.words, time.monotonic_ns()
@@ -213,10 +252,11 @@ class ShmWriter:
         w = self._map.words
         # begin != end: readers see the slot as being written
         w[_STAMPS + 2 * slot] = version
-        views = self._views[slot]
+        views, sums = self._views[slot], self._sums[slot]
         with torch.no_grad():
-            for spec in self.layout.specs:
+            for i, spec in enumerate(self.layout.specs):
                 views[spec.name].copy_(tensors[spec.name])
+                sums[i] = checksum(views[spec.name], version)
         w[_STAMPS + 2 * slot + 1] = version
         self._versions[slot] = version
         self._newest = slot
@@ -227,7 +267,7 @@ class ShmWriter:
             return
         self._closed = True
         self.path.unlink(missing_ok=True)
-        self._views = []
+        self._views = self._sums = []
         self._map.close()
         _unregister_cleanup(self)
 
@@ -284,8 +324,9 @@ class ShmReader:
         pairs: list[tuple[str, str]],
         dest: dict[str, torch.Tensor],
     ) -> str:
-        """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer version) or "torn"."""
-        if not 0 <= slot < self.slots or layout.total_bytes > self.stride:
+        """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer
+        version) or "torn" (overwritten meanwhile, or a tensor that does not match its checksum)."""
+        if not 0 <= slot < self.slots or _slot_bytes_used(layout) > self.stride:
             raise ValueError(
                 f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes"
             )
@@ -298,11 +339,17 @@ class ShmReader:
         try:
             if w[begin] != version or w[end] != version:
                 return "stale"
-            start = HEADER_BYTES + slot * self.stride
-            src = layout.views(self._map.data[start : start + self.stride])
+            slot_bytes = self._slot_bytes(slot)
+            src, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
+            index = {spec.name: i for i, spec in enumerate(layout.specs)}
             with torch.no_grad():
                 for engine_name, published_name in pairs:
-                    dest[engine_name].copy_(src[published_name])
+                    out, published = dest[engine_name], src[published_name]
+                    out.copy_(published)
+                    # a converting or device copy is checked on the slot, once more after copying
+                    held = out if _checkable(out, published) else published
+                    if checksum(held, version) != int(sums[index[published_name]]):
+                        return "torn"
             return "ok" if w[begin] == version else "torn"
         finally:
             w[row + _SLOT] = -1
@@ -315,7 +362,7 @@ class ShmReader:
         extends it, and ``release`` ends it and says whether the slot held
         ``version`` all along.
         """
-        if not 0 <= slot < self.slots or layout.total_bytes > self.stride:
+        if not 0 <= slot < self.slots or _slot_bytes_used(layout) > self.stride:
             raise ValueError(
                 f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes"
             )
@@ -325,11 +372,23 @@ class ShmReader:
         w[row + _VERSION] = version
         w[row + _SLOT] = slot
         begin, end = _STAMPS + 2 * slot, _STAMPS + 2 * slot + 1
-        if w[begin] != version or w[end] != version:
+        slot_bytes = self._slot_bytes(slot)
+        views, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
+        if (
+            w[begin] != version
+            or w[end] != version
+            or any(
+                checksum(views[spec.name], version) != int(sums[i])
+                for i, spec in enumerate(layout.specs)
+            )
+        ):
             w[row + _SLOT] = -1
             return None
+        return views
+
+    def _slot_bytes(self, slot: int) -> torch.Tensor:
         start = HEADER_BYTES + slot * self.stride
-        return layout.views(self._map.data[start : start + self.stride])
+        return self._map.data[start : start + self.stride]
 
     def renew(self) -> None:
         self._map.words[_ROWS + self.row * _ROW_WORDS + _EXPIRY] = time.monotonic_ns() + int(
