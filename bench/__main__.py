@@ -24,6 +24,7 @@ PARTS = [
     "learner",
     "learner_cost",
     "weightsync",
+    "shm_checksum",
     "actors",
     "dashboards",
     "trl_baseline",

@@ -13,6 +13,7 @@ best of ROUNDS, after a first round that pays page faults.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import uuid
 
@@ -91,7 +92,8 @@ def run(quick: bool = False) -> str:
     lines = [
         "## shm checksums",
         "",
-        f"{time.strftime('%Y-%m-%d')} · {machine()} · command: `make bench` (`{command}`)",
+        f"{time.strftime('%Y-%m-%d')} · {machine()} · command: `make bench` (`{command}`) · "
+        f"load average {os.getloadavg()[0]:.1f} at start",
         "",
         "The shm transport stores a checksum per tensor (its bytes summed as uint64 words, mixed "
         "with the version) so that a reader on a weakly ordered CPU refuses a copy whose data "
