@@ -169,6 +169,12 @@ class Admission:
             pipe.incr(self.keys.accepted)
         await pipe.execute()
 
+    async def epoch(self) -> str:
+        """The id of Redis's data set (drawn by the first caller): it changes only when Redis lost
+        its data (a restart without persistence), so counts saved under another one are void."""
+        await self.redis.set(self.keys.epoch, uuid.uuid4().hex, nx=True)
+        return (await self.redis.get(self.keys.epoch)).decode()
+
     async def version(self) -> int:
         return int(await self.redis.get(self.keys.version) or 0)
 

@@ -68,6 +68,8 @@ class Progress:
     # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
     # entries held from before it (the wiped `accepted` no longer counts them)
     consumed: int = 0
+    # admission.epoch of the Redis data set `consumed` counts in
+    redis_epoch: str = ""
     unacked: list[tuple[str, str]] = field(
         default_factory=list
     )  # (entry id, group id) trained, not acked
@@ -251,6 +253,11 @@ class RankZeroIO:
         """
         announced = max(self.admission.version(), lineage.logged_version(self.cfg.run.dir))
         progress.version = lineage.resume_version(progress.version, announced)
+        # Redis lost its data since the checkpoint: its count is of groups the new `accepted` lacks
+        epoch = self.admission.epoch()
+        if progress.redis_epoch not in ("", epoch):
+            progress.consumed = 0
+        progress.redis_epoch = epoch
         if self.cfg.learner.ack_policy == "step":
             progress.consumed = max(progress.consumed, self.admission.counts()["consumed"])
         self.ack(progress)
@@ -326,6 +333,7 @@ class RankZeroIO:
         no longer counts, are counted below zero until their step completes."""
         if self.consumer.group_recreated != wipes_before:
             self.progress.consumed = -held
+            self.progress.redis_epoch = self.admission.epoch()
             self.admission.reset_consumed(self.progress.consumed)
 
     def ack(self, progress: Progress) -> None:
