@@ -1,9 +1,11 @@
-"""A short chaos round: every fault kind once against the real system, then every invariant.
+"""Short chaos rounds against the real system, then every invariant.
 
-The soak (`make chaos`, bench/chaos.py) runs many seeded rounds; this is one
-round with AOF off, the harder case for delivery (a Redis restart wipes
-queued work, and only that may be lost), so `make test` exercises the whole
-harness and its invariants on every change.
+The soak (`make chaos`, bench/chaos.py) runs many seeded rounds; here one round
+injects each random-moment fault once with AOF off, the harder case for
+delivery (a Redis restart wipes queued work, and only that may be lost), and
+two rounds with AOF on aim kills at the learner's windows (read but not counted;
+mid-save; after the `latest` switch, before the ack) and SIGKILL Redis, so
+`make test` exercises the whole harness and its invariants on every change.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def test_the_system_recovers_from_each_fault_and_keeps_every_invariant(
     faults = list(FAULTS)
     rng.shuffle(faults)
     result = ChaosRound(0, rng, tmp_path, demo_policy, demo_dataset, faults, appendonly=False).run()
+    print(f"round {result.seconds:.0f} s, {result.steps} steps: {result.faults}")
     assert [f.kind for f in result.faults] == faults
     assert all(f.recovery_s is not None for f in result.faults), result.faults
     assert result.violations == []
