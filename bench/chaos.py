@@ -254,23 +254,24 @@ class ChaosRound:
 
     def kill_after_read(self) -> Fault:
         redis, keys, group = self.sup.redis, self.sup.keys, self.cfg.broker.consumer_group
+        # (consumed, pending) at the previous and the latest poll
         seen: list[tuple[int, int]] = []
 
-        def read_not_counted() -> bool:
+        def polled() -> bool:
             pipe = redis.pipeline(transaction=True)
             pipe.get(keys.consumed)
             pipe.xpending(keys.stream, group)
             consumed, pending = pipe.execute()
-            now = (int(consumed or 0), int(pending["pending"]))
-            seen.append(now)
-            return len(seen) > 1 and now[0] == seen[-2][0] and now[1] > seen[-2][1]
+            seen[:] = [*seen[-1:], (int(consumed or 0), int(pending["pending"]))]
+            return len(seen) == 2 and checks.read_not_counted(*seen)
 
-        if not self._kill_learner_when(read_not_counted):
+        if not self._kill_learner_when(polled):
             return self._missed("kill_after_read")
-        consumed, pending = seen[-1]
+        (_, before), (consumed, pending) = seen
         counted_after = int(redis.get(keys.consumed) or 0)
-        read = pending - seen[-2][1]
-        detail = f"{read} entries read, consumed {consumed} -> {counted_after} after the kill"
+        detail = f"{pending - before} entries read, consumed {consumed} -> {counted_after} after the kill"
+        if counted_after != consumed:
+            self.result.violations.append(f"kill_after_read came after the count: {detail}")
         return self._learner_killed("kill_after_read", detail)
 
     def _checkpoint_state(self) -> tuple[str | None, list[str]]:
@@ -283,19 +284,13 @@ class ChaosRound:
         return current, [p.name for p in self.ckpt_root.glob("step-*")]
 
     def kill_in_save(self) -> Fault:
-        def order(name: str) -> tuple[int, int]:
-            step, save = name.removeprefix("step-").split(".")
-            return int(step), int(save)
-
         state: dict = {}
 
         def saving() -> bool:
             current, folders = self._checkpoint_state()
-            newest = max((order(f) for f in folders), default=None)
-            if newest is None or (current is not None and newest <= order(current)):
-                return False
-            state.update(latest=current, writing=newest)
-            return True
+            writing = checks.save_in_progress(current, folders)
+            state.update(latest=current, writing=writing)
+            return writing is not None
 
         if not self._kill_learner_when(saving):
             return self._missed("kill_in_save")

@@ -136,6 +136,26 @@ def admission_violations(c: AdmissionCounts) -> list[str]:
     return out
 
 
+def read_not_counted(before: tuple[int, int], now: tuple[int, int]) -> bool:
+    """Two polls of (``adm:consumed``, the learner's pending count): it read entries (XREADGROUP
+    grew its pending list) that no completed step has counted yet: ``kill_after_read``'s window."""
+    return now[0] == before[0] and now[1] > before[1]
+
+
+def save_in_progress(latest: str | None, folders: list[str]) -> tuple[int, int] | None:
+    """(step, save) of a checkpoint folder newer than the one ``latest`` names: a save (``save`` > 0:
+    a re-save of that step) being written, ``kill_in_save``'s window; None when there is none."""
+
+    def order(name: str) -> tuple[int, int]:
+        step, save = name.removeprefix("step-").split(".")
+        return int(step), int(save)
+
+    newest = max((order(f) for f in folders), default=None)
+    if newest is None or (latest is not None and newest <= order(latest)):
+        return None
+    return newest
+
+
 def max_step_gap(times: list[float], window: tuple[float, float]) -> float:
     """Longest stretch inside ``window`` without a learner step (window edges count as boundaries)."""
     lo, hi = window

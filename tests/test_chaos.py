@@ -26,6 +26,8 @@ from bench.chaos_checks import (
     admission_violations,
     delivery,
     delivery_violations,
+    read_not_counted,
+    save_in_progress,
     version_violations,
 )
 from broker.server import EmbeddedRedis
@@ -104,6 +106,20 @@ def test_the_system_recovers_from_each_fault_and_keeps_every_invariant(
     assert result.violations == []
     d = result.delivery
     assert d.published > 0 and d.committed_once + d.still_queued + len(d.lost) == d.published
+
+
+def test_the_aimed_windows_are_told_from_their_neighbours():
+    # (consumed, pending): a read grows pending; a completed step then raises consumed; an ack
+    # (after a checkpoint) shrinks pending
+    assert read_not_counted((8, 4), (8, 8))
+    assert not read_not_counted((8, 8), (12, 8)) and not read_not_counted((12, 8), (12, 0))
+    assert not read_not_counted((8, 4), (12, 8))
+    # a save of step 6 being written next to latest -> step 3; a re-save of step 6; none
+    assert save_in_progress("step-00000003.0", ["step-00000003.0", "step-00000006.0"]) == (6, 0)
+    assert save_in_progress("step-00000006.0", ["step-00000006.0", "step-00000006.1"]) == (6, 1)
+    assert save_in_progress("step-00000006.0", ["step-00000003.0", "step-00000006.0"]) is None
+    assert save_in_progress(None, ["step-00000003.0"]) == (3, 0)
+    assert save_in_progress(None, []) is None
 
 
 def test_the_supervisor_brings_a_sigkilled_embedded_redis_back_with_its_aof(tmp_path):
