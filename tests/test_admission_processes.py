@@ -16,6 +16,7 @@ from test_learner_processes import ROOT, _config, _env, _overrides, _steps_logge
 
 from bench.chaos import admission_counts
 from bench.chaos_checks import admission_violations
+from broker.cleanup import delete_run_keys
 from broker.keys import Keys
 from configs import load_config
 from launch.status import read_steps
@@ -52,6 +53,42 @@ def test_entries_read_by_a_learner_that_died_before_counting_them_are_counted_on
     finally:
         client.close()
     assert counts.accepted == 8 and counts.stream_length == 0
+    assert admission_violations(counts) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_learner_resumed_from_a_checkpoint_older_than_a_redis_wipe_counts_from_zero(
+    redis_cfg, demo_policy, tmp_path
+):
+    # Two steps, checkpointed (adm:consumed 8); then Redis loses the run's data (a restart without
+    # persistence), one more step's groups arrive, and the learner resumes from that checkpoint.
+    # Its saved count belongs to the lost data set: carried over, `consumed` would exceed `accepted`.
+    groups = _stream_of(demo_policy, 3, seed=13)
+    first = _config(redis_cfg, demo_policy, redis_cfg.run.name, tmp_path, run={"max_steps": 2})
+    resumed = _config(redis_cfg, demo_policy, redis_cfg.run.name, tmp_path, run={"max_steps": 3})
+    keys = Keys.from_config(first)
+    client = redis.Redis.from_url(first.broker.redis_url)
+    try:
+        for cfg, batch in ((first, groups[:8]), (resumed, groups[8:])):
+            xadd_groups(cfg, batch)
+            proc = subprocess.run(
+                [sys.executable, "-m", "learner", *_overrides(cfg)],
+                env=_env(),
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            if cfg is first:
+                assert int(client.get(keys.consumed)) == 8
+                delete_run_keys(client, keys)
+        assert [r["step"] for r in _steps_logged(resumed)] == [1, 2, 3]
+        counts = admission_counts(client, keys)
+    finally:
+        client.close()
+    assert (counts.accepted, counts.consumed, counts.stream_length) == (4, 4, 0)
     assert admission_violations(counts) == []
 
 
