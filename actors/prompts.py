@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from configs.errors import StreamRLError
+
 _FILE_BUILDERS = {
     ".jsonl": "json",
     ".json": "json",
@@ -37,7 +39,7 @@ _FILE_BUILDERS = {
 }
 
 
-class PromptDataError(ValueError):
+class PromptDataError(StreamRLError, ValueError):
     """A dataset that cannot be used; the message names the file, row and column."""
 
 

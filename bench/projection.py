@@ -37,7 +37,6 @@ LEARNER_MD = Path("docs/bench/learner.md")
 
 # Published figures (H100 SXM 80 GB, Llama-3.1-8B-class dense model).
 PARAMS_8B = 8.03e9
-H100_BF16_DENSE_FLOPS = 989e12
 LLAMA3_BF16_TFLOPS_PER_GPU = (380e12, 430e12)
 VLLM_GEN_TPS_H100 = {"MLPerf offline, FP8": 5_777.0, "BF16, third-party compilation": 12_500.0}
 NVLINK_BUSBW = 460e9

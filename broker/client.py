@@ -16,13 +16,14 @@ import redis.asyncio.retry
 import redis.retry
 from redis.backoff import ExponentialWithJitterBackoff
 
+from configs.errors import StreamRLError
 from configs.schema import Config
 
 URL_FILE = "redis.url"
 _RETRY_ON = (redis.ConnectionError, redis.TimeoutError)
 
 
-class RedisNotConfigured(RuntimeError):
+class RedisNotConfigured(StreamRLError, RuntimeError):
     """No Redis to talk to: neither REDIS_URL, broker.redis_url nor a running embedded server."""
 
 

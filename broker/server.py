@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import redis
 
+from configs.errors import StreamRLError
 from configs.schema import BrokerConfig
 
 START_TIMEOUT_S = 10.0
@@ -46,7 +47,7 @@ DISABLED_COMMANDS = (
 )
 
 
-class RedisServerError(RuntimeError):
+class RedisServerError(StreamRLError, RuntimeError):
     """The embedded server could not be configured, started or stopped; the message says why."""
 
 

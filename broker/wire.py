@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
+from configs.errors import StreamRLError
+
 SCHEMA_VERSION = 2
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -33,7 +35,7 @@ LENGTH_DTYPE = np.dtype("<i4")
 REWARD_DTYPE = np.dtype("<f8")
 
 
-class WireError(ValueError):
+class WireError(StreamRLError, ValueError):
     """An entry that is not a valid rollout group; the message says why."""
 
 
@@ -66,14 +68,6 @@ class RolloutGroup:
     @property
     def rewards(self) -> np.ndarray:
         return np.array([c.reward for c in self.completions], dtype=np.float64)
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(len(c) for c in self.completions)
-
-    @property
-    def min_version(self) -> int:
-        return min(int(c.versions.min()) for c in self.completions)
 
 
 def encode_group(group: RolloutGroup) -> bytes:

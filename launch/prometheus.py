@@ -18,13 +18,14 @@ import urllib.request
 from pathlib import Path
 
 from broker.server import free_port
+from configs.errors import StreamRLError
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 5.0
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(StreamRLError, RuntimeError):
     """Prometheus is missing, did not start, or answered a query with an error; the message says which."""
 
 

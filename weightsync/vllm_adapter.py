@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from configs.errors import StreamRLError
 from weightsync.layout import TensorSpec
 
 
@@ -256,7 +257,7 @@ def _free_port(host: str) -> int:
 # -- the protocol ----------------------------------------------------------------------------
 
 
-class PushFailed(RuntimeError):
+class PushFailed(StreamRLError, RuntimeError):
     """A version could not be pushed; the engine was restored to ``restored`` (a complete version)."""
 
     def __init__(self, version: int, restored: int | None, detail: str) -> None:
@@ -265,7 +266,7 @@ class PushFailed(RuntimeError):
         self.restored = restored
 
 
-class EngineFailed(RuntimeError):
+class EngineFailed(StreamRLError, RuntimeError):
     """The engine cannot be trusted to serve any complete version any more: the actor must end."""
 
 

@@ -46,6 +46,7 @@ import numpy as np
 
 from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from configs.errors import StreamRLError
 from weightsync import metrics as weight_metrics
 from weightsync.vllm_adapter import (
     BucketSender,
@@ -69,7 +70,7 @@ WEIGHT_POLL_S = 0.05  # how often the weight task looks for a new version
 SHM_BACKEND = "streamrl_shm"
 
 
-class VLLMUnavailable(ImportError):
+class VLLMUnavailable(StreamRLError, ImportError):
     pass
 
 
