@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,12 +46,16 @@ def default_actor_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def ensure_assets(cfg: Config) -> None:
-    """Build the demo policy / dataset when configured to and missing (atomic, safe to race)."""
+def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> None:
+    """Build the demo policy / dataset when configured to and missing (atomic, safe to race).
+
+    The launcher calls it once before any child starts; a lone actor (``make actors``) calls it
+    too, so it runs without a launcher. Later runs reuse what the first one built."""
     from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
     from weightsync.policy import wants_demo_policy
 
     if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
+        announce(f"building the demo policy at {cfg.model.path} (once)")
         ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
     if (
         cfg.data.build_demo

@@ -27,6 +27,11 @@ class RedisNotConfigured(StreamRLError, RuntimeError):
     """No Redis to talk to: neither REDIS_URL, broker.redis_url nor a running embedded server."""
 
 
+def as_str(value: bytes | str) -> str:
+    """A key, field or value as text: clients made without ``decode_responses`` return bytes."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def url_file(cfg: Config) -> Path:
     """Where the embedded server of this run writes its URL."""
     return Path(cfg.run.dir) / URL_FILE

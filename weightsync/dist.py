@@ -29,6 +29,7 @@ import redis
 import torch
 import torch.distributed as tdist
 
+from broker.client import as_str
 from broker.keys import Keys
 from broker.server import is_loopback
 from weightsync import metrics
@@ -160,7 +161,7 @@ class DistSender:
         raw = self.client.hgetall(self.keys.weights_dist_members)
         live, expired = [], []
         for member, expiry in raw.items():
-            member = member.decode() if isinstance(member, bytes) else member
+            member = as_str(member)
             (live if float(expiry) > now else expired).append(member)
         if expired:
             self.client.hdel(self.keys.weights_dist_members, *expired)

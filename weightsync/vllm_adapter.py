@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import pickle
-import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,6 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from broker.server import free_port
 from configs.errors import StreamRLError
 from weightsync.layout import TensorSpec
 
@@ -209,7 +209,7 @@ class NCCLSender:
         self.world_size = world_size
         self.device = torch.device(device)
         self.master_address = master_address
-        self.master_port = _free_port(master_address)
+        self.master_port = free_port(master_address)
         self.group = None
 
     def init_info(self) -> dict:
@@ -246,12 +246,6 @@ class NCCLSender:
 
     def close(self) -> None:
         self.group = None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # -- the protocol ----------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from actors import metrics
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -85,6 +87,11 @@ class Engine(ABC):
     ) -> list[Output]:
         """Complete every request (in request order). ``should_abort`` is polled between steps;
         once it returns True the unfinished requests end with finish reason ``abort``."""
+
+    def _serve(self, version: int) -> None:
+        """Record that the weights of ``version`` now sample every new token."""
+        self.version = version
+        metrics.POLICY_VERSION.set(version)
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release the engine's resources."""

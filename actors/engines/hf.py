@@ -78,8 +78,7 @@ class HFEngine(Engine):
         version, tensors = staged
         seconds, replaced = swap_into_model(self.model, tensors)
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
-        self.version = version
-        metrics.POLICY_VERSION.set(version)
+        self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
         return True
 

@@ -513,10 +513,6 @@ class VLLMEngine(Engine):
         self._serve(version)
         return True
 
-    def _serve(self, version: int) -> None:
-        self.version = version
-        metrics.POLICY_VERSION.set(version)
-
     # -- generation ----------------------------------------------------------------------------
 
     def generate(
