@@ -44,8 +44,8 @@ IB_NDR_BYTES_PER_S = 400e9 / 8
 GPUS_PER_NODE = 8
 
 # Measured here, used when no docs/bench file gives a newer number.
-FACTS_CPU_TRAIN_TPS = 23_000.0
-FACTS_CPU_GEN_TPS = 8_500.0
+FALLBACK_CPU_TRAIN_TPS = 23_000.0
+FALLBACK_CPU_GEN_TPS = 8_500.0
 CPU_SHM_PUBLISH_BYTES_PER_S = 40e6 / 14.1e-3
 LEARNER_BENCH_PROMPT, LEARNER_BENCH_COMPLETION = 16, 112  # bench/learner.py's sample shape
 
@@ -170,14 +170,14 @@ def measured_cpu_inputs() -> tuple[float, str, float, str]:
     gen_src = (
         f"{ACTORS_MD} (our engine, batch 16)"
         if gen
-        else "FACTS.md (hand-written sampling loop, batch 16)"
+        else "docs/measured.md (hand-written sampling loop, batch 16)"
     )
     train_src = (
         f"{LEARNER_MD} (ZeRO-2, demo model, × 128/112 for prompt tokens)"
         if train
-        else "FACTS.md (learner forward+backward+AdamW, 1 thread)"
+        else "docs/measured.md (learner forward+backward+AdamW, 1 thread)"
     )
-    return gen or FACTS_CPU_GEN_TPS, gen_src, train or FACTS_CPU_TRAIN_TPS, train_src
+    return gen or FALLBACK_CPU_GEN_TPS, gen_src, train or FALLBACK_CPU_TRAIN_TPS, train_src
 
 
 def _fmt_s(seconds: float) -> str:

@@ -137,7 +137,7 @@ def policy_loss(
     aggregation: str = "token_mean",
     normalizer: float | None = None,
 ) -> tuple[Tensor, LossStats]:
-    """Decoupled, staleness-aware PPO loss (DESIGN.md "Loss").
+    """Decoupled, staleness-aware PPO loss (docs/architecture.md, "Loss").
 
     logprobs: pi_theta [B, T] (with grad); behaviour_logprobs: mu [B, T];
     proximal_logprobs: pi_prox [B, T] or None (= mu stands in, ``proximal: behaviour``);

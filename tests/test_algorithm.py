@@ -106,7 +106,7 @@ def ref_loss(
     ent=None,
     ent_coef=0.0,
 ):
-    """Per-token Python loop of DESIGN.md's loss."""
+    """Per-token Python loop of the loss in docs/architecture.md."""
     per_seq, total, count = [], 0.0, 0
     stats = {"clip": 0, "w": 0.0, "trunc": 0, "kl": 0.0, "entropy": 0.0}
     for i in range(len(theta)):
