@@ -212,7 +212,7 @@ def run(quick: bool = False) -> str:
         "memory (best of 3, measured right before each publish). *e2e* = publish call start -> "
         "the subscriber's engine loop has applied the version: publisher copy into shm, "
         "subscriber copy into its staging buffer (in the background, generation goes on), "
-        "`apply_to_model` copy into the live parameters (the only part that pauses the engine). "
+        "`swap_into_model` into the live parameters (pointer swaps: the only part that pauses the engine). "
         "Goal: e2e <= 2x memcpy.",
         "",
         "| transport | slots | params | MB | memcpy ms | publish ms | receive ms | apply ms "
@@ -250,7 +250,7 @@ def run(quick: bool = False) -> str:
         "",
         "Reading it: e2e is three sequential copies, so it lands near 3x memcpy; 2x is not "
         "reachable without dropping a copy. What stalls anything is smaller: the learner waits "
-        "for *publish* (one copy), the engine pauses only for *apply* (one copy); *receive* "
+        "for *publish* (one copy), the engine pauses only for *apply* (pointer swaps); *receive* "
         "overlaps generation. The machine is shared (2 cores), so rows vary run to run.",
     ]
     return "\n".join(lines) + "\n"
