@@ -228,7 +228,8 @@ class Actor:
                     # the bound depends on the version of the engine that will generate the group
                     lease = await self.admission.try_start(self.actor_id, self.engine.version)
                     if lease is not None:
-                        self.leases.add(lease)  # at once: a stop from here on must release it
+                        # at once: a stop from here on must release it
+                        self.leases.add(lease)
                         break
                 await asyncio.sleep(POLL_S)
             else:
@@ -337,9 +338,8 @@ class Actor:
                 await self.heartbeats.beat(self.actor_id, self.engine.version, self.tokens_per_s)
                 for lease_id in list(self.leases):
                     await self.admission.renew(lease_id)
-            except (
-                Exception
-            ) as exc:  # a Redis hiccup must not kill the actor; the next beat retries
+            # a Redis hiccup must not kill the actor; the next beat retries
+            except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.cfg.actor.heartbeat_s)
 

@@ -47,7 +47,8 @@ GPUS_PER_NODE = 8
 FALLBACK_CPU_TRAIN_TPS = 23_000.0
 FALLBACK_CPU_GEN_TPS = 8_500.0
 CPU_SHM_PUBLISH_BYTES_PER_S = 40e6 / 14.1e-3
-LEARNER_BENCH_PROMPT, LEARNER_BENCH_COMPLETION = 16, 112  # bench/learner.py's sample shape
+# bench/learner.py's sample shape
+LEARNER_BENCH_PROMPT, LEARNER_BENCH_COMPLETION = 16, 112
 
 SOURCES = {
     "gen_low": "Red Hat, MLPerf Inference v5.1 results: Llama-3.1-8B FP8, vLLM 0.10.0, 1×H100, offline "

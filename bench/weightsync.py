@@ -20,7 +20,8 @@ import time
 
 import torch
 
-CHUNK = 4 << 20  # params per tensor: a few MB per tensor, like an LLM's projection matrices
+# params per tensor: a few MB per tensor, like an LLM's projection matrices
+CHUNK = 4 << 20
 ROUNDS = 5
 
 
@@ -173,7 +174,8 @@ def _one_size(url: str, transport: str, params: int, slots: int = 3) -> dict:
         pub.next("ready")
         sub.next("ready")
         if transport == "dist":
-            time.sleep(1.0)  # the subscriber's first heartbeat registers it as a member
+            # the subscriber's first heartbeat registers it as a member
+            time.sleep(1.0)
         rows = []
         # version 0 pays first-touch costs once; it is not reported
         for version in range(ROUNDS + 1):

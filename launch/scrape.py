@@ -44,7 +44,8 @@ def parse_target(field: str, address: str) -> tuple[str, str, str, int] | None:
     """``("actor:a0", "127.0.0.1:9001")`` -> ``("actor", "a0", "127.0.0.1", 9001)``; None (logged) if malformed."""
     role, sep, ident = field.partition(":")
     host, colon, port = address.rpartition(":")
-    host = host.strip("[]")  # IPv6 literals are registered as [::1]:port
+    # IPv6 literals are registered as [::1]:port
+    host = host.strip("[]")
     if not (sep and role and ident and colon and host and port.isdigit() and 0 < int(port) < 65536):
         log.warning(
             "ignoring malformed metrics target %r -> %r (expected role:ident -> host:port)",

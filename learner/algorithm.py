@@ -116,7 +116,8 @@ class LossStats:
     is_weight_mean: float
     is_truncated_fraction: float
     kl: float
-    entropy: float = math.nan  # mean policy entropy (nats) when the caller passed it
+    # mean policy entropy (nats) when the caller passed it
+    entropy: float = math.nan
 
 
 def policy_loss(

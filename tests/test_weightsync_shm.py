@@ -77,9 +77,12 @@ def _publish_until_leased(
 @pytest.mark.parametrize(
     "signum,slots,timeout_s,max_publish_s",
     [
-        (signal.SIGKILL, 2, 30.0, 1.5),  # lock of a dead reader is gone: no wait even with 2 slots
-        (signal.SIGSTOP, 3, 30.0, 1.5),  # frozen reader: the writer uses the other slots, no wait
-        (signal.SIGSTOP, 2, 1.0, 3.0),  # frozen reader on the only free slot: bounded by the lease
+        # lock of a dead reader is gone: no wait even with 2 slots
+        (signal.SIGKILL, 2, 30.0, 1.5),
+        # frozen reader: the writer uses the other slots, no wait
+        (signal.SIGSTOP, 3, 30.0, 1.5),
+        # frozen reader on the only free slot: bounded by the lease
+        (signal.SIGSTOP, 2, 1.0, 3.0),
     ],
 )
 def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(

@@ -21,7 +21,8 @@ from broker.keys import Keys
 class Announcement:
     version: int
     transport: str
-    publisher: str  # id of the publisher instance; a restarted learner may restart version numbers
+    # id of the publisher instance; a restarted learner may restart version numbers
+    publisher: str
     meta: dict
     published_at: float
 

@@ -33,9 +33,12 @@ from weightsync.naming import NameMappingError, map_to_template
 
 log = logging.getLogger(__name__)
 
-IDLE_WAIT_S = 1.0  # re-read the announcement at least this often even without a notification
-BUSY_WAIT_S = 0.02  # a newer version is pending while the engine holds the staging copy
-RETRIES = 3  # stale/torn shm reads retried at once with the newest announcement
+# re-read the announcement at least this often even without a notification
+IDLE_WAIT_S = 1.0
+# a newer version is pending while the engine holds the staging copy
+BUSY_WAIT_S = 0.02
+# stale/torn shm reads retried at once with the newest announcement
+RETRIES = 3
 
 
 def _model_tensors(

@@ -164,7 +164,8 @@ class IPCSender:
     """CUDA IPC: the update info itself carries handles to the staged tensors (same GPU as the engine)."""
 
     def init_info(self) -> None:
-        return None  # "The IPC backend requires no initialization on either side."
+        # "The IPC backend requires no initialization on either side."
+        return None
 
     def connect(self) -> None:
         pass
@@ -190,7 +191,8 @@ class IPCSender:
         return info
 
     def send(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> None:
-        pass  # the workers read the staged tensors through the handles
+        # the workers read the staged tensors through the handles
+        pass
 
     def close(self) -> None:
         self._alive = []
@@ -216,7 +218,8 @@ class NCCLSender:
         return {
             "master_address": self.master_address,
             "master_port": self.master_port,
-            "rank_offset": 1,  # the workers follow this process, rank 0
+            # the workers follow this process, rank 0
+            "rank_offset": 1,
             "world_size": self.world_size,
         }
 
@@ -234,7 +237,8 @@ class NCCLSender:
         )
 
     def update_info(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> dict:
-        return bucket.update_info()  # unpacked: one broadcast per tensor, in this order
+        # unpacked: one broadcast per tensor, in this order
+        return bucket.update_info()
 
     def send(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> None:
         if self.group is None:
@@ -242,7 +246,8 @@ class NCCLSender:
         stream = torch.cuda.current_stream(self.device)
         for tensor in tensors:
             self.group.broadcast(tensor, src=0, stream=stream)
-        stream.synchronize()  # the staging copy is reused once applied() returns
+        # the staging copy is reused once applied() returns
+        stream.synchronize()
 
     def close(self) -> None:
         self.group = None
