@@ -13,7 +13,8 @@ from broker.liveness import Heartbeats, alive_actors
 
 def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
     cfg = redis_cfg
-    cfg.actor.heartbeat_s = 0.05  # dead after 3 missed beats = 150 ms
+    # dead after 3 missed beats = 150 ms
+    cfg.actor.heartbeat_s = 0.05
 
     async def main():
         r = connect_async(cfg)
@@ -23,12 +24,14 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
         alive = await hb.alive()
         assert set(alive) == {"a0", "a1"}
         assert alive["a0"]["version"] == "3" and float(alive["a0"]["tokens_per_s"]) == 120.5
-        for _ in range(4):  # a1 keeps beating, a0 was killed
+        # a1 keeps beating, a0 was killed
+        for _ in range(4):
             await asyncio.sleep(0.05)
             await hb.beat("a1")
         assert set(await hb.alive()) == {"a1"}
         assert [a["id"] for a in alive_actors(connect_sync(cfg), hb.keys)] == ["a1"]
-        assert await r.zrange(hb.keys.actors, 0, -1) == [b"a1"]  # pruned
+        # pruned
+        assert await r.zrange(hb.keys.actors, 0, -1) == [b"a1"]
         await hb.forget("a1")
         assert await hb.alive() == {}
         await r.aclose()

@@ -34,7 +34,8 @@ class _Row:
     __slots__ = ("index", "tokens", "logprobs", "versions", "limit", "finish")
 
     def __init__(self, index: int, limit: int) -> None:
-        self.index = index  # position in the caller's request list
+        # position in the caller's request list
+        self.index = index
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -78,8 +79,7 @@ class HFEngine(Engine):
         version, tensors = staged
         seconds, replaced = swap_into_model(self.model, tensors)
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
-        self.version = version
-        metrics.POLICY_VERSION.set(version)
+        self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
         return True
 
@@ -107,7 +107,8 @@ class HFEngine(Engine):
         with torch.inference_mode():
             while pending or rows:
                 if should_abort is not None and should_abort():
-                    for row in rows:  # rows that just finished keep their reason
+                    # rows that just finished keep their reason
+                    for row in rows:
                         row.finish = row.finish or "abort"
                         done[row.index] = row
                     for index in pending:
@@ -207,13 +208,12 @@ class _Batch:
         self.device = engine.device
         self.layer_types = engine.layer_types
         self.cache: DynamicCache | None = None
-        self.valid = torch.zeros(
-            0, 0, dtype=torch.bool, device=self.device
-        )  # [B, L] real key positions
-        self.positions = torch.zeros(
-            0, dtype=torch.long, device=self.device
-        )  # [B] position id of the next input
-        self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+        # [B, L] real key positions
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        # [B] position id of the next input
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        # [B] the token each row feeds next
+        self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
 
     @property
     def rows(self) -> int:
