@@ -84,7 +84,8 @@ def test_admission_counters_must_account_for_every_accepted_group_once():
         accepted=20, consumed=12, discarded=2, trimmed=1, live_leases=0, stream_length=5
     )
     assert admission_violations(balanced) == []
-    leaked = AdmissionCounts(20, 9, 2, 1, 0, 5)  # a read never counted: slots gone for good
+    # a read never counted: slots gone for good
+    leaked = AdmissionCounts(20, 9, 2, 1, 0, 5)
     assert "unbalanced" in admission_violations(leaked)[0]
     assert admission_violations(AdmissionCounts(20, 12, 2, 1, 1, 5)) == [
         "1 admission lease(s) still live after a clean stop"
