@@ -319,6 +319,8 @@ class ChaosRound:
         server = self.sup.redis_server
         pid = server.proc.pid
         os.kill(pid, signal.SIGKILL)
+        # dead before the supervisor's next look, as after any kill from outside
+        server.proc.wait(10)
         if not self.cfg.broker.appendonly:
             self.wipes_ms.append(int(time.time() * 1000))
         t0 = time.monotonic()

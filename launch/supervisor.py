@@ -258,6 +258,11 @@ class Supervisor:
 
     def _apply_control(self) -> None:
         """``python -m launch.scale`` pushes the wanted actor count onto a Redis list."""
+        # Not while the embedded server is down: the call's retries would hold the tick, and with
+        # it the server's restart, for as long as the children's own retries last.
+        server = self.redis_server
+        if server is not None and (server.proc is None or server.proc.poll() is not None):
+            return
         try:
             raw = self.redis.lpop(self.keys.launch_control)
         except Exception as exc:  # Redis restarting: scaling waits, supervision does not
