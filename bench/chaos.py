@@ -17,7 +17,8 @@ system recovered by itself:
 
 Aimed faults watch the learner from outside (Redis state and its checkpoint
 folder, polled every few milliseconds; no hook in the learner) and SIGKILL it
-inside one window, then wait for its next step record:
+inside one window, then wait for its next step record (a kill that landed
+after its window counts as a plain learner kill, and the fault aims again):
 
 - ``kill_after_read``: its pending list grew (XREADGROUP delivered a batch)
   while ``adm:consumed`` did not: entries read, not yet counted.
@@ -68,6 +69,8 @@ FAULTS = ("kill_actor", "kill_learner", "stop_actor", "restart_redis")
 AIMED = ("kill_after_read", "kill_in_save", "kill_after_switch", "kill_redis")
 # how often an aimed fault looks at Redis or the checkpoint folder for its window
 POLL_S = 0.003
+# kills an aimed fault may spend on missing its window before that counts as a violation
+AIM_TRIES = 3
 SYNC_TIMEOUT_S = 3.0
 STOP_FOR_S = 2.5 * SYNC_TIMEOUT_S
 RECOVERY_TIMEOUT_S = 150.0
@@ -252,27 +255,51 @@ class ChaosRound:
         )
         return Fault(kind, None, "window not seen")
 
+    def _aimed(self, kind: str, attempt) -> Fault:
+        """Kill the learner by ``attempt()`` (None: its window never came; else (hit, detail)) until
+        a kill lands inside the window, AIM_TRIES at most. On a loaded machine the learner can leave
+        a short window between the look and the kill; a miss is still a learner kill, booked so."""
+        misses = []
+        for _ in range(AIM_TRIES):
+            outcome = attempt()
+            if outcome is None:
+                return self._missed(kind)
+            hit, detail = outcome
+            fault = self._learner_killed(kind, detail)
+            if hit or fault.recovery_s is None:
+                if misses:
+                    fault.detail += f" (after {len(misses)} kill(s) that missed the window)"
+                return fault
+            misses.append(detail)
+        self.result.violations.append(f"{kind} missed its window {AIM_TRIES} times: {misses[-1]}")
+        return fault
+
     def kill_after_read(self) -> Fault:
         redis, keys, group = self.sup.redis, self.sup.keys, self.cfg.broker.consumer_group
-        # (consumed, pending) at the previous and the latest poll
-        seen: list[tuple[int, int]] = []
 
-        def polled() -> bool:
-            pipe = redis.pipeline(transaction=True)
-            pipe.get(keys.consumed)
-            pipe.xpending(keys.stream, group)
-            consumed, pending = pipe.execute()
-            seen[:] = [*seen[-1:], (int(consumed or 0), int(pending["pending"]))]
-            return len(seen) == 2 and checks.read_not_counted(*seen)
+        def attempt() -> tuple[bool, str] | None:
+            # (consumed, pending) at the previous and the latest poll
+            seen: list[tuple[int, int]] = []
 
-        if not self._kill_learner_when(polled):
-            return self._missed("kill_after_read")
-        (_, before), (consumed, pending) = seen
-        counted_after = int(redis.get(keys.consumed) or 0)
-        detail = f"{pending - before} entries read, consumed {consumed} -> {counted_after} after the kill"
-        if counted_after != consumed:
-            self.result.violations.append(f"kill_after_read came after the count: {detail}")
-        return self._learner_killed("kill_after_read", detail)
+            def polled() -> bool:
+                pipe = redis.pipeline(transaction=True)
+                pipe.get(keys.consumed)
+                pipe.xpending(keys.stream, group)
+                consumed, pending = pipe.execute()
+                seen[:] = [*seen[-1:], (int(consumed or 0), int(pending["pending"]))]
+                return len(seen) == 2 and checks.read_not_counted(*seen)
+
+            if not self._kill_learner_when(polled):
+                return None
+            (_, before), (consumed, pending) = seen
+            counted_after = int(redis.get(keys.consumed) or 0)
+            detail = (
+                f"{pending - before} entries read, consumed {consumed} -> {counted_after} "
+                "after the kill"
+            )
+            return counted_after == consumed, detail
+
+        return self._aimed("kill_after_read", attempt)
 
     def _checkpoint_state(self) -> tuple[str | None, list[str]]:
         """(folder ``latest`` names, every checkpoint folder), as the learner left them right now."""
@@ -284,23 +311,23 @@ class ChaosRound:
         return current, [p.name for p in self.ckpt_root.glob("step-*")]
 
     def kill_in_save(self) -> Fault:
-        state: dict = {}
+        def attempt() -> tuple[bool, str] | None:
+            state: dict = {}
 
-        def saving() -> bool:
-            current, folders = self._checkpoint_state()
-            writing = checks.save_in_progress(current, folders)
-            state.update(latest=current, writing=writing)
-            return writing is not None
+            def saving() -> bool:
+                current, folders = self._checkpoint_state()
+                writing = checks.save_in_progress(current, folders)
+                state.update(latest=current, writing=writing)
+                return writing is not None
 
-        if not self._kill_learner_when(saving):
-            return self._missed("kill_in_save")
-        step, save = state["writing"]
-        still = self._checkpoint_state()[0] == state["latest"]
-        kind = "a same-step re-save" if save else "a save"
-        detail = f"during {kind} of step {step} (latest still {state['latest']}: {still})"
-        if not still:
-            self.result.violations.append(f"kill_in_save came after the switch: {detail}")
-        return self._learner_killed("kill_in_save", detail)
+            if not self._kill_learner_when(saving):
+                return None
+            step, save = state["writing"]
+            still = self._checkpoint_state()[0] == state["latest"]
+            kind = "a same-step re-save" if save else "a save"
+            return still, f"during {kind} of step {step} (latest still {state['latest']}: {still})"
+
+        return self._aimed("kill_in_save", attempt)
 
     def kill_after_switch(self) -> Fault:
         before = self._checkpoint_state()[0]
