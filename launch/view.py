@@ -78,7 +78,7 @@ def summary(
         f"  learner steps        {steps[-1].get('step')}   policy versions {steps[-1].get('version')}",
         f"  reward               {_fmt(mean('reward_mean', head))} (first 5 steps) -> {_fmt(mean('reward_mean', tail))} (last 5)",
         *(
-            f"    {name:<19}{_fmt(part(name, head))} -> {_fmt(part(name, tail))}"
+            f"    {name:<18} {_fmt(part(name, head))} -> {_fmt(part(name, tail))}"
             for name in dict.fromkeys(n for s in steps for n in s.get("reward_parts", {}))
         ),
         *_target_lines(steps, started_unix, run),
