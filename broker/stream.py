@@ -256,9 +256,8 @@ class RolloutConsumer:
         self._pending_cursor = None
         return await call()
 
-    async def read(self, count: int, block_ms: int | None) -> list[Delivery]:
-        """Up to ``count`` valid, not-yet-trained groups; blocks at most ``block_ms`` when none is
-        ready (None: never blocks)."""
+    async def read(self, count: int, block_ms: int) -> list[Delivery]:
+        """Up to ``count`` valid, not-yet-trained groups; blocks at most ``block_ms`` when none is ready."""
         raw: list[tuple[str, dict | None, bool]] = []
         await self._with_group(self._touch_inflight)
         if self._pending_cursor is not None:

@@ -9,9 +9,9 @@ One step, as ``Learner.run`` drives it::
     io.record(row)                     # rank 0: step log, trackers, metrics
     every checkpoint_every steps: save_checkpoint, then io.ack the entries it covers
 
-Rank 0 alone talks to Redis, through ``learner.rollout_io`` (which reads the next batch ahead while
-this one trains); the batch is small next to the model, so ``broadcast_object_list`` over the
-gloo/NCCL group carries it to the other ranks, and their weights stay identical.
+Rank 0 alone talks to Redis, through ``learner.rollout_io``; the batch is small next to the model,
+so ``broadcast_object_list`` over the gloo/NCCL group carries it to the other ranks, and their
+weights stay identical.
 
 Ack policy (``learner.ack_policy``):
 - ``checkpoint`` (default): entries are acked only after a checkpoint holds the step that used

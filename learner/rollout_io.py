@@ -2,11 +2,15 @@
 
 One asyncio loop runs on a thread of its own with one ``redis.asyncio`` client; the learner's
 thread hands it the broker's coroutines (``RolloutConsumer``, ``Admission``) and waits for each.
-While the learner trains a step, the loop reads the next batch ahead (a non-blocking read of what
-is already in the stream). A read-ahead entry is delivered but not trained: it stays on this
-consumer's pending list until its step is acked, so a learner that dies before training it gets
-it back on restart. Acks wait until the read in flight has finished: the consumer's bookkeeping
-of what it holds is never changed by two calls at once.
+An entry read but not yet trained (dynamic sampling reads past the step) stays on this consumer's
+pending list until its step is acked, so a learner that dies before training it gets it back on
+restart.
+
+The next batch is not read ahead while a step trains: measured with ``python -m
+bench.learner_cost``, reading and preparing a batch is ~3 % of a demo step and a read-ahead hid
+about a third of it, within the run-to-run noise; and a read-ahead would check the entries'
+versions against a version not yet announced, so a recorded stream replayed on time (the
+learner tests' reference runs) would be dead-lettered.
 
 Counting for admission: every completed step, trained or not, adds its entries to
 ``Progress.consumed``, and that running total is written to ``adm:consumed`` (set only if larger:
@@ -21,7 +25,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,8 +103,6 @@ class RolloutIO:
         self.tracker = Tracker(cfg)
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer: list[Delivery] = []
-        # the read in flight on the loop, with the wipe count and buffer length it started at
-        self._ahead: tuple[Future, int, int] | None = None
         self.wait_s = 0.0
         self.last_progress = time.monotonic()
 
@@ -135,7 +136,6 @@ class RolloutIO:
         started = time.monotonic()
         if should_stop():
             return "stop"
-        self._collect_read_ahead()
         while (take := self._batch_size(version)) is None:
             if should_stop():
                 return "stop"
@@ -164,7 +164,6 @@ class RolloutIO:
         batch = prepare_batch(deliveries, version, cfg, self.wait_s)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
-        self._read_ahead()
         return batch
 
     def _batch_size(self, version: int) -> int | None:
@@ -175,26 +174,6 @@ class RolloutIO:
         cap = a.dynamic_sampling_max_groups or 8 * need
         signal = [has_signal(d.group, version, self.cfg) for d in self.buffer[: max(cap, need)]]
         return dynamic_batch_size(signal, need, cap)
-
-    def _read_ahead(self) -> None:
-        """Start reading, without blocking, what the stream already holds of the next batch."""
-        missing = self.cfg.learner.groups_per_step - len(self.buffer)
-        if missing > 0 and self._ahead is None:
-            read = self.consumer.read(missing, None)
-            future = asyncio.run_coroutine_threadsafe(read, self._loop)
-            self._ahead = (future, self.consumer.group_recreated, len(self.buffer))
-
-    def _collect_read_ahead(self) -> None:
-        """Wait for the read in flight and buffer what it got."""
-        if self._ahead is None:
-            return
-        future, wipes, held = self._ahead
-        self._ahead = None
-        got = future.result()
-        self._recount_after_wipe(wipes, held)
-        if got:
-            self.buffer += got
-            self.last_progress = time.monotonic()
 
     def publish(self, version: int, model, consumed: int | None = None) -> None:
         """Weights first, then the version (with ``consumed``: and the step's count, atomically)."""
@@ -223,7 +202,6 @@ class RolloutIO:
 
     def ack(self, progress: Progress) -> None:
         """Commit the trained entries (XACK + XDEL + trained set) with the consumed count."""
-        self._collect_read_ahead()
         if progress.unacked:
             wipes = self.consumer.group_recreated
             entries = [e for e, _ in progress.unacked]
@@ -279,12 +257,10 @@ class RolloutIO:
         return row
 
     def close(self) -> None:
-        """Release weights, metrics, logs and Redis (once). A read-ahead batch stays pending: redelivered."""
+        """Release weights, metrics, logs and Redis (once). Entries read and not trained stay
+        pending: the next learner gets them again."""
         if self._loop.is_closed():
             return
-        if self._ahead is not None:
-            self._ahead[0].exception()
-            self._ahead = None
         if self.publisher is not None:
             self.publisher.close()
         if self.metrics_port:

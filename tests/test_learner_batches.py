@@ -190,27 +190,25 @@ def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
     assert batch.entries[0][1] == first.group_id and len(batch.entries) == 3
 
 
-def test_a_batch_read_ahead_and_never_trained_is_redelivered_to_the_next_learner(
+def test_groups_read_past_the_step_and_never_trained_are_redelivered_to_the_next_learner(
     redis_cfg, open_io
 ):
-    """The step trains batch 1 while batch 2 is read ahead; the learner dies before training it."""
-    cfg = _config(redis_cfg)
-    groups = [group([0.0, 1.0]) for _ in range(6)]
+    """Dynamic sampling reads past the step; the learner dies before training what it read."""
+    cfg = _config(redis_cfg, dynamic_sampling=True)
+    u = [group([0.0, 1.0]) for _ in range(6)]
+    groups = [u[0], group([0.5, 0.5]), u[1], u[2], u[3], u[4], u[5]]
     xadd_groups(cfg, groups)
     io = open_io(cfg)
     first = io.next_batch(0, _never)
-    assert [g for _, g in first.entries] == [g.group_id for g in groups[:3]]
-    progress = Progress(step=1, unacked=first.entries, consumed=3)
-    # the ack waits for the read ahead: batch 2 is delivered, pending on this consumer
-    io.ack(progress)
+    # two reads of 3: the first four hold 3 groups with a signal, the next two wait in the buffer
+    assert [g for _, g in first.entries] == [g.group_id for g in groups[:4]]
+    assert [d.group.group_id for d in io.buffer] == [u[3].group_id, u[4].group_id]
+    io.ack(Progress(step=1, unacked=first.entries, consumed=4))
     keys = Keys.from_config(cfg)
     client = redis.Redis.from_url(cfg.broker.redis_url)
-    pending = client.xpending(keys.stream, cfg.broker.consumer_group)
-    assert pending["pending"] == 3 and [d.group.group_id for d in io.buffer] == [
-        g.group_id for g in groups[3:]
-    ]
-    # the learner dies here; its successor (same consumer name) gets batch 2 from its pending list
+    assert client.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 2
+    # the learner dies here; its successor (same consumer name) re-reads its pending list first
     io.close()
     again = open_io(cfg).next_batch(0, _never)
-    assert [g for _, g in again.entries] == [g.group_id for g in groups[3:]]
+    assert [g for _, g in again.entries] == [g.group_id for g in groups[4:]]
     assert client.xlen(keys.stream) == 3
