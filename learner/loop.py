@@ -25,7 +25,6 @@ Ack policy (``learner.ack_policy``):
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,8 +42,6 @@ from learner.export import export_at_end
 from learner.prepare import Batch
 from learner.rollout_io import Progress, RolloutIO
 from learner.step import UpdateStats, first_pass_tokens, train_batch
-
-log = logging.getLogger(__name__)
 
 
 class Learner:
