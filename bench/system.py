@@ -53,7 +53,8 @@ SECTION = Path("docs/bench/system.md")
 MILESTONE_REWARD = 0.7
 # (lr, k3 KL coefficient): the grid every system is tuned on (issue 11)
 GRID = tuple((lr, kl) for lr in (3e-4, 6e-4) for kl in (0.0, 0.1))
-STOP_GRACE_S = 45.0  # the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
+# the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
+STOP_GRACE_S = 45.0
 SCRAPE_EVERY_S = 10.0
 POLL_S = 1.0
 SCRAPE_TIMEOUT_S = 2.0
@@ -104,9 +105,11 @@ class Settings:
     seeds: tuple[int, ...]
     ttt_cap_s: float
     sweep_cap_s: float
-    tune_seeds: tuple[int, ...] = ()  # empty: no tuning, every system at the preset's point
+    # empty: no tuning, every system at the preset's point
+    tune_seeds: tuple[int, ...] = ()
     grid: tuple[tuple[float, float], ...] = GRID
-    reuse: bool = False  # read runs saved under ROOT/outcomes instead of running them again
+    # read runs saved under ROOT/outcomes instead of running them again
+    reuse: bool = False
 
 
 QUICK = Settings(seeds=(0,), ttt_cap_s=300.0, sweep_cap_s=90.0)
@@ -174,8 +177,10 @@ def time_shares(
 
 @dataclass
 class Scrape:
-    at: float  # time.monotonic()
-    by_target: dict[str, dict[str, float]]  # "role:ident" -> flattened metrics
+    # time.monotonic()
+    at: float
+    # "role:ident" -> flattened metrics
+    by_target: dict[str, dict[str, float]]
 
 
 def breakdown(
@@ -220,7 +225,8 @@ def scrape_all(redis, keys) -> Scrape:
         try:
             with urllib.request.urlopen(f"http://{addr}/metrics", timeout=SCRAPE_TIMEOUT_S) as resp:
                 by_target[target] = flatten_metrics(resp.read().decode())
-        except OSError:  # a process between restarts or shutting down
+        # a process between restarts or shutting down
+        except OSError:
             continue
     return Scrape(at, by_target)
 
@@ -235,9 +241,8 @@ class Outcome:
     system: str
     seed: int
     cap_s: float
-    curve: list[
-        tuple[float, float, float]
-    ]  # (seconds since launch, reward mean, exact match) per step
+    # (seconds since launch, reward mean, exact match) per step
+    curve: list[tuple[float, float, float]]
     samples_per_s: float
     tokens_per_s: float
     wall_s: float
@@ -966,7 +971,8 @@ def run(
             )
         try:
             body.append(time_markdown(async_run))
-        except ValueError as exc:  # e.g. a run that hit the target before two scrapes
+        # e.g. a run that hit the target before two scrapes
+        except ValueError as exc:
             body.append(f"### Where time goes\n\nNot measured in this run: {exc}.")
     header = [
         "## System: async vs synchronous vs a plain loop vs TRL, staleness, where time goes",

@@ -77,7 +77,8 @@ def grpo_config_kwargs(
         "save_strategy": "no",
         "logging_steps": 10,
         "disable_tqdm": True,
-        "max_steps": 100_000,  # the time budget stops training, via StepRecorder
+        # the time budget stops training, via StepRecorder
+        "max_steps": 100_000,
         # One generation batch of groups_per_step prompts x group_size completions, shuffled and split
         # into `minibatches` optimizer steps, `updates_per_batch` passes (TRL's num_iterations).
         "num_generations": r.group_size,
@@ -133,7 +134,8 @@ class StepRecorder:
     max_time_s: float
     stop_at_target: bool = False
     target: tuple[float, float, int] = (0.0, 0.0, 1)
-    steps_per_rollout: int = 1  # optimizer steps of one rollout: mini-batches x passes
+    # optimizer steps of one rollout: mini-batches x passes
+    steps_per_rollout: int = 1
     curve: list[tuple[float, float, float]] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -250,7 +252,8 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
     last = curve[-window:]
     ttt = result["time_to_target_s"]
     rows = []
-    every = max(10, round(len(curve) / 200) * 10)  # about 20 rows, at round step numbers
+    # about 20 rows, at round step numbers
+    every = max(10, round(len(curve) / 200) * 10)
     marks = sorted({0, *range(every - 1, len(curve), every), len(curve) - 1}) if curve else []
     for i in marks:
         t, r, e = curve[i]

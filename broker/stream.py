@@ -37,6 +37,7 @@ import redis
 import redis.asyncio
 
 from broker import metrics
+from broker.client import as_str
 from broker.keys import Keys
 from broker.semantics import Limits, check_group
 from broker.wire import RolloutGroup, WireError, decode_group, encode_group
@@ -139,10 +140,6 @@ class Delivery:
     redelivered: bool = False
 
 
-def _entry_id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
 def _first_of_each(raw: list[tuple[str, dict | None, bool]]) -> list[tuple[str, dict | None, bool]]:
     """Drop repeats of an entry id: a pending re-read and a claim in one call can both return it."""
     seen: set[str] = set()
@@ -183,7 +180,7 @@ class RolloutProducer:
                 self.maxlen,
                 trimmed,
             )
-        return _entry_id(entry_id)
+        return as_str(entry_id)
 
 
 class RolloutConsumer:
@@ -279,15 +276,13 @@ class RolloutConsumer:
         if not entries:
             self._pending_cursor = None
             return []
-        self._pending_cursor = _entry_id(entries[-1][0])
+        self._pending_cursor = as_str(entries[-1][0])
         return self._not_held(entries)
 
     def _not_held(self, entries) -> list[tuple[str, dict | None, bool]]:
         # Our own unacked entries come back from a pending re-read or a claim: we still hold them.
         held = set(self._inflight.values())
-        return [
-            (_entry_id(eid), fields, True) for eid, fields in entries if _entry_id(eid) not in held
-        ]
+        return [(as_str(eid), fields, True) for eid, fields in entries if as_str(eid) not in held]
 
     async def _claim_idle(self, count: int) -> list[tuple[str, dict | None, bool]]:
         self._last_claim = time.monotonic()
@@ -299,7 +294,7 @@ class RolloutConsumer:
             start_id=self._claim_cursor,
             count=count,
         )
-        self._claim_cursor = _entry_id(reply[0])
+        self._claim_cursor = as_str(reply[0])
         # Redis 7 lists deleted entries separately (and drops them from the PEL); 6.2 returns (id, None).
         return self._not_held(reply[1])
 
@@ -308,7 +303,7 @@ class RolloutConsumer:
             self.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block
         )
         entries = reply[0][1] if reply else []
-        return [(_entry_id(eid), fields, False) for eid, fields in entries]
+        return [(as_str(eid), fields, False) for eid, fields in entries]
 
     async def _sort(self, raw: list[tuple[str, dict | None, bool]]) -> list[Delivery]:
         """Decode; dead-letter the bad, skip the duplicate, return the rest."""

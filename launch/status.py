@@ -43,7 +43,8 @@ def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
     snap.dead_letters = int(redis.xlen(keys.dead))
     try:
         snap.pending = int(redis.xpending(keys.stream, group)["pending"])
-    except Exception:  # the group appears with the learner's first read
+    # the group appears with the learner's first read
+    except Exception:
         snap.pending = 0
     snap.actors = alive_actors(redis, keys)
     steps = read_steps(run_dir)

@@ -33,9 +33,8 @@ def sample_groups(
     model.eval()
     examples = [make_example(rng) for _ in range(groups)]
     prompts = [tokenizer(ex["prompt"])["input_ids"] for ex in examples]
-    ids = torch.tensor(
-        [p for p in prompts for _ in range(group_size)]
-    )  # demo prompts share one length
+    # demo prompts share one length
+    ids = torch.tensor([p for p in prompts for _ in range(group_size)])
     gen = torch.Generator().manual_seed(rng.randrange(1 << 31))
     prompt_len, eos = ids.shape[1], tokenizer.eos_token_id
     logprobs = []

@@ -33,9 +33,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET_ROWS = 5
-FIRST_BOUND = (
-    12  # groups_per_step with max_staleness 0: the admission bound before any "learner" step
-)
+# groups_per_step with max_staleness 0: the admission bound before any "learner" step
+FIRST_BOUND = 12
 SECOND_BOUND = FIRST_BOUND + 12
 
 
@@ -162,9 +161,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         _wait_for(
             lambda: client.xlen(keys.stream) > 0, 30, "the first published group", procs.values()
         )
-        procs["c"] = _start_actor(
-            "c", overrides, tmp
-        )  # joins a running system, after version 1 was published
+        # joins a running system, after version 1 was published
+        procs["c"] = _start_actor("c", overrides, tmp)
         _wait_for(
             lambda: accepted() >= FIRST_BOUND,
             60,
@@ -177,7 +175,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
             "c to load version 1",
             procs.values(),
         )
-        time.sleep(0.5)  # nobody may pass the bound while no learner consumes
+        # nobody may pass the bound while no learner consumes
+        time.sleep(0.5)
         out["first"] = _groups(client, keys)
         targets = {k.decode(): v.decode() for k, v in client.hgetall(keys.metrics_targets).items()}
         out["metrics_a"] = _scrape(targets["actor:a"])
@@ -213,7 +212,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
                 proc.send_signal(signal.SIGKILL if name == "c" else signal.SIGTERM)
         out["exit_codes"] = {name: proc.wait(timeout=30) for name, proc in procs.items()}
         publisher.close()
-    time.sleep(3 * 0.5 + 0.5)  # three missed heartbeats: the killed actor's heartbeat expires
+    # three missed heartbeats: the killed actor's heartbeat expires
+    time.sleep(3 * 0.5 + 0.5)
     out["alive_after_stop"] = alive_actors(client, keys)
     out["leases_after_stop"] = client.zcard(keys.leases)
     out["targets_after_stop"] = client.hgetall(keys.metrics_targets)
@@ -223,7 +223,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
 
 def test_two_actor_processes_never_take_the_same_prompt_in_an_epoch(scenario):
     groups = scenario["first"]
-    assert len(groups) == FIRST_BOUND  # the admission bound holds with no learner
+    # the admission bound holds with no learner
+    assert len(groups) == FIRST_BOUND
     assert {g.actor_id for g in groups} >= {"a", "b"}
     by_epoch: dict[int, list[int]] = {}
     for g in groups:
@@ -263,8 +264,8 @@ def test_a_raising_reward_plugin_scores_zero_but_actors_keep_publishing(scenario
 
 def test_sigterm_stops_actors_cleanly_and_a_sigkilled_actor_leaves_nothing_behind(scenario):
     assert scenario["exit_codes"] == {"a": 0, "b": 0, "c": -signal.SIGKILL}
-    assert scenario["alive_after_stop"] == []  # a and b deregistered, c's heartbeat expired
+    # a and b deregistered, c's heartbeat expired
+    assert scenario["alive_after_stop"] == []
     assert scenario["leases_after_stop"] == 0
-    assert set(scenario["targets_after_stop"]) <= {
-        b"actor:c"
-    }  # only the killed one could not unregister
+    # only the killed one could not unregister
+    assert set(scenario["targets_after_stop"]) <= {b"actor:c"}

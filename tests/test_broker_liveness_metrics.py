@@ -13,7 +13,8 @@ from broker.liveness import Heartbeats, alive_actors
 
 def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
     cfg = redis_cfg
-    cfg.actor.heartbeat_s = 0.05  # dead after 3 missed beats = 150 ms
+    # dead after 3 missed beats = 150 ms
+    cfg.actor.heartbeat_s = 0.05
 
     sync = connect_sync(cfg)
 

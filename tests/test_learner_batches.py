@@ -122,7 +122,8 @@ def test_dynamic_sampling_reads_on_until_the_step_has_enough_groups_with_a_signa
     assert [g for _, g in batch.entries] == [g.group_id for g in groups[:7]]
     assert {s.group_id for s in batch.samples} == {g.group_id for g in useful}
     assert batch.log["zero_variance_groups"] == 4
-    assert batch.skipped == []  # left out of the loss normaliser
+    # left out of the loss normaliser
+    assert batch.skipped == []
     # what was read past the step waits for the next one
     assert [d.group.group_id for d in io.buffer] == [groups[7].group_id]
 
