@@ -65,7 +65,8 @@ def sample_groups(
                     versions=np.full(length, version, dtype=np.int32),
                     reward=sum(parts.values()),
                     finish_reason="stop" if stopped else "length",
-                    reward_parts=parts,
+                    # named as an actor names them: after the reward function (actors.rewards)
+                    reward_parts={f"reverse_digits/{k}": v for k, v in parts.items()},
                 )
             )
         out.append(

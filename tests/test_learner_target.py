@@ -52,11 +52,18 @@ def test_the_learner_stops_once_the_last_window_of_steps_reaches_the_target(redi
     cfg = learner_config(
         redis_cfg,
         demo_policy,
-        # the warmed policy's reward (~0.1-0.2) clears 0.01 from the first step: the window decides
-        run={"target_reward": 0.01, "target_window": WINDOW},
+        # the warmed policy's reward (~0.1-0.2) and its position part clear 0.01 from the first
+        # step: the window decides (a part the step rows did not report would never clear it)
+        run={
+            "target_reward": 0.01,
+            "target_parts": {"reverse_digits/position": 0.01},
+            "target_window": WINDOW,
+        },
         algo={"max_staleness": 100, "skip_zero_variance": False},
     )
     lines: list[str] = []
     progress = Learner(cfg).run(echo=lines.append)
     assert progress.step == WINDOW, lines
-    assert lines[-1].startswith("target reached"), lines
+    assert lines[-1].startswith(
+        "target reached: 3-step means of reward >= 0.01 and reverse_digits/position >= 0.01"
+    ), lines
