@@ -92,8 +92,3 @@ def xadd_groups(cfg, groups: list[RolloutGroup]) -> None:
             client.incr(keys.accepted)
     finally:
         client.close()
-
-
-def exact_match(groups: list[RolloutGroup]) -> float:
-    rewards = [c.reward for g in groups for c in g.completions]
-    return float(np.mean([r >= 1.0 - 1e-6 for r in rewards]))
