@@ -42,6 +42,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.demo_task import EXACT_PART
 from learner import target as run_target
 
 CONFIG = "configs/demo_cpu.yaml"
@@ -76,10 +77,11 @@ def demo_target() -> tuple[float, float, int]:
     from configs import load_config
 
     run = load_config(CONFIG, [], env={}).run
-    return run.target_reward, run.target_exact, run.target_window
+    return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
 
 
 TARGET_REWARD, TARGET_EXACT, WINDOW = demo_target()
+TARGET_BARS = {run_target.REWARD: TARGET_REWARD, EXACT_PART: TARGET_EXACT}
 
 
 def preset_point() -> tuple[float, float]:
@@ -253,9 +255,9 @@ class Outcome:
 
     def target_index(self, reward: float, exact: float = 0.0) -> int | None:
         """Curve index closing the first ``WINDOW`` points whose means reach both bars (learner.target)."""
-        return run_target.first_reached(
-            [r for _, r, _ in self.curve], [e for _, _, e in self.curve], reward, exact, WINDOW
-        )
+        rows = [{run_target.REWARD: r, EXACT_PART: e} for _, r, e in self.curve]
+        bars = {run_target.REWARD: reward, EXACT_PART: exact}
+        return run_target.first_reached(rows, bars, WINDOW)
 
     def time_to(self, reward: float, exact: float = 0.0) -> float | None:
         """Seconds since launch at the end of the first ``WINDOW`` steps whose means reach both bars."""
@@ -382,8 +384,7 @@ def _launch_and_watch(
             steps = read_steps(sup.run_dir) if stop_at_target else []
             if (
                 stop_at_target
-                and time_to_target(steps, started_unix, TARGET_REWARD, TARGET_EXACT, WINDOW)
-                is not None
+                and time_to_target(steps, started_unix, TARGET_BARS, WINDOW) is not None
             ):
                 scrapes.append(scrape_all(sup.redis, sup.keys))
                 break
@@ -394,7 +395,10 @@ def _launch_and_watch(
     # The learner's own clock starts after its start-up: steps past the cap (from the launch) do not count.
     steps = [s for s in read_steps(sup.run_dir) if s["time"] - started_unix <= cap_s]
     group_size = cfg.rollout.group_size
-    curve = [(s["time"] - started_unix, s["reward_mean"], s["exact_match"]) for s in steps]
+    curve = [
+        (s["time"] - started_unix, s["reward_mean"], s["reward_parts"].get(EXACT_PART, math.nan))
+        for s in steps
+    ]
     loop_s = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
     # Steady-state loop, start-up excluded (as TRL's samples/s): completions the learner took after its first step.
     samples_per_s = sum(s["groups"] * group_size for s in steps[1:]) / loop_s if loop_s > 0 else 0.0

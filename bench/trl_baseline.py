@@ -40,7 +40,9 @@ def demo_target(config_path: str = DEMO_CONFIG) -> tuple[float, float, int]:
     from configs import load_config
 
     run = load_config(config_path, [], env={}).run
-    return run.target_reward, run.target_exact, run.target_window
+    from actors.demo_task import EXACT_PART
+
+    return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
 
 
 def grpo_config_kwargs(
@@ -115,9 +117,10 @@ def time_to_target(
     curve: list[tuple[float, float, float]], reward: float, exact: float, window: int
 ) -> float | None:
     """Elapsed time of the first rollout whose last ``window`` means reach both bars (learner.target)."""
-    end = target.first_reached(
-        [r for _, r, _ in curve], [e for _, _, e in curve], reward, exact, window
-    )
+    from actors.demo_task import EXACT_PART
+
+    rows = [{target.REWARD: r, EXACT_PART: e} for _, r, e in curve]
+    end = target.first_reached(rows, {target.REWARD: reward, EXACT_PART: exact}, window)
     return None if end is None else curve[end][0]
 
 

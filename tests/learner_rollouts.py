@@ -65,7 +65,8 @@ def sample_groups(
                     versions=np.full(length, version, dtype=np.int32),
                     reward=sum(parts.values()),
                     finish_reason="stop" if stopped else "length",
-                    reward_parts=parts,
+                    # named as an actor names them: after the reward function (actors.rewards)
+                    reward_parts={f"reverse_digits/{k}": v for k, v in parts.items()},
                 )
             )
         out.append(
@@ -91,8 +92,3 @@ def xadd_groups(cfg, groups: list[RolloutGroup]) -> None:
             client.incr(keys.accepted)
     finally:
         client.close()
-
-
-def exact_match(groups: list[RolloutGroup]) -> float:
-    rewards = [c.reward for g in groups for c in g.completions]
-    return float(np.mean([r >= 1.0 - 1e-6 for r in rewards]))

@@ -10,6 +10,7 @@ a and b resume and load them too; then a and b get SIGTERM and c SIGKILL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -89,8 +90,8 @@ def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def scenario(redis_server, demo_policy, tmp_path_factory):
     from broker.admission import Admission
-    from broker.liveness import Heartbeats
-    from broker.stream import Blocking
+    from broker.client import connect_async
+    from broker.liveness import alive_actors
     from weightsync import make_publisher
 
     tmp = tmp_path_factory.mktemp("actors-loop")
@@ -131,11 +132,23 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
     procs = {}
     out = {"keys": keys, "client": client}
     publisher = make_publisher(cfg)
-    admission = Blocking(cfg, lambda r: Admission(r, cfg))
+
+    def admission(call):
+        """Run one Admission call (the learner's side of admission) with a client of its own."""
+
+        async def run():
+            r = connect_async(cfg)
+            try:
+                return await call(Admission(r, cfg))
+            finally:
+                await r.aclose()
+
+        return asyncio.run(run())
+
     accepted = lambda: int(client.get(keys.accepted) or 0)  # noqa: E731
     try:
         # the learner is at version 1 but has not published weights yet: actors must wait for them
-        admission.set_version(1)
+        admission(lambda a: a.set_version(1))
         for actor_id in ("a", "b"):
             procs[actor_id] = _start_actor(actor_id, overrides, tmp)
         _wait_for(
@@ -174,8 +187,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         for name in ("a", "b"):
             procs[name].send_signal(signal.SIGSTOP)
         publisher.publish(2, _perturbed(demo_policy, seed=2))
-        admission.set_version(2)
-        admission.set_consumed(SECOND_BOUND - FIRST_BOUND)
+        admission(lambda a: a.set_version(2))
+        admission(lambda a: a.set_consumed(SECOND_BOUND - FIRST_BOUND))
         _wait_for(
             lambda: accepted() >= SECOND_BOUND,
             60,
@@ -199,11 +212,9 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
                 proc.send_signal(signal.SIGKILL if name == "c" else signal.SIGTERM)
         out["exit_codes"] = {name: proc.wait(timeout=30) for name, proc in procs.items()}
         publisher.close()
-        admission.close()
     # three missed heartbeats: the killed actor's heartbeat expires
     time.sleep(3 * 0.5 + 0.5)
-    with Blocking(cfg, lambda r: Heartbeats(r, cfg)) as heartbeats:
-        out["alive_after_stop"] = heartbeats.alive()
+    out["alive_after_stop"] = alive_actors(client, keys)
     out["leases_after_stop"] = client.zcard(keys.leases)
     out["targets_after_stop"] = client.hgetall(keys.metrics_targets)
     yield out
@@ -254,7 +265,7 @@ def test_a_raising_reward_plugin_scores_zero_but_actors_keep_publishing(scenario
 def test_sigterm_stops_actors_cleanly_and_a_sigkilled_actor_leaves_nothing_behind(scenario):
     assert scenario["exit_codes"] == {"a": 0, "b": 0, "c": -signal.SIGKILL}
     # a and b deregistered, c's heartbeat expired
-    assert scenario["alive_after_stop"] == {}
+    assert scenario["alive_after_stop"] == []
     assert scenario["leases_after_stop"] == 0
     # only the killed one could not unregister
     assert set(scenario["targets_after_stop"]) <= {b"actor:c"}

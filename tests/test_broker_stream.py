@@ -19,7 +19,7 @@ from broker import metrics
 from broker.client import connect_async, connect_sync
 from broker.keys import Keys
 from broker.server import EmbeddedRedis
-from broker.stream import Blocking, RolloutConsumer, RolloutProducer
+from broker.stream import RolloutConsumer, RolloutProducer
 from broker.wire import encode_group
 from configs import Config
 
@@ -244,17 +244,6 @@ def test_discarding_an_entry_twice_dead_letters_and_counts_it_once(redis_cfg):
     run(main())
 
 
-def test_sync_face_reads_and_acks_from_plain_code(redis_cfg):
-    cfg = redis_cfg
-    run(_publish(cfg, ["s1", "s2"]))
-    with Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "rank0", VOCAB)) as consumer:
-        got = consumer.read(5, block_ms=100)
-        assert [d.group.group_id for d in got] == ["s1", "s2"]
-        consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
-        assert consumer.read(5, block_ms=10) == []
-        assert consumer.consumer == "rank0"
-
-
 def _own_server_cfg(tmp_path, appendonly: bool) -> tuple[EmbeddedRedis, Config]:
     server = EmbeddedRedis(
         Config.model_validate({"broker": {"appendonly": appendonly}}).broker, tmp_path / "redis"
@@ -324,13 +313,20 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
 
 KILLED_CONSUMER = """
 import json, os, sys, time
-from broker.stream import Blocking, RolloutConsumer
+import asyncio
+from broker.client import connect_async
+from broker.stream import RolloutConsumer
 from configs import Config
 cfg = Config.model_validate(json.loads(os.environ["CFG"]))
-with Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "doomed", 1000)) as consumer:
-    got = consumer.read(int(sys.argv[1]), block_ms=2000)
+
+async def main():
+    consumer = RolloutConsumer(connect_async(cfg), cfg, "doomed", 1000)
+    got = await consumer.read(int(sys.argv[1]), block_ms=2000)
     print(json.dumps([d.group.group_id for d in got]), flush=True)
-    time.sleep(60)  # SIGKILLed here, before any ack
+    # SIGKILLed here, before any ack
+    time.sleep(60)
+
+asyncio.run(main())
 """
 
 

@@ -17,6 +17,7 @@ version of the weights whose logits it was sampled from.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -54,6 +55,10 @@ class HFEngine(Engine):
         seed: int = 0,
     ) -> None:
         self.model = model.eval()
+        # transformers 5.24 renamed forward's past_key_values to cache (the old name warns that it
+        # goes away); the vLLM CPU venv pins transformers < 5.20, which knows only the old name
+        forward = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in forward else "past_key_values"
         self.tokenizer = tokenizer
         self.batch_slots = batch_slots
         self.weight_source = weight_source
@@ -205,6 +210,7 @@ class _Batch:
 
     def __init__(self, engine: HFEngine) -> None:
         self.model = engine.model
+        self.cache_kw = engine.cache_kw
         self.device = engine.device
         self.layer_types = engine.layer_types
         self.cache: DynamicCache | None = None
@@ -233,7 +239,9 @@ class _Batch:
         for _length, group in by_length.items():
             cache = DynamicCache(config=self.model.config)
             ids = torch.tensor(group, dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=ids, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1
+            )
             for j, prompt in enumerate(group):
                 unique_logits[unique[prompt]] = out.logits[j, -1]
                 unique_kv[prompt] = (
@@ -314,7 +322,7 @@ class _Batch:
             input_ids=self.next_tokens[:, None],
             position_ids=self.positions[:, None],
             attention_mask=mask,
-            past_key_values=self.cache,
+            **{self.cache_kw: self.cache},
             use_cache=True,
         )
         self.positions = self.positions + 1
