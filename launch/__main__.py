@@ -11,6 +11,8 @@ import signal
 import sys
 import time
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.live import Live
 
@@ -18,7 +20,7 @@ from actors.prompts import PromptDataError
 from broker.server import RedisServerError
 from configs import config_from_cli
 from launch.scrape import sync_targets, write_prometheus_config
-from launch.status import read_steps, snapshot
+from launch.status import Snapshot, read_steps, snapshot
 from launch.supervisor import Supervisor
 from launch.view import live_table, plain_line, summary
 
@@ -32,6 +34,19 @@ class _Stop(Exception):
 
 def _raise_stop(signum, _frame):
     raise _Stop(signal.Signals(signum).name)
+
+
+def refresh(cfg, redis_client, keys, run_dir, prom_dir) -> Snapshot | None:
+    """The live view's snapshot, with the Prometheus targets brought up to date; None while Redis
+    is unreachable: the supervisor's next tick restarts an embedded server that died, so the view
+    skips a beat instead of ending the run."""
+    try:
+        snap = snapshot(redis_client, keys, run_dir, cfg.broker.consumer_group)
+        sync_targets(cfg, redis_client, prom_dir)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        print(f"live view: Redis unreachable ({exc}); retrying", file=sys.stderr, flush=True)
+        return None
+    return snap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 if cfg.run.max_time_s and elapsed > cfg.run.max_time_s + 30:
                     reason = "time limit"
                     break
-                snap = snapshot(sup.redis, sup.keys, sup.run_dir, cfg.broker.consumer_group)
-                sync_targets(cfg, sup.redis, prom_dir)
+                snap = refresh(cfg, sup.redis, sup.keys, sup.run_dir, prom_dir)
+                if snap is None:
+                    time.sleep(REFRESH_S)
+                    continue
                 if console.is_terminal:
                     live.update(live_table(snap, elapsed, sup.events))
                 elif elapsed - last_plain >= PLAIN_EVERY_S:

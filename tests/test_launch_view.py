@@ -38,3 +38,28 @@ def test_the_view_and_the_summary_show_each_reward_part_and_the_target_in_its_te
         "target               3-step means of reward >= 0.95 and reverse_digits_exact >= 0.85: "
         "reached at 8 s" in text
     )
+
+
+def test_the_view_skips_a_beat_while_redis_is_down_and_resumes_when_it_is_back(tmp_path):
+    """Redis dying under the launcher's view must not end the run: the supervisor restarts it."""
+    from broker.client import connect_sync
+    from broker.keys import Keys
+    from broker.server import EmbeddedRedis
+    from launch.__main__ import refresh
+
+    cfg = load_config("configs/demo_cpu.yaml").model_copy()
+    cfg.broker.retries = 1
+    server = EmbeddedRedis(cfg.broker, tmp_path / "redis").start()
+    try:
+        client = connect_sync(cfg, server.url)
+        keys = Keys(cfg.run.name)
+        prom = tmp_path / "prom"
+        assert refresh(cfg, client, keys, tmp_path, prom) is not None
+        server.proc.kill()
+        server.proc.wait()
+        assert refresh(cfg, client, keys, tmp_path, prom) is None
+        server.restart()
+        snap = refresh(cfg, client, keys, tmp_path, prom)
+        assert snap is not None and snap.version == 0
+    finally:
+        server.stop()
