@@ -55,9 +55,13 @@ $(VLLM_STAMP): pyproject.toml | $(VLLM_BIN)/python
 
 .venv-vllm: $(VLLM_STAMP)
 
-# engine=vllm runs the actors in the vLLM venv (the learner and broker too: one launcher)
-RUN_BIN = $(if $(findstring actor.engine=vllm,$(ARGS)),$(VLLM_BIN),$(BIN))
-RUN_STAMP = $(if $(findstring actor.engine=vllm,$(ARGS)),$(VLLM_STAMP),$(STAMP))
+# A run with any vLLM actor (actor.engine=vllm, or actor.engines=[vllm,hf] naming it) runs in the
+# vLLM venv: the learner, broker and hf actors too, one launcher.
+COMMA := ,
+SPACE := $(subst ,, )
+RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(COMMA)$(SPACE),$(COMMA),$(ARGS))))
+RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
+RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(STAMP))
 
 run: $(RUN_STAMP)
 	$(RUN_BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)

@@ -16,6 +16,7 @@ them in order; they also get SIGTERM if the supervisor itself dies
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -118,6 +119,18 @@ class Supervisor:
         from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
         from weightsync.policy import wants_demo_policy
 
+        # else the vLLM actors would crash-loop under the backoff while the others train
+        if (
+            "vllm" in self.cfg.actor.engines_in_use
+            and self.python == sys.executable
+            and importlib.util.find_spec("vllm") is None
+        ):
+            from actors.engines.vllm import VLLMUnavailable
+
+            raise VLLMUnavailable(
+                f"a vLLM actor needs vLLM in this interpreter ({self.python}): "
+                "`make run` switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
+            )
         if wants_demo_policy(self.cfg.model.path, self.cfg.model.build_demo):
             self.event(f"building the demo policy at {self.cfg.model.path} (once)")
             ensure_demo_policy(self.cfg.model.path, seed=self.cfg.run.seed)
@@ -198,9 +211,13 @@ class Supervisor:
         return child
 
     def _add_actor(self) -> Child:
-        ident = f"a{self._next_actor}"
+        index = self._next_actor
+        ident = f"a{index}"
         self._next_actor += 1
         argv = self._argv("actors", "--count", "1", "--actor-id", ident)
+        if self.cfg.actor.engines:
+            # last, so it wins over the run's own overrides
+            argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
         child = self._spawn(Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log"))
         self.actors.append(child)
         self.event(f"actor {ident} started (pid {child.proc.pid})")
