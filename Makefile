@@ -19,7 +19,7 @@ export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test test-vllm .venv-vllm lint mutate bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -100,6 +100,11 @@ mutate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The vLLM engine vs the hf engine (bench/engines.py), in the vLLM venv: its section of
+# docs/benchmarks.md (docs/bench/engines.md), the rest of the page kept.
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m bench --only engines
 
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --rounds $(ROUNDS)
