@@ -261,9 +261,16 @@ class VLLMEngine(Engine):
         gpu = on_gpu()
         backend = weight_transfer_backend(cfg)
         if not gpu:
-            # GiB of KV cache; unset, the CPU build reserves a share of host RAM for it, too much
-            # on a machine that also runs the learner and other actors
+            # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the
+            # host's RAM and refuses to start when that much is not free: never on a host that
+            # also runs the learner and other actors.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            # vLLM's default ("auto") gives its worker its own OpenMP thread count and pins the
+            # threads to cores it picks (one core of two held back for the engine core), whatever
+            # OMP_NUM_THREADS says: on a host shared with the learner and other actors every vLLM
+            # actor would be pinned to the same core. nobind keeps the process's threads and
+            # leaves placement to the OS.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             if backend != SHM_BACKEND and cfg.weightsync.transport != "none":
                 raise ValueError(
                     f"weightsync.transport={cfg.weightsync.transport}: the vLLM CPU build takes weights "
