@@ -41,7 +41,8 @@ def _reward_rise(steps: list[dict]) -> float:
     return last - first
 
 
-# vLLM's start (importing it, its engine core and worker) is 30-170 s of this on 2 shared cores
+# vLLM's start (importing it, spawning its engine core and worker) is 30-170 s of this on 2
+# shared cores
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_vllm_actor_and_an_hf_actor_both_train_the_policy(tmp_path, demo_policy, demo_dataset):
@@ -69,10 +70,16 @@ def test_a_vllm_actor_and_an_hf_actor_both_train_the_policy(tmp_path, demo_polic
             and _reward_rise(steps) > 0.05
         )
 
-    sup = Supervisor(cfg, CONFIG, overrides, actors=2)
+    sup = Supervisor(cfg, CONFIG, overrides, actors=1)
     try:
         sup.start()
-        sup.wait_until(shown, timeout=480)
+        # the hf actor joins once the vLLM engine stands: its start is then not competing with
+        # the learner training on the hf actor's groups (the whole machine is 2 cores)
+        assert sup.wait_until(
+            lambda: any(b["id"] == VLLM for b in alive_actors(sup.redis, keys)), timeout=300
+        ), f"the vLLM actor did not start (log: {sup.actors[0].log})"
+        sup.scale(2)
+        sup.wait_until(shown, timeout=240)
         crashed = {c.name: c.exit_codes for c in [sup.learner, *sup.actors] if c.exit_codes}
     finally:
         sup.stop()

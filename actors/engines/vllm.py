@@ -242,6 +242,12 @@ class VLLMEngine(Engine):
         except BaseException:
             self._stop_loop()
             raise
+        try:
+            self._call(_warm_up(llm, api.vllm.SamplingParams))
+        except BaseException:
+            llm.shutdown()
+            self._stop_loop()
+            raise
         self._setup(
             llm,
             seed=seed,
@@ -615,6 +621,25 @@ def _slot_holds(meta: dict, version: int) -> bool:
         return views is not None and reader.release()
     finally:
         reader.close()
+
+
+async def _warm_up(llm, sampling_params) -> None:
+    """Sampling steps with log-probs at batch 1, then 2, before the engine takes any weights.
+
+    vLLM compiles the kernel that ranks sampled tokens' log-probs (torch.compile, inductor, g++) on
+    first use even with enforce_eager, and again for a second batch size. The first time on a
+    machine (later processes load it from torch's cache) that took more than 30 s on the loaded
+    2-core machine here: inside a push it held pause_generation past weightsync.timeout_s and the
+    actor had to restart. Here it is part of the start.
+    """
+
+    async def one(request_id: str, max_tokens: int) -> None:
+        params = sampling_params(max_tokens=max_tokens, logprobs=0)
+        async for _ in llm.generate({"prompt_token_ids": [0]}, params, request_id):
+            pass
+
+    await one("warm-up-0", 1)
+    await asyncio.gather(one("warm-up-1", 2), one("warm-up-2", 2))
 
 
 async def _cancel(task: asyncio.Task) -> None:
