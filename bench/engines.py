@@ -12,9 +12,10 @@ With pushes, the learner publishes a new version before each step (not timed: th
 learner's cost) and the step's time runs until the engine has generated the batch *and* serves the
 new version, so the whole push is inside it.
 
-Rates are wall-clock tokens/s (vLLM computes in its own engine-core process, which the benchmark's
-CPU time would not see), best of the steps; the two engines' steps alternate, so load on the shared
-machine hits both alike. Every process runs one torch thread.
+Two rates per engine, best of the steps: tokens per CPU-second of every process the engine computes
+in (the benchmark process, plus vLLM's engine core and worker), and wall-clock tokens/s. The
+machines are shared: wall-clock rates swing with whatever else runs, the CPU cost per token does
+not. The two engines' steps alternate, so load hits both alike. Every process runs one torch thread.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import torch
 
 # the benchmark is the only thing vLLM shares the machine with here; see actors/engines/vllm.py
@@ -71,7 +73,7 @@ def _config(url: str, policy: Path, engine: str):
 
 
 class _Side:
-    """One engine, the publisher feeding it, and its version counter."""
+    """One engine, the publisher feeding it, its version counter and the processes it computes in."""
 
     def __init__(self, url: str, policy: Path, engine: str) -> None:
         from actors.loop import build_engine
@@ -87,24 +89,33 @@ class _Side:
         if engine == "hf":
             model = load_policy(policy)
             self.subscriber = make_subscriber(cfg, "bench", dict(model.named_parameters()))
+        me = psutil.Process()
+        before = {p.pid for p in me.children(recursive=True)}
         started = time.perf_counter()
         self.engine = build_engine(cfg, model, self.tokenizer, self.subscriber, seed=0)
         self.start_s = time.perf_counter() - started
+        # this process and the ones the engine started (vLLM's engine core and worker)
+        self.processes = [me] + [p for p in me.children(recursive=True) if p.pid not in before]
         if self.subscriber is not None:
             self.subscriber.start()
         self.version = 0
 
-    def step(self, requests, params, push: bool) -> tuple[int, float]:
-        """Generate one batch (after publishing a new version when ``push``): tokens and seconds."""
+    def cpu_seconds(self) -> float:
+        # user + system
+        return sum(sum(p.cpu_times()[:2]) for p in self.processes)
+
+    def step(self, requests, params, push: bool) -> tuple[int, float, float]:
+        """One batch (after publishing a new version when ``push``): tokens, CPU and wall seconds."""
         if push:
             self.version += 1
             self.publisher.publish(self.version, self.weights)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), self.cpu_seconds()
         outputs = self.engine.generate(requests, params)
         while self.engine.version != self.version:
             self.engine.maybe_swap_weights()
             time.sleep(0.001)
-        return sum(len(o.token_ids) for o in outputs), time.perf_counter() - started
+        tokens = sum(len(o.token_ids) for o in outputs)
+        return tokens, self.cpu_seconds() - cpu, time.perf_counter() - started
 
     def close(self) -> None:
         self.engine.close()
@@ -128,36 +139,38 @@ def _measure(url: str, policy: Path, steps: int) -> dict:
     hf = _Side(url, policy, "hf")
     vllm = _Side(url, policy, "vllm")
     params = SamplingParams(max_new_tokens=NEW_TOKENS, stop_token_ids=(hf.tokenizer.eos_token_id,))
-    params_count = sum(t.numel() for t in hf.weights.values())
-    rates: dict[tuple[str, bool], list[float]] = {}
+    rates: dict[tuple[str, bool, str], list[float]] = {}
     try:
+        # version 1 and first-use costs, not reported
         for side in (hf, vllm):
             side.step(_requests(side.tokenizer, BATCH, -1), params, push=True)
         for step in range(steps):
             for push in (False, True):
                 for side in (vllm, hf) if step % 2 else (hf, vllm):
-                    tokens, seconds = side.step(
-                        _requests(side.tokenizer, BATCH, step), params, push
-                    )
-                    rates.setdefault((side.name, push), []).append(tokens / seconds)
+                    requests = _requests(side.tokenizer, BATCH, step)
+                    tokens, cpu, wall = side.step(requests, params, push)
+                    rates.setdefault((side.name, push, "cpu"), []).append(tokens / cpu)
+                    rates.setdefault((side.name, push, "wall"), []).append(tokens / wall)
     finally:
-        starts = {side.name: side.start_s for side in (hf, vllm)}
         vllm.close()
         hf.close()
-    best = {key: max(values) for key, values in rates.items()}
-    return {"params": params_count, "best": best, "start": starts}
+    return {
+        "params": sum(t.numel() for t in hf.weights.values()),
+        "best": {key: max(values) for key, values in rates.items()},
+        "vllm_start": vllm.start_s,
+    }
 
 
 def run(quick: bool = False) -> str:
+    import vllm
+
     from actors.demo_task import ensure_demo_policy
     from bench.__main__ import machine
     from broker.server import EmbeddedRedis
     from configs import Config
 
     torch.set_num_threads(1)
-    steps = 2 if quick else 6
-    import vllm
-
+    steps = 2 if quick else 10
     command = f"python -m bench --only engines{' --quick' if quick else ''}"
     lines = [
         "## Actor engines: vLLM (CPU build) vs hf",
@@ -165,16 +178,19 @@ def run(quick: bool = False) -> str:
         f"{time.strftime('%Y-%m-%d')} · {machine()}, vLLM {vllm.__version__} · command: "
         f"`make bench-vllm` (`{command}`, in .venv-vllm)",
         "",
-        f"Each engine as an actor builds it; one step = {BATCH} requests, temperature 1, up to "
-        f"{NEW_TOKENS} new tokens (random-init policies: few stop early). *push* = the learner "
+        f"Each engine built as an actor builds it; one step = {BATCH} requests, temperature 1, up "
+        f"to {NEW_TOKENS} new tokens (random-init policies: few stop early). *push* = the learner "
         "publishes a new version (shm) before every step and the step lasts until the engine "
-        "serves it. Wall-clock tokens/s, best of "
-        f"{steps} steps; the engines' steps alternate. vLLM: eager, float32, 1 GiB KV cache.",
+        f"serves it. Best of {steps} steps, the engines' steps alternating. *CPU* = tokens per "
+        "CPU-second of the processes the engine computes in (vLLM: the benchmark's, its engine "
+        "core's and its worker's); *wall* = tokens per second of wall clock. vLLM: eager, "
+        "float32, 1 GiB KV cache.",
         "",
-        "| model | params | push | hf tokens/s | vLLM tokens/s | vLLM / hf |",
-        "|---|---:|---|---:|---:|---:|",
+        "| model | params | push | hf tokens/CPU-s | vLLM tokens/CPU-s | vLLM / hf (CPU) "
+        "| hf tokens/s (wall) | vLLM tokens/s (wall) | vLLM / hf (wall) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    notes = []
+    push_ratios, starts = [], []
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         models = {
             "demo": ensure_demo_policy(Path(tmp) / "demo", warm_start_steps=0),
@@ -183,20 +199,26 @@ def run(quick: bool = False) -> str:
         with EmbeddedRedis(Config().broker, Path(tmp) / "redis") as server:
             for name, policy in models.items():
                 r = _measure(server.url, policy, steps)
+                best = r["best"]
                 for push in (False, True):
-                    hf, vl = r["best"][("hf", push)], r["best"][("vllm", push)]
-                    lines.append(
+                    row = (
                         f"| {name} | {r['params'] / 1e6:.1f}M | {'every step' if push else 'none'} "
-                        f"| {hf:,.0f} | {vl:,.0f} | {vl / hf:.2f} |"
                     )
+                    for clock in ("cpu", "wall"):
+                        hf, vl = best[("hf", push, clock)], best[("vllm", push, clock)]
+                        row += f"| {hf:,.0f} | {vl:,.0f} | {vl / hf:.2f} "
+                    lines.append(row + "|")
                 for engine in ("hf", "vllm"):
-                    ratio = r["best"][(engine, True)] / r["best"][(engine, False)]
-                    notes.append(f"{name}, {engine}: push every step / none = {ratio:.2f}")
-                notes.append(
-                    f"{name}: engine built in {r['start']['hf']:.1f} s (hf) and "
-                    f"{r['start']['vllm']:.1f} s (vLLM)"
-                )
-    lines += ["", "; ".join(notes) + "."]
+                    ratio = best[(engine, True, "cpu")] / best[(engine, False, "cpu")]
+                    push_ratios.append(f"{name} {engine} {ratio:.2f}")
+                starts.append(f"{r['vllm_start']:.0f} s ({name})")
+    lines += [
+        "",
+        "Tokens per CPU-second with a push every step / without: " + ", ".join(push_ratios) + ".",
+        "The vLLM engine was built (after `import vllm`: engine core, worker, KV cache, warm-up) in "
+        + " and ".join(starts)
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
