@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         run_actor(cfg, args.actor_id or default_actor_id(), stop)
-    except (PromptDataError, FileNotFoundError) as exc:  # raised while loading, before Redis
+    # raised while loading, before Redis
+    except (PromptDataError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 2
     return 0

@@ -2,9 +2,11 @@
 
 Owns everything the demo needs that no model hub can give us here: a
 character-level tokenizer, a random-init tiny Qwen2 policy, the short
-format-only warm start that makes RL from a random init work (FACTS.md: pure
-RL from random init collapsed on every task tried), the generated prompt
-dataset and the verifiable reward. ``python -m actors.demo_task`` builds the
+format-only warm start that makes RL from a random init work (pure RL from a
+random init collapsed on every task tried), the generated prompt dataset and
+the verifiable rewards: ``reverse_digits`` (shaped, what is trained) and
+``reverse_digits_exact`` (the exact-match rate, reported and used as the
+preset's target with weight 0). ``python -m actors.demo_task`` builds the
 policy and dataset folders if they are missing.
 """
 
@@ -17,9 +19,13 @@ import random
 import string
 from pathlib import Path
 
+from actors.rewards import completion_turn
+
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
 PROMPT_SUFFIX = ">"
+# the reward part of ``reverse_digits_exact``: the exact-match rate the demo's target asks for
+EXACT_PART = "reverse_digits_exact"
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -73,6 +79,12 @@ def make_example(rng: random.Random, digits: int = 3) -> dict[str, str]:
     return {"prompt": number + PROMPT_SUFFIX, "answer": number[::-1]}
 
 
+def _stopped(completion: str) -> tuple[str, bool]:
+    """The completion without its final EOS, and whether it had one."""
+    stopped = completion.endswith(EOS)
+    return (completion[: -len(EOS)] if stopped else completion), stopped
+
+
 def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
     """0.9 x fraction of answer positions right + 0.1 x stopped right after the answer; exact = 1.0.
 
@@ -81,12 +93,36 @@ def reverse_digits_reward(completion: str, answer: str) -> dict[str, float]:
     ``<|im_end|>`` occupies positions like any other token, so ``4<|pad|>13``
     is not the answer ``413``.
     """
-    stopped = completion.endswith(EOS)
-    text = completion[: -len(EOS)] if stopped else completion
+    text, stopped = _stopped(completion)
     right = sum(1 for a, b in zip(text, answer, strict=False) if a == b)
     position = right / len(answer)
     stop = 1.0 if stopped and len(text) == len(answer) else 0.0
     return {"position": 0.9 * position, "stop": 0.1 * stop}
+
+
+def _raw_text(messages) -> str:
+    """The assistant turn's text with special tokens kept; without ``raw_content`` (a caller that
+    only has the clean text) EOS is appended on a stop."""
+    turn = completion_turn(messages)
+    text = turn.get("raw_content")
+    if text is None:
+        text = turn["content"] + (EOS if turn.get("finish_reason") == "stop" else "")
+    return text
+
+
+def reverse_digits(messages, answer, **_) -> dict[str, float]:
+    """The built-in reward ``reverse_digits``: the shaped reward above on the assistant turn."""
+    return reverse_digits_reward(_raw_text(messages), str(answer))
+
+
+def reverse_digits_exact(messages, answer, **_) -> float:
+    """The built-in reward ``reverse_digits_exact``: 1 for exactly the answer, then EOS.
+
+    The demo preset gives it weight 0: its mean is reported per step and is a target bar
+    (``run.target_parts``), without changing the reward that is trained.
+    """
+    text, stopped = _stopped(_raw_text(messages))
+    return float(stopped and text == str(answer))
 
 
 def format_warm_start(
@@ -102,7 +138,7 @@ def format_warm_start(
 
     Teaches the output format (three digits, then stop), not the answer. With
     these defaults ~95 % of samples have the format and the reward sits at the
-    chance level of the digits (~0.18 = 0.9 x 1/10 + 0.1 x 0.95); FACTS.md's 60
+    chance level of the digits (~0.18 = 0.9 x 1/10 + 0.1 x 0.95); a lighter warm start of 60
     steps at 3e-4 left the format at ~20 % (reward ~0.09), and RL then spent most
     of its time learning to stop. ``optimizer`` (an AdamW over ``model``, its lr set
     to ``lr`` here) lets a caller keep the moments for RL; by default a fresh one is
@@ -151,7 +187,8 @@ def ensure_demo_policy(
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    os.replace(tmp, path)  # atomic: concurrent builders never see half a folder
+    # atomic: concurrent builders never see half a folder
+    os.replace(tmp, path)
     return path
 
 

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,12 +46,16 @@ def default_actor_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def ensure_assets(cfg: Config) -> None:
-    """Build the demo policy / dataset when configured to and missing (atomic, safe to race)."""
+def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> None:
+    """Build the demo policy / dataset when configured to and missing (atomic, safe to race).
+
+    The launcher calls it once before any child starts; a lone actor (``make actors``) calls it
+    too, so it runs without a launcher. Later runs reuse what the first one built."""
     from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
     from weightsync.policy import wants_demo_policy
 
     if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
+        announce(f"building the demo policy at {cfg.model.path} (once)")
         ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
     if (
         cfg.data.build_demo
@@ -223,7 +228,8 @@ class Actor:
                     # the bound depends on the version of the engine that will generate the group
                     lease = await self.admission.try_start(self.actor_id, self.engine.version)
                     if lease is not None:
-                        self.leases.add(lease)  # at once: a stop from here on must release it
+                        # at once: a stop from here on must release it
+                        self.leases.add(lease)
                         break
                 await asyncio.sleep(POLL_S)
             else:
@@ -332,9 +338,8 @@ class Actor:
                 await self.heartbeats.beat(self.actor_id, self.engine.version, self.tokens_per_s)
                 for lease_id in list(self.leases):
                     await self.admission.renew(lease_id)
-            except (
-                Exception
-            ) as exc:  # a Redis hiccup must not kill the actor; the next beat retries
+            # a Redis hiccup must not kill the actor; the next beat retries
+            except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.cfg.actor.heartbeat_s)
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from configs.errors import StreamRLError
+
 _FILE_BUILDERS = {
     ".jsonl": "json",
     ".json": "json",
@@ -37,18 +39,21 @@ _FILE_BUILDERS = {
 }
 
 
-class PromptDataError(ValueError):
+class PromptDataError(StreamRLError, ValueError):
     """A dataset that cannot be used; the message names the file, row and column."""
 
 
 @dataclass
 class Prompt:
-    index: int  # row in the dataset
+    # row in the dataset
+    index: int
     epoch: int
     token_ids: list[int]
-    messages: list[dict[str, str]]  # the conversation before the completion
+    # the conversation before the completion
+    messages: list[dict[str, str]]
     answer: Any
-    columns: dict[str, Any] = field(default_factory=dict)  # the row's other columns, for rewards
+    # the row's other columns, for rewards
+    columns: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prompt_id(self) -> str:
@@ -101,7 +106,8 @@ def _load_table(path: Path, split: str, config: str | None = None):
         _check_json_lines(path)
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train")
-    except Exception as exc:  # datasets wraps parser errors in several types
+    # datasets wraps parser errors in several types
+    except Exception as exc:
         cause = exc.__cause__ or exc
         raise PromptDataError(
             f"{path}: cannot read as {builder}: {type(cause).__name__}: {cause}"
@@ -114,7 +120,8 @@ def _hub_snapshot(name: str) -> str:
 
     try:
         return snapshot_download(name, repo_type="dataset")
-    except Exception as exc:  # invalid id, offline cache miss, unknown or gated repo, no network
+    # invalid id, offline cache miss, unknown or gated repo, no network
+    except Exception as exc:
         raise PromptDataError(
             f"{name}: not a local file or folder, and no hub dataset of that name could be "
             f"resolved ({type(exc).__name__}: {exc})"
@@ -127,7 +134,8 @@ def _load_repo(folder: str, config: str | None, split: str, shown: str):
 
     try:
         return datasets.load_dataset(folder, config, split=split)
-    except Exception as exc:  # unknown config or split, unreadable data files
+    # unknown config or split, unreadable data files
+    except Exception as exc:
         raise PromptDataError(
             f"{shown} (config {config!r}, split {split!r}): cannot load: {type(exc).__name__}: {exc}"
         ) from None

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from actors import metrics
-from actors.demo_task import EOS, reverse_digits_reward
 from actors.sandbox import run_python
 
 log = logging.getLogger(__name__)
@@ -53,26 +52,15 @@ STARTUP_S = 120.0
 # -- built-ins ---------------------------------------------------------------------------------
 
 
-def _completion(messages: list[dict]) -> dict:
+def completion_turn(messages: list[dict]) -> dict:
+    """The assistant turn a reward scores: the last message."""
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("messages must end with the assistant turn")
     return messages[-1]
 
 
-def reverse_digits(messages, answer, **_) -> dict[str, float]:
-    """The demo task's shaped reward (see actors.demo_task) on the text with special tokens kept.
-
-    Without ``raw_content`` (a caller that only has the clean text) EOS is appended on a stop.
-    """
-    turn = _completion(messages)
-    text = turn.get("raw_content")
-    if text is None:
-        text = turn["content"] + (EOS if turn.get("finish_reason") == "stop" else "")
-    return reverse_digits_reward(text, str(answer))
-
-
 def exact_match(messages, answer, strip: bool = True, **_) -> float:
-    text = _completion(messages)["content"]
+    text = completion_turn(messages)["content"]
     target = str(answer)
     if strip:
         text, target = text.strip(), target.strip()
@@ -84,7 +72,7 @@ _THINK = re.compile(r"^\s*<think>(?P<thought>.+?)</think>\s*(?P<answer>\S.*)$", 
 
 def think_format(messages, answer=None, **_) -> float:
     """1 when the completion is ``<think>…</think>`` followed by a non-empty answer, tags used once."""
-    text = _completion(messages)["content"]
+    text = completion_turn(messages)["content"]
     match = _THINK.match(text)
     if not match or text.count("<think>") != 1 or text.count("</think>") != 1:
         return 0.0
@@ -96,7 +84,7 @@ def math_equivalence(messages, answer, **_) -> float:
     from math_verify import parse, verify
 
     gold = parse(str(answer) if "$" in str(answer) or "\\boxed" in str(answer) else f"${answer}$")
-    predicted = parse(_completion(messages)["content"])
+    predicted = parse(completion_turn(messages)["content"])
     return float(bool(gold) and bool(predicted) and verify(gold, predicted))
 
 
@@ -116,7 +104,7 @@ def code_execution(messages, answer, timeout_s: float = 5.0, memory_mb: int = 51
     exits 0) or a list of ``{"input": stdin, "output": expected stdout}`` cases
     (the fraction that print the expected output).
     """
-    code = extract_code(_completion(messages)["content"])
+    code = extract_code(completion_turn(messages)["content"])
     if isinstance(answer, str):
         return float(
             run_python(code + "\n\n" + answer, timeout_s=timeout_s, memory_mb=memory_mb).ok
@@ -135,11 +123,15 @@ def code_execution(messages, answer, timeout_s: float = 5.0, memory_mb: int = 51
 
 
 BUILTINS: dict[str, RewardFn] = {
-    "reverse_digits": reverse_digits,
     "exact_match": exact_match,
     "math": math_equivalence,
     "think_format": think_format,
     "code": code_execution,
+}
+# the CPU demo's rewards, built-in by name and imported only when a config names them
+DEMO_BUILTINS = {
+    "reverse_digits": "actors.demo_task:reverse_digits",
+    "reverse_digits_exact": "actors.demo_task:reverse_digits_exact",
 }
 
 
@@ -151,7 +143,8 @@ def _from_file(name: str, file: str, attr: str):
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # a user file may fail to import in any way
+    # a user file may fail to import in any way
+    except Exception as exc:
         raise ValueError(f"reward {name!r}: cannot import {file!r}: {exc!r}") from None
     return module
 
@@ -160,10 +153,10 @@ def resolve(name: str) -> RewardFn:
     """A built-in, a ``module:function`` or a ``path/to/file.py:function``; ValueError with the reason."""
     if name in BUILTINS:
         return BUILTINS[name]
-    module_name, sep, attr = name.rpartition(":")
+    module_name, sep, attr = DEMO_BUILTINS.get(name, name).rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(
-            f"unknown reward {name!r}: built-ins are {sorted(BUILTINS)}, plug-ins are "
+            f"unknown reward {name!r}: built-ins are {sorted([*BUILTINS, *DEMO_BUILTINS])}, plug-ins are "
             "module:function or path/to/file.py:function"
         )
     if module_name.endswith(".py"):
@@ -212,7 +205,8 @@ class RewardInput:
 class Score:
     total: float
     parts: dict[str, float] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)  # failure kinds, one per failed function
+    # failure kinds, one per failed function
+    failures: list[str] = field(default_factory=list)
 
 
 def _as_parts(name: str, value) -> dict[str, float]:
@@ -266,7 +260,8 @@ def score_sample(
             try:
                 value = fn(messages, answer, **_call_kwargs(spec, allowed, columns or {}))
                 parts = _as_parts(spec["fn"], value)
-            except Exception as exc:  # a plug-in may raise anything (MemoryError included)
+            # a plug-in may raise anything (MemoryError included)
+            except Exception as exc:
                 score.failures.append(_failure_kind(spec["fn"], exc))
                 continue
         score.parts.update(parts)
@@ -302,7 +297,8 @@ def score_batched(spec: dict, fn: RewardFn, inputs: list[RewardInput]) -> list:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise ValueError(f"returned {got}, expected a list of {len(inputs)} numbers")
         return [{} if v is None else _as_parts(spec["fn"], v) for v in values]
-    except Exception as exc:  # a plug-in may raise anything; the chunk scores 0 for it
+    # a plug-in may raise anything; the chunk scores 0 for it
+    except Exception as exc:
         return [_failure_kind(spec["fn"], exc)] * len(inputs)
 
 
@@ -359,7 +355,8 @@ class _Job:
 
     indices: list[int]
     deadline: float
-    batched_pending: bool  # batched functions run before the first result comes back
+    # batched functions run before the first result comes back
+    batched_pending: bool
 
 
 class RewardPool:
@@ -368,15 +365,15 @@ class RewardPool:
     def __init__(self, reward_cfg) -> None:
         self.specs = [spec.model_dump() for spec in reward_cfg.functions]
         for spec in self.specs:
-            if (
-                spec["fn"] == "code"
-            ):  # the sandbox limits come from cfg.reward unless a spec overrides them
+            # the sandbox limits come from cfg.reward unless a spec overrides them
+            if spec["fn"] == "code":
                 spec["kwargs"] = {
                     "timeout_s": reward_cfg.sandbox_timeout_s,
                     "memory_mb": reward_cfg.sandbox_memory_mb,
                 } | spec["kwargs"]
+        # a bad name or plug-in fails here, before anything starts
         for spec in self.specs:
-            resolve(spec["fn"])  # a bad name or plug-in fails here, before anything starts
+            resolve(spec["fn"])
         self.has_batched = any(spec.get("batched") for spec in self.specs)
         self.timeout_s = reward_cfg.timeout_s
         self.memory_mb = reward_cfg.worker_memory_mb

@@ -56,14 +56,16 @@ from dataclasses import asdict, dataclass
 log = logging.getLogger(__name__)
 
 NOBODY = 65534
-SANDBOX_UID_BASE = 1 << 30  # far above real accounts; each run draws its own uid from here
+# far above real accounts; each run draws its own uid from here
+SANDBOX_UID_BASE = 1 << 30
 SANDBOX_UIDS = 1 << 24
 KILL_ROUNDS = 50
 MAX_OUTPUT_BYTES = 1 << 20
 NPROC_LIMIT = 16
 PR_SET_PDEATHSIG = 1
 LANDLOCK_CREATE_RULESET_VERSION = 1
-SYS_LANDLOCK_CREATE_RULESET = 444  # the same number on x86_64 and aarch64 (generic table)
+# the same number on x86_64 and aarch64 (generic table)
+SYS_LANDLOCK_CREATE_RULESET = 444
 WORKDIR_PREFIX = "streamrl-sandbox-"
 # Tried in order; the first that starts a program on this host is used (user namespace first:
 # it is what lets a non-root process create the others).
@@ -160,11 +162,13 @@ def _boot(root: str, audit_hook: bool, landlock_abi: int) -> str:
 
 @dataclass
 class SandboxResult:
-    returncode: int | None  # None when killed on timeout
+    # None when killed on timeout
+    returncode: int | None
     stdout: str
     stderr: str
     timed_out: bool
-    network_namespace: bool  # whether the kernel network namespace was in place
+    # whether the kernel network namespace was in place
+    network_namespace: bool
 
     @property
     def ok(self) -> bool:
@@ -176,9 +180,12 @@ class Layers:
     """The containment this host grants the sandbox (probed once per process)."""
 
     interpreter: str
-    uid_drop: bool  # root actor: the program runs as a fresh uid of its own
-    namespaces: tuple[str, ...]  # of "user", "net", "pid", "proc"
-    landlock_abi: int  # 0: no Landlock
+    # root actor: the program runs as a fresh uid of its own
+    uid_drop: bool
+    # of "user", "net", "pid", "proc"
+    namespaces: tuple[str, ...]
+    # 0: no Landlock
+    landlock_abi: int
     pdeathsig: bool = True
     audit_hook: bool = True
 

@@ -41,9 +41,8 @@ class _EveryNSteps:
         return self.version, self.tensors
 
     def applied(self, version: int, recycled: dict | None = None) -> None:
-        self.tensors = (
-            recycled  # the swapped-out weights are the next staging copy, as in weightsync
-        )
+        # the swapped-out weights are the next staging copy, as in weightsync
+        self.tensors = recycled
 
 
 def _prompts(tokenizer, batch: int) -> list[list[int]]:
@@ -64,7 +63,8 @@ def _ours(model, tokenizer, prompts, new_tokens: int, source=None) -> float:
 
 
 def _hf_generate(model, tokenizer, prompts, new_tokens: int) -> float:
-    ids = torch.tensor(prompts)  # demo prompts share one length: no padding needed
+    # demo prompts share one length: no padding needed
+    ids = torch.tensor(prompts)
     start = time.process_time()
     with torch.inference_mode():
         out = model.generate(
@@ -106,9 +106,11 @@ def run(quick: bool = False) -> str:
     ]
     for batch in batches:
         prompts = _prompts(tokenizer, batch)
-        _ours(model, tokenizer, prompts, 4)  # warm-up
+        # warm-up
+        _ours(model, tokenizer, prompts, 4)
         ours, ref = [], []
-        for _ in range(repeats):  # interleaved, so load changes hit both sides alike
+        # interleaved, so load changes hit both sides alike
+        for _ in range(repeats):
             ours.append(_ours(model, tokenizer, prompts, new_tokens))
             ref.append(_hf_generate(model, tokenizer, prompts, new_tokens))
         lines.append(

@@ -32,7 +32,8 @@ from broker.wire import Completion, RolloutGroup, decode_group, encode_group
 from configs import Config
 
 G, T, PROMPT, VOCAB = 16, 512, 128, 32_000
-READ_BATCH = 16  # groups_per_step of the demo config
+# groups_per_step of the demo config
+READ_BATCH = 16
 
 
 def make_group(rng: np.random.Generator) -> RolloutGroup:
@@ -189,7 +190,8 @@ async def memory_per_group(r: redis.asyncio.Redis, payload: bytes, n: int) -> fl
 async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> dict:
     """4 producer tasks publish as fast as allowed while the consumer is stalled."""
     cfg = run_cfg(url)
-    cfg.algo.max_staleness, cfg.learner.groups_per_step = 2, 16  # capacity 48 groups
+    # capacity 48 groups
+    cfg.algo.max_staleness, cfg.learner.groups_per_step = 2, 16
     r = connect_async(cfg)
     adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
     keys = Keys.from_config(cfg)
@@ -224,7 +226,8 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
 def measure(url: str, server_pid: int, quick: bool) -> dict:
     n = 200 if quick else 600
     raw, full = [], []
-    for _ in range(2 if quick else 5):  # alternate, so drift on a shared machine hits both alike
+    # alternate, so drift on a shared machine hits both alike
+    for _ in range(2 if quick else 5):
         raw.append(end_to_end(url, server_pid, "raw", n))
         full.append(end_to_end(url, server_pid, "stream", n))
     payload = encode_group(make_group(np.random.default_rng(2)))

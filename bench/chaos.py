@@ -70,7 +70,7 @@ def overrides(
         "run.max_steps=0",
         # a soak runs until it is stopped, not until the demo's target
         "run.target_reward=0",
-        "run.target_exact=0",
+        "run.target_parts.reverse_digits_exact=0",
         "rollout.group_size=8",
         "actor.batch_slots=16",
         "learner.groups_per_step=4",

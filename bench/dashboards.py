@@ -125,7 +125,8 @@ def run(quick: bool = False) -> str:
         rows.append(
             f"| dashboard refresh: all {len(exprs)} expressions once | {dash_ms:.1f} ms | {dash_ms / base_ms:.2f} |"
         )
-        with ThreadPoolExecutor(16) as pool:  # each shutdown waits out a 0.5 s poll
+        # each shutdown waits out a 0.5 s poll
+        with ThreadPoolExecutor(16) as pool:
             list(pool.map(_close, [*endpoints, metrics_srv]))
         client.close()
 

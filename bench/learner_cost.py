@@ -172,8 +172,12 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
         )  # fmt: skip
         rng = random.Random(0)
         per_step = cfg.learner.groups_per_step
+        # batch k is sampled one batch behind the learner (version k - 1 of the batches, each
+        # versions_per_batch policy versions), as the demo's actors run: kept by max_staleness, and
+        # never a version the learner has not announced when it reads the batch
+        per_batch = cfg.learner.versions_per_batch
         batches = [
-            _groups(tokenizer, per_step, cfg.rollout.group_size, k, rng)
+            _groups(tokenizer, per_step, cfg.rollout.group_size, max(0, k - 1) * per_batch, rng)
             for k in range(steps + warmup)
         ]
 

@@ -37,7 +37,6 @@ LEARNER_MD = Path("docs/bench/learner.md")
 
 # Published figures (H100 SXM 80 GB, Llama-3.1-8B-class dense model).
 PARAMS_8B = 8.03e9
-H100_BF16_DENSE_FLOPS = 989e12
 LLAMA3_BF16_TFLOPS_PER_GPU = (380e12, 430e12)
 VLLM_GEN_TPS_H100 = {"MLPerf offline, FP8": 5_777.0, "BF16, third-party compilation": 12_500.0}
 NVLINK_BUSBW = 460e9
@@ -45,10 +44,11 @@ IB_NDR_BYTES_PER_S = 400e9 / 8
 GPUS_PER_NODE = 8
 
 # Measured here, used when no docs/bench file gives a newer number.
-FACTS_CPU_TRAIN_TPS = 23_000.0
-FACTS_CPU_GEN_TPS = 8_500.0
+FALLBACK_CPU_TRAIN_TPS = 23_000.0
+FALLBACK_CPU_GEN_TPS = 8_500.0
 CPU_SHM_PUBLISH_BYTES_PER_S = 40e6 / 14.1e-3
-LEARNER_BENCH_PROMPT, LEARNER_BENCH_COMPLETION = 16, 112  # bench/learner.py's sample shape
+# bench/learner.py's sample shape
+LEARNER_BENCH_PROMPT, LEARNER_BENCH_COMPLETION = 16, 112
 
 SOURCES = {
     "gen_low": "Red Hat, MLPerf Inference v5.1 results: Llama-3.1-8B FP8, vLLM 0.10.0, 1×H100, offline "
@@ -171,14 +171,14 @@ def measured_cpu_inputs() -> tuple[float, str, float, str]:
     gen_src = (
         f"{ACTORS_MD} (our engine, batch 16)"
         if gen
-        else "FACTS.md (hand-written sampling loop, batch 16)"
+        else "docs/measured.md (hand-written sampling loop, batch 16)"
     )
     train_src = (
         f"{LEARNER_MD} (ZeRO-2, demo model, × 128/112 for prompt tokens)"
         if train
-        else "FACTS.md (learner forward+backward+AdamW, 1 thread)"
+        else "docs/measured.md (learner forward+backward+AdamW, 1 thread)"
     )
-    return gen or FACTS_CPU_GEN_TPS, gen_src, train or FACTS_CPU_TRAIN_TPS, train_src
+    return gen or FALLBACK_CPU_GEN_TPS, gen_src, train or FALLBACK_CPU_TRAIN_TPS, train_src
 
 
 def _fmt_s(seconds: float) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from actors.demo_task import (
+    EXACT_PART,
     build_model,
     build_tokenizer,
     ensure_demo_dataset,
@@ -151,7 +152,8 @@ def run_reference(
     setup_s = time.monotonic() - started
     # CPU seconds of this process: on a shared machine they move far less than wall time
     cpu_started = time.process_time()
-    rewards_seen, exact_seen = [], []
+    # each rollout's figures for run.target_* (learner.target), as the learner's step rows give them
+    seen = []
     step = 0
     while time.monotonic() - started < max_time_s:
         t0 = time.monotonic()
@@ -202,21 +204,16 @@ def run_reference(
         tokens += int(mask.sum())
         exact = float((reward >= EXACT_REWARD).float().mean())
         curve.append((now, float(reward.mean()), exact))
-        rewards_seen.append(float(reward.mean()))
-        exact_seen.append(exact)
+        seen.append({target.REWARD: float(reward.mean()), EXACT_PART: exact})
         if step % 25 == 0:
             echo(
                 f"rollout {step:4d} t={now:6.1f}s reward {reward.mean():.3f} exact {exact:.3f} "
                 f"gen {gen_s * 1e3:.0f} ms learn {(time.monotonic() - t0 - gen_s) * 1e3:.0f} ms"
             )
         step += 1
-        if stop_at_target and target.window_reached(
-            rewards_seen, exact_seen, run.target_reward, run.target_exact, run.target_window
-        ):
+        if stop_at_target and target.window_reached(seen, target.bars(run), run.target_window):
             break
-    end = target.first_reached(
-        rewards_seen, exact_seen, run.target_reward, run.target_exact, run.target_window
-    )
+    end = target.first_reached(seen, target.bars(run), run.target_window)
     loop_s = curve[-1][0] - setup_s if curve else 0.0
     return {
         "curve": curve,
@@ -268,7 +265,7 @@ def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) 
             "",
             "`bench.reference_loop`: sample a 256-completion rollout, score it, train on it, repeat, with the "
             f"recipe of `{CONFIG}` on the demo's policy, prompts and reward. Target: {run.target_window}-rollout "
-            f"means of reward ≥ {run.target_reward} and exact match ≥ {run.target_exact}; cap {cap_s:.0f} s. "
+            f"means of reward ≥ {run.target_reward} and exact match ≥ {run.target_parts.get(EXACT_PART, 0.0)}; cap {cap_s:.0f} s. "
             f"Seeds {', '.join(map(str, seeds))} (warm-start seed = RL seed). Optimizer: *fresh* = a new AdamW on "
             "the warmed policy, as the streamrl learner starts; *carried* = the warm start's AdamW, moments "
             "included, kept for RL.",

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.demo_task import EXACT_PART
 from learner import target as run_target
 
 CONFIG = "configs/demo_cpu.yaml"
@@ -52,7 +53,8 @@ SECTION = Path("docs/bench/system.md")
 MILESTONE_REWARD = 0.7
 # (lr, k3 KL coefficient): the grid every system is tuned on (issue 11)
 GRID = tuple((lr, kl) for lr in (3e-4, 6e-4) for kl in (0.0, 0.1))
-STOP_GRACE_S = 45.0  # the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
+# the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
+STOP_GRACE_S = 45.0
 SCRAPE_EVERY_S = 10.0
 POLL_S = 1.0
 SCRAPE_TIMEOUT_S = 2.0
@@ -75,10 +77,11 @@ def demo_target() -> tuple[float, float, int]:
     from configs import load_config
 
     run = load_config(CONFIG, [], env={}).run
-    return run.target_reward, run.target_exact, run.target_window
+    return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
 
 
 TARGET_REWARD, TARGET_EXACT, WINDOW = demo_target()
+TARGET_BARS = {run_target.REWARD: TARGET_REWARD, EXACT_PART: TARGET_EXACT}
 
 
 def preset_point() -> tuple[float, float]:
@@ -102,9 +105,11 @@ class Settings:
     seeds: tuple[int, ...]
     ttt_cap_s: float
     sweep_cap_s: float
-    tune_seeds: tuple[int, ...] = ()  # empty: no tuning, every system at the preset's point
+    # empty: no tuning, every system at the preset's point
+    tune_seeds: tuple[int, ...] = ()
     grid: tuple[tuple[float, float], ...] = GRID
-    reuse: bool = False  # read runs saved under ROOT/outcomes instead of running them again
+    # read runs saved under ROOT/outcomes instead of running them again
+    reuse: bool = False
 
 
 QUICK = Settings(seeds=(0,), ttt_cap_s=300.0, sweep_cap_s=90.0)
@@ -172,8 +177,10 @@ def time_shares(
 
 @dataclass
 class Scrape:
-    at: float  # time.monotonic()
-    by_target: dict[str, dict[str, float]]  # "role:ident" -> flattened metrics
+    # time.monotonic()
+    at: float
+    # "role:ident" -> flattened metrics
+    by_target: dict[str, dict[str, float]]
 
 
 def breakdown(
@@ -218,7 +225,8 @@ def scrape_all(redis, keys) -> Scrape:
         try:
             with urllib.request.urlopen(f"http://{addr}/metrics", timeout=SCRAPE_TIMEOUT_S) as resp:
                 by_target[target] = flatten_metrics(resp.read().decode())
-        except OSError:  # a process between restarts or shutting down
+        # a process between restarts or shutting down
+        except OSError:
             continue
     return Scrape(at, by_target)
 
@@ -233,9 +241,8 @@ class Outcome:
     system: str
     seed: int
     cap_s: float
-    curve: list[
-        tuple[float, float, float]
-    ]  # (seconds since launch, reward mean, exact match) per step
+    # (seconds since launch, reward mean, exact match) per step
+    curve: list[tuple[float, float, float]]
     samples_per_s: float
     tokens_per_s: float
     wall_s: float
@@ -248,9 +255,9 @@ class Outcome:
 
     def target_index(self, reward: float, exact: float = 0.0) -> int | None:
         """Curve index closing the first ``WINDOW`` points whose means reach both bars (learner.target)."""
-        return run_target.first_reached(
-            [r for _, r, _ in self.curve], [e for _, _, e in self.curve], reward, exact, WINDOW
-        )
+        rows = [{run_target.REWARD: r, EXACT_PART: e} for _, r, e in self.curve]
+        bars = {run_target.REWARD: reward, EXACT_PART: exact}
+        return run_target.first_reached(rows, bars, WINDOW)
 
     def time_to(self, reward: float, exact: float = 0.0) -> float | None:
         """Seconds since launch at the end of the first ``WINDOW`` steps whose means reach both bars."""
@@ -377,8 +384,7 @@ def _launch_and_watch(
             steps = read_steps(sup.run_dir) if stop_at_target else []
             if (
                 stop_at_target
-                and time_to_target(steps, started_unix, TARGET_REWARD, TARGET_EXACT, WINDOW)
-                is not None
+                and time_to_target(steps, started_unix, TARGET_BARS, WINDOW) is not None
             ):
                 scrapes.append(scrape_all(sup.redis, sup.keys))
                 break
@@ -389,7 +395,10 @@ def _launch_and_watch(
     # The learner's own clock starts after its start-up: steps past the cap (from the launch) do not count.
     steps = [s for s in read_steps(sup.run_dir) if s["time"] - started_unix <= cap_s]
     group_size = cfg.rollout.group_size
-    curve = [(s["time"] - started_unix, s["reward_mean"], s["exact_match"]) for s in steps]
+    curve = [
+        (s["time"] - started_unix, s["reward_mean"], s["reward_parts"].get(EXACT_PART, math.nan))
+        for s in steps
+    ]
     loop_s = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
     # Steady-state loop, start-up excluded (as TRL's samples/s): completions the learner took after its first step.
     samples_per_s = sum(s["groups"] * group_size for s in steps[1:]) / loop_s if loop_s > 0 else 0.0
@@ -962,7 +971,8 @@ def run(
             )
         try:
             body.append(time_markdown(async_run))
-        except ValueError as exc:  # e.g. a run that hit the target before two scrapes
+        # e.g. a run that hit the target before two scrapes
+        except ValueError as exc:
             body.append(f"### Where time goes\n\nNot measured in this run: {exc}.")
     header = [
         "## System: async vs synchronous vs a plain loop vs TRL, staleness, where time goes",

@@ -40,7 +40,9 @@ def demo_target(config_path: str = DEMO_CONFIG) -> tuple[float, float, int]:
     from configs import load_config
 
     run = load_config(config_path, [], env={}).run
-    return run.target_reward, run.target_exact, run.target_window
+    from actors.demo_task import EXACT_PART
+
+    return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
 
 
 def grpo_config_kwargs(
@@ -75,7 +77,8 @@ def grpo_config_kwargs(
         "save_strategy": "no",
         "logging_steps": 10,
         "disable_tqdm": True,
-        "max_steps": 100_000,  # the time budget stops training, via StepRecorder
+        # the time budget stops training, via StepRecorder
+        "max_steps": 100_000,
         # One generation batch of groups_per_step prompts x group_size completions, shuffled and split
         # into `minibatches` optimizer steps, `updates_per_batch` passes (TRL's num_iterations).
         "num_generations": r.group_size,
@@ -114,9 +117,10 @@ def time_to_target(
     curve: list[tuple[float, float, float]], reward: float, exact: float, window: int
 ) -> float | None:
     """Elapsed time of the first rollout whose last ``window`` means reach both bars (learner.target)."""
-    end = target.first_reached(
-        [r for _, r, _ in curve], [e for _, _, e in curve], reward, exact, window
-    )
+    from actors.demo_task import EXACT_PART
+
+    rows = [{target.REWARD: r, EXACT_PART: e} for _, r, e in curve]
+    end = target.first_reached(rows, {target.REWARD: reward, EXACT_PART: exact}, window)
     return None if end is None else curve[end][0]
 
 
@@ -130,7 +134,8 @@ class StepRecorder:
     max_time_s: float
     stop_at_target: bool = False
     target: tuple[float, float, int] = (0.0, 0.0, 1)
-    steps_per_rollout: int = 1  # optimizer steps of one rollout: mini-batches x passes
+    # optimizer steps of one rollout: mini-batches x passes
+    steps_per_rollout: int = 1
     curve: list[tuple[float, float, float]] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -247,7 +252,8 @@ def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
     last = curve[-window:]
     ttt = result["time_to_target_s"]
     rows = []
-    every = max(10, round(len(curve) / 200) * 10)  # about 20 rows, at round step numbers
+    # about 20 rows, at round step numbers
+    every = max(10, round(len(curve) / 200) * 10)
     marks = sorted({0, *range(every - 1, len(curve), every), len(curve) - 1}) if curve else []
     for i in marks:
         t, r, e = curve[i]

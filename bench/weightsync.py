@@ -20,7 +20,8 @@ import time
 
 import torch
 
-CHUNK = 4 << 20  # params per tensor: a few MB per tensor, like an LLM's projection matrices
+# params per tensor: a few MB per tensor, like an LLM's projection matrices
+CHUNK = 4 << 20
 ROUNDS = 5
 
 
@@ -173,7 +174,8 @@ def _one_size(url: str, transport: str, params: int, slots: int = 3) -> dict:
         pub.next("ready")
         sub.next("ready")
         if transport == "dist":
-            time.sleep(1.0)  # the subscriber's first heartbeat registers it as a member
+            # the subscriber's first heartbeat registers it as a member
+            time.sleep(1.0)
         rows = []
         # version 0 pays first-touch costs once; it is not reported
         for version in range(ROUNDS + 1):
@@ -212,7 +214,7 @@ def run(quick: bool = False) -> str:
         "memory (best of 3, measured right before each publish). *e2e* = publish call start -> "
         "the subscriber's engine loop has applied the version: publisher copy into shm, "
         "subscriber copy into its staging buffer (in the background, generation goes on), "
-        "`apply_to_model` copy into the live parameters (the only part that pauses the engine). "
+        "`swap_into_model` into the live parameters (pointer swaps: the only part that pauses the engine). "
         "Goal: e2e <= 2x memcpy.",
         "",
         "| transport | slots | params | MB | memcpy ms | publish ms | receive ms | apply ms "
@@ -250,7 +252,7 @@ def run(quick: bool = False) -> str:
         "",
         "Reading it: e2e is three sequential copies, so it lands near 3x memcpy; 2x is not "
         "reachable without dropping a copy. What stalls anything is smaller: the learner waits "
-        "for *publish* (one copy), the engine pauses only for *apply* (one copy); *receive* "
+        "for *publish* (one copy), the engine pauses only for *apply* (pointer swaps); *receive* "
         "overlaps generation. The machine is shared (2 cores), so rows vary run to run.",
     ]
     return "\n".join(lines) + "\n"

@@ -35,9 +35,7 @@ after ``broker.lease_ttl_s``. The check and the lease are one Lua script
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 import uuid
 
 import redis.asyncio
@@ -145,29 +143,14 @@ class Admission:
         )
         return (lease_id if ok else None), int(ahead), int(bound)
 
-    async def start(
-        self, actor_id: str, version: int, timeout_s: float, poll_s: float = 0.05
-    ) -> str | None:
-        """``try_start`` until it succeeds or ``timeout_s`` passes (then None)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lease = await self.try_start(actor_id, version)
-            if lease is not None or time.monotonic() >= deadline:
-                return lease
-            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-
     async def renew(self, lease_id: str) -> bool:
         """Push a long-running group's lease expiry out by another TTL; False if it already expired."""
         return bool(await self._renew(keys=[self.keys.leases], args=[lease_id, self.ttl_ms]))
 
-    async def release(self, lease_id: str, accepted: bool = False) -> None:
-        """Drop a lease. ``RolloutProducer.publish(group, lease_id)`` already does this and counts
-        the group; pass ``accepted=True`` only for a group put into the stream some other way."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.zrem(self.keys.leases, lease_id)
-        if accepted:
-            pipe.incr(self.keys.accepted)
-        await pipe.execute()
+    async def release(self, lease_id: str) -> None:
+        """Drop the lease of a group given up; ``RolloutProducer.publish(group, lease_id)`` drops
+        the lease of a published group itself, in the script that counts it accepted."""
+        await self.redis.zrem(self.keys.leases, lease_id)
 
     async def version(self) -> int:
         return int(await self.redis.get(self.keys.version) or 0)

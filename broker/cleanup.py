@@ -53,7 +53,8 @@ def ephemeral_leftovers(client: redis.Redis, keys: Keys) -> dict[str, object]:
         left["heartbeats"] = heartbeats
     if members := client.zrange(keys.actors, 0, -1):
         left["alive actors"] = [m.decode() for m in members]
-    seconds, micros = client.time()  # leases are scored by their expiry on Redis's clock
+    # leases are scored by their expiry on Redis's clock
+    seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     if leases := client.zrangebyscore(keys.leases, now_ms, "+inf"):
         left["admission leases"] = [m.decode() for m in leases]

@@ -16,14 +16,20 @@ import redis.asyncio.retry
 import redis.retry
 from redis.backoff import ExponentialWithJitterBackoff
 
+from configs.errors import StreamRLError
 from configs.schema import Config
 
 URL_FILE = "redis.url"
 _RETRY_ON = (redis.ConnectionError, redis.TimeoutError)
 
 
-class RedisNotConfigured(RuntimeError):
+class RedisNotConfigured(StreamRLError, RuntimeError):
     """No Redis to talk to: neither REDIS_URL, broker.redis_url nor a running embedded server."""
+
+
+def as_str(value: bytes | str) -> str:
+    """A key, field or value as text: clients made without ``decode_responses`` return bytes."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def url_file(cfg: Config) -> Path:

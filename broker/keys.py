@@ -36,11 +36,13 @@ class Keys:
         self.prompts_cursor = p + "prompts:cursor"
         self.weights = p + "weights"
         self.weights_notify = p + "weights:notify"
-        self.weights_dist_members = p + "weights:dist:members"  # dist transport rendezvous
+        # dist transport rendezvous
+        self.weights_dist_members = p + "weights:dist:members"
         self.weights_dist_group = p + "weights:dist:group"
         self.weights_dist_epoch = p + "weights:dist:group:epoch"
         self.metrics_targets = p + "metrics:targets"
-        self.launch_control = p + "launch:control"  # `make scale` -> the supervisor of `make run`
+        # `make scale` -> the supervisor of `make run`
+        self.launch_control = p + "launch:control"
 
     @classmethod
     def from_config(cls, cfg: Config) -> Keys:

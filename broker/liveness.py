@@ -1,7 +1,7 @@
 """Actor heartbeats: a hash per actor with a TTL of three beats, and a zset of known actors.
 
-A killed actor's hash expires by itself; ``alive`` (async) and ``alive_actors``
-(sync, for tools) list actors whose hash still exists and prune the rest from the zset.
+A killed actor's hash expires by itself; ``alive_actors`` lists actors whose hash still exists
+and prunes the rest from the zset.
 """
 
 from __future__ import annotations
@@ -42,35 +42,12 @@ class Heartbeats:
         pipe.zadd(self.keys.actors, {actor_id: time.time()})
         await pipe.execute()
 
-    async def alive(self) -> dict[str, dict[str, str]]:
-        """actor id -> its last heartbeat fields, for actors whose heartbeat has not expired."""
-        ids = [i.decode() for i in await self.redis.zrange(self.keys.actors, 0, -1)]
-        if not ids:
-            return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for actor_id in ids:
-            pipe.hgetall(self.keys.actor(actor_id))
-        out, dead = _split_alive(ids, await pipe.execute())
-        if dead:
-            await self.redis.zrem(self.keys.actors, *dead)
-        return out
-
     async def forget(self, actor_id: str) -> None:
         """Clean shutdown of an actor: remove it at once instead of waiting for the TTL."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.actor(actor_id))
         pipe.zrem(self.keys.actors, actor_id)
         await pipe.execute()
-
-
-def _split_alive(ids: list[str], hashes: list[dict]) -> tuple[dict[str, dict[str, str]], list[str]]:
-    out, dead = {}, []
-    for actor_id, fields in zip(ids, hashes, strict=True):
-        if fields:
-            out[actor_id] = {k.decode(): v.decode() for k, v in fields.items()}
-        else:
-            dead.append(actor_id)
-    return out, dead
 
 
 def alive_actors(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
@@ -81,7 +58,12 @@ def alive_actors(client: redis.Redis, keys: Keys) -> list[dict[str, str]]:
     pipe = client.pipeline(transaction=False)
     for actor_id in ids:
         pipe.hgetall(keys.actor(actor_id))
-    out, dead = _split_alive(ids, pipe.execute())
+    out, dead = [], []
+    for actor_id, fields in zip(ids, pipe.execute(), strict=True):
+        if fields:
+            out.append({"id": actor_id, **{k.decode(): v.decode() for k, v in fields.items()}})
+        else:
+            dead.append(actor_id)
     if dead:
         client.zrem(keys.actors, *dead)
-    return [{"id": actor_id, **fields} for actor_id, fields in sorted(out.items())]
+    return sorted(out, key=lambda a: a["id"])

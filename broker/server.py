@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import redis
 
+from configs.errors import StreamRLError
 from configs.schema import BrokerConfig
 
 START_TIMEOUT_S = 10.0
@@ -46,7 +47,7 @@ DISABLED_COMMANDS = (
 )
 
 
-class RedisServerError(RuntimeError):
+class RedisServerError(StreamRLError, RuntimeError):
     """The embedded server could not be configured, started or stopped; the message says why."""
 
 
@@ -86,9 +87,8 @@ class EmbeddedRedis:
                 "set broker.password (or bind 127.0.0.1)"
             )
         self.cfg = cfg
-        self.data_dir = Path(
-            data_dir
-        ).resolve()  # redis-server chdirs to --dir: relative paths would break
+        # redis-server chdirs to --dir: relative paths would break
+        self.data_dir = Path(data_dir).resolve()
         self.url_file = Path(url_file) if url_file is not None else None
         self.port = cfg.port
         self.password = cfg.password or secrets.token_urlsafe(32)
@@ -102,7 +102,8 @@ class EmbeddedRedis:
     def _command(self) -> list[str]:
         cmd = [
             redis_executable(),
-            "-",  # the rest of the config (password, renames) comes on stdin, never in `ps` output
+            # the rest of the config (password, renames) comes on stdin, never in `ps` output
+            "-",
             "--port",
             str(self.port),
             "--bind",
@@ -170,7 +171,8 @@ class EmbeddedRedis:
                         return True
                 except (redis.ConnectionError, redis.TimeoutError):
                     time.sleep(0.01)
-                except redis.BusyLoadingError:  # replaying a large AOF
+                # replaying a large AOF
+                except redis.BusyLoadingError:
                     time.sleep(0.05)
         finally:
             client.close()
@@ -212,7 +214,8 @@ class EmbeddedRedis:
                 )
                 client.shutdown(nosave=True)
             except redis.RedisError:
-                pass  # shutdown closes the connection; a dead server refuses it: both end below
+                # shutdown closes the connection; a dead server refuses it: both end below
+                pass
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

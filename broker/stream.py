@@ -28,9 +28,7 @@ leaks no admission slot.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ import redis
 import redis.asyncio
 
 from broker import metrics
+from broker.client import as_str
 from broker.keys import Keys
 from broker.semantics import Limits, check_group
 from broker.wire import RolloutGroup, WireError, decode_group, encode_group
@@ -47,7 +46,8 @@ from configs.schema import Config
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_MAXLEN = 10_000
-SCRIPT_CHUNK = 4000  # arguments per script call; Lua's unpack() stops near 8000
+# arguments per script call; Lua's unpack() stops near 8000
+SCRIPT_CHUNK = 4000
 
 # Lua keeps each step atomic and one round trip (a MULTI pipeline cost 3x the client CPU of XADD).
 # redis.replicate_commands(): XADD '*' is non-deterministic; Redis 6.2 needs effect replication.
@@ -140,10 +140,6 @@ class Delivery:
     redelivered: bool = False
 
 
-def _entry_id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
 def _first_of_each(raw: list[tuple[str, dict | None, bool]]) -> list[tuple[str, dict | None, bool]]:
     """Drop repeats of an entry id: a pending re-read and a claim in one call can both return it."""
     seen: set[str] = set()
@@ -184,7 +180,7 @@ class RolloutProducer:
                 self.maxlen,
                 trimmed,
             )
-        return _entry_id(entry_id)
+        return as_str(entry_id)
 
 
 class RolloutConsumer:
@@ -207,15 +203,19 @@ class RolloutConsumer:
         self.limits = Limits.from_config(cfg)
         self.max_deliveries = cfg.broker.max_deliveries
         self.dead_letter_payload_bytes = cfg.broker.dead_letter_payload_bytes
-        self.max_version: int | None = None  # None until the learner says: versions unchecked
+        # None until the learner says: versions unchecked
+        self.max_version: int | None = None
         self._group_ready = False
-        self.group_recreated = 0  # Redis lost the group (restart without persistence): counters too
-        self._pending_cursor: str | None = "0"  # None once our own pending entries are re-read
+        # times Redis lost the group (restart without persistence), and the counters with it
+        self.group_recreated = 0
+        # None once our own pending entries are re-read
+        self._pending_cursor: str | None = "0"
         self._claim_cursor = "0-0"
         self._last_claim = 0.0
         self._last_touch = time.monotonic()
         self._last_gauges = 0.0
-        self._inflight: dict[str, str] = {}  # group id -> entry id, delivered and not yet acked
+        # group id -> entry id, delivered and not yet acked
+        self._inflight: dict[str, str] = {}
         self._trained = redis_client.register_script(_TRAINED)
         self._discard = redis_client.register_script(_DISCARD)
         self._ack = redis_client.register_script(_ACK)
@@ -276,15 +276,13 @@ class RolloutConsumer:
         if not entries:
             self._pending_cursor = None
             return []
-        self._pending_cursor = _entry_id(entries[-1][0])
+        self._pending_cursor = as_str(entries[-1][0])
         return self._not_held(entries)
 
     def _not_held(self, entries) -> list[tuple[str, dict | None, bool]]:
         # Our own unacked entries come back from a pending re-read or a claim: we still hold them.
         held = set(self._inflight.values())
-        return [
-            (_entry_id(eid), fields, True) for eid, fields in entries if _entry_id(eid) not in held
-        ]
+        return [(as_str(eid), fields, True) for eid, fields in entries if as_str(eid) not in held]
 
     async def _claim_idle(self, count: int) -> list[tuple[str, dict | None, bool]]:
         self._last_claim = time.monotonic()
@@ -296,7 +294,7 @@ class RolloutConsumer:
             start_id=self._claim_cursor,
             count=count,
         )
-        self._claim_cursor = _entry_id(reply[0])
+        self._claim_cursor = as_str(reply[0])
         # Redis 7 lists deleted entries separately (and drops them from the PEL); 6.2 returns (id, None).
         return self._not_held(reply[1])
 
@@ -305,20 +303,22 @@ class RolloutConsumer:
             self.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block
         )
         entries = reply[0][1] if reply else []
-        return [(_entry_id(eid), fields, False) for eid, fields in entries]
+        return [(as_str(eid), fields, False) for eid, fields in entries]
 
     async def _sort(self, raw: list[tuple[str, dict | None, bool]]) -> list[Delivery]:
         """Decode; dead-letter the bad, skip the duplicate, return the rest."""
         if not raw:
             return []
         decoded: list[tuple[str, RolloutGroup, bool]] = []
-        drop: list[str] = []  # acked and deleted without training
+        # acked and deleted without training
+        drop: list[str] = []
         dead: list[tuple[str, bytes, str]] = []
         deliveries_of = await self._delivery_counts([e for e, _, again in raw if again])
         for entry_id, fields, redelivered in raw:
             if redelivered:
                 metrics.STREAM_REDELIVERED.inc()
-            if not fields:  # deleted or trimmed while pending
+            # deleted or trimmed while pending
+            if not fields:
                 drop.append(entry_id)
                 continue
             payload = fields.get(b"g")
@@ -459,36 +459,3 @@ class RolloutConsumer:
         length, pending = await pipe.execute()
         metrics.STREAM_LENGTH.set(length)
         metrics.STREAM_PENDING.set(pending["pending"])
-
-
-class Blocking:
-    """Sync face of an async broker object: its coroutine methods run on a private event loop.
-
-    ``Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "rank0", vocab))`` gives an object whose
-    ``read``/``ack`` return plain values; every call is bounded by the client's timeouts.
-    Use it from one thread only.
-    """
-
-    def __init__(self, cfg: Config, make):
-        from broker.client import connect_async
-
-        self._loop = asyncio.new_event_loop()
-        self.redis = connect_async(cfg)
-        self.target = make(self.redis)
-
-    def __getattr__(self, name: str):
-        attr = getattr(self.target, name)
-        if not inspect.iscoroutinefunction(attr):
-            return attr
-        return lambda *args, **kwargs: self._loop.run_until_complete(attr(*args, **kwargs))
-
-    def close(self) -> None:
-        if not self._loop.is_closed():
-            self._loop.run_until_complete(self.redis.aclose())
-            self._loop.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
+from configs.errors import StreamRLError
+
 SCHEMA_VERSION = 2
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -33,17 +35,18 @@ LENGTH_DTYPE = np.dtype("<i4")
 REWARD_DTYPE = np.dtype("<f8")
 
 
-class WireError(ValueError):
+class WireError(StreamRLError, ValueError):
     """An entry that is not a valid rollout group; the message says why."""
 
 
 @dataclass(slots=True)
 class Completion:
-    token_ids: np.ndarray  # [T] int32, the sampled tokens (stop token included)
-    logprobs: (
-        np.ndarray
-    )  # [T] float32, behaviour log-prob of each sampled token (after temperature/top-p/top-k)
-    versions: np.ndarray  # [T] int32, policy version that sampled each token (non-decreasing)
+    # [T] int32, the sampled tokens (stop token included)
+    token_ids: np.ndarray
+    # [T] float32, behaviour log-prob of each sampled token (after temperature/top-p/top-k)
+    logprobs: np.ndarray
+    # [T] int32, policy version that sampled each token (non-decreasing)
+    versions: np.ndarray
     reward: float
     finish_reason: str = "stop"
     reward_parts: dict[str, float] = field(default_factory=dict)
@@ -54,26 +57,22 @@ class Completion:
 
 @dataclass
 class RolloutGroup:
-    group_id: str  # unique; a redelivered entry is recognised by it
+    # unique; a redelivered entry is recognised by it
+    group_id: str
     prompt_id: str
     actor_id: str
-    seq: int  # per-actor sequence number
-    prompt_token_ids: np.ndarray  # [P] int32
+    # per-actor sequence number
+    seq: int
+    # [P] int32
+    prompt_token_ids: np.ndarray
     completions: list[Completion]
-    created_at: float = 0.0  # unix seconds when the group was scored
+    # unix seconds when the group was scored
+    created_at: float = 0.0
     meta: dict[str, float | int | str] = field(default_factory=dict)
 
     @property
     def rewards(self) -> np.ndarray:
         return np.array([c.reward for c in self.completions], dtype=np.float64)
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(len(c) for c in self.completions)
-
-    @property
-    def min_version(self) -> int:
-        return min(int(c.versions.min()) for c in self.completions)
 
 
 def encode_group(group: RolloutGroup) -> bytes:
@@ -103,7 +102,8 @@ def encode_group(group: RolloutGroup) -> bytes:
         ).tobytes(),
         "r": np.array([c.reward for c in comps], dtype=REWARD_DTYPE).tobytes(),
         "fin": [c.finish_reason for c in comps],
-        "rp": parts if any(parts) else [],  # [] = no completion has named parts
+        # [] = no completion has named parts
+        "rp": parts if any(parts) else [],
     }
     return msgpack.packb(payload, use_bin_type=True)
 
@@ -151,7 +151,8 @@ def decode_group(
             max_map_len=1 << 12,
             max_ext_len=0,
         )
-    except Exception as exc:  # msgpack raises several unrelated types for garbage
+    # msgpack raises several unrelated types for garbage
+    except Exception as exc:
         raise WireError(f"not valid msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(obj, dict):
         raise WireError(f"top level must be a map, got {type(obj).__name__}")
@@ -209,7 +210,8 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
         raise WireError(
             f"{_owner(bad, offsets)}.tok: token id outside the vocabulary [0, {vocab_size})"
         )
-    if not (logprobs.min() > -np.inf and logprobs.max() <= 0):  # NaN fails both comparisons
+    # NaN fails both comparisons
+    if not (logprobs.min() > -np.inf and logprobs.max() <= 0):
         bad = ~np.isfinite(logprobs)
         if bad.any():
             raise WireError(f"{_owner(bad, offsets)}.lp: non-finite log-prob")

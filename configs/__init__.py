@@ -5,7 +5,15 @@ overrides (``load.py``) and the YAML presets beside them. Imports nothing from
 the other streamrl packages; every other package imports it.
 """
 
-from configs.load import ConfigError, config_from_cli, load_config, parse_overrides
+from configs.errors import ConfigError, StreamRLError
+from configs.load import config_from_cli, load_config, parse_overrides
 from configs.schema import Config
 
-__all__ = ["Config", "ConfigError", "config_from_cli", "load_config", "parse_overrides"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "config_from_cli",
+    "load_config",
+    "parse_overrides",
+    "StreamRLError",
+]

@@ -16,11 +16,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from configs.errors import ConfigError
 from configs.schema import Config
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key and the reason."""
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

@@ -44,11 +44,9 @@ class RunConfig(Section):
         ge=0,
         description="Stop once the mean reward of the last `target_window` learner steps reaches this (0 = no reward bar).",
     )
-    target_exact: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="Stop once the mean exact-match fraction of the last `target_window` steps reaches this (0 = no exact bar); with both bars set, both must hold.",
+    target_parts: dict[str, float] = Field(
+        default_factory=dict,
+        description="Stop once the means of these reward parts over the last `target_window` steps reach their bars, e.g. `{reverse_digits_exact: 0.85}`; a part is named after its reward function (`fn`, or `fn/key` for a function returning a dict). Every bar set, `target_reward` included, must hold; a bar of 0 is no bar.",
     )
     target_window: int = Field(
         20,
@@ -541,3 +539,18 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weightsync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _target_parts_are_reward_parts(self) -> Config:
+        fns = [spec.fn for spec in self.reward.functions]
+        unknown = [
+            part
+            for part in self.run.target_parts
+            if not any(part == fn or part.startswith(fn + "/") for fn in fns)
+        ]
+        if unknown:
+            raise ValueError(
+                f"run.target_parts names {unknown}, not a reward part of this task: parts are named "
+                f"after reward.functions ({fns}) as `fn`, or `fn/key` for a function returning a dict"
+            )
+        return self

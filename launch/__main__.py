@@ -6,6 +6,7 @@ python -m launch --config configs/demo_cpu.yaml --actors 2 [dotted.key=value ...
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import time
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         with (
             Live(console=console, refresh_per_second=2, transient=False)
             if console.is_terminal
-            else _NoLive() as live
+            else contextlib.nullcontext() as live
         ):
             while not sup.learner_finished:
                 sup.tick()
@@ -98,14 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
-
-
-class _NoLive:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

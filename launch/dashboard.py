@@ -31,7 +31,8 @@ SYNC_EVERY_S = 2.0
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # one line per panel refresh would drown the console
+    # one line per panel refresh would drown the console
+    def log_message(self, *args) -> None:
         pass
 
 

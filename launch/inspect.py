@@ -75,7 +75,8 @@ def collect(client: redis.Redis, cfg: Config, count: int) -> dict:
         pending = client.xpending_range(
             keys.stream, cfg.broker.consumer_group, min="-", max="+", count=count
         )
-    except redis.ResponseError:  # the consumer group appears with the learner's first read
+    # the consumer group appears with the learner's first read
+    except redis.ResponseError:
         pending = []
     for p in pending:
         report["pending"].append(

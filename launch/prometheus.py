@@ -18,13 +18,14 @@ import urllib.request
 from pathlib import Path
 
 from broker.server import free_port
+from configs.errors import StreamRLError
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 5.0
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(StreamRLError, RuntimeError):
     """Prometheus is missing, did not start, or answered a query with an error; the message says which."""
 
 
@@ -99,7 +100,8 @@ class PrometheusServer:
                     if resp.status == 200:
                         return True
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass  # not listening yet, or 503 while the TSDB opens
+                # not listening yet, or 503 while the TSDB opens
+                pass
             time.sleep(0.1)
         self.stop()
         raise PrometheusError(
@@ -116,7 +118,8 @@ class PrometheusServer:
         try:
             with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:
                 body = json.load(resp)
-        except urllib.error.HTTPError as exc:  # 400/422 carry a JSON error body
+        # 400/422 carry a JSON error body
+        except urllib.error.HTTPError as exc:
             try:
                 body = json.load(exc)
             except ValueError:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from broker.client import as_str
 from broker.keys import Keys
 from configs.schema import Config
 
@@ -43,7 +44,8 @@ def parse_target(field: str, address: str) -> tuple[str, str, str, int] | None:
     """``("actor:a0", "127.0.0.1:9001")`` -> ``("actor", "a0", "127.0.0.1", 9001)``; None (logged) if malformed."""
     role, sep, ident = field.partition(":")
     host, colon, port = address.rpartition(":")
-    host = host.strip("[]")  # IPv6 literals are registered as [::1]:port
+    # IPv6 literals are registered as [::1]:port
+    host = host.strip("[]")
     if not (sep and role and ident and colon and host and port.isdigit() and 0 < int(port) < 65536):
         log.warning(
             "ignoring malformed metrics target %r -> %r (expected role:ident -> host:port)",
@@ -72,14 +74,10 @@ def target_group(run: str, role: str, ident: str, host: str, port: int) -> dict:
     return {"targets": [address], "labels": labels}
 
 
-def _decode(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def live_targets(cfg: Config, redis_client) -> list[dict]:
     """Target groups of every registered endpoint that accepts a connection, sorted by role then ident."""
     registered = redis_client.hgetall(Keys.from_config(cfg).metrics_targets)
-    parsed = [parse_target(_decode(f), _decode(a)) for f, a in registered.items()]
+    parsed = [parse_target(as_str(f), as_str(a)) for f, a in registered.items()]
     parsed = sorted(p for p in parsed if p is not None)
     if not parsed:
         return []

@@ -43,7 +43,8 @@ def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
     snap.dead_letters = int(redis.xlen(keys.dead))
     try:
         snap.pending = int(redis.xpending(keys.stream, group)["pending"])
-    except Exception:  # the group appears with the learner's first read
+    # the group appears with the learner's first read
+    except Exception:
         snap.pending = 0
     snap.actors = alive_actors(redis, keys)
     steps = read_steps(run_dir)
@@ -52,15 +53,9 @@ def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
 
 
 def time_to_target(
-    steps: list[dict],
-    started_unix: float,
-    reward: float = 0.0,
-    exact: float = 0.0,
-    window: int = 20,
+    steps: list[dict], started_unix: float, bars: dict[str, float], window: int = 20
 ) -> float | None:
-    """Seconds from ``started_unix`` until the ``window``-step means of reward and exact match
-    first reach both targets (``learner.target``, the learner's own stop rule); None if they never do."""
-    end = target.first_reached(
-        [s["reward_mean"] for s in steps], [s["exact_match"] for s in steps], reward, exact, window
-    )
+    """Seconds from ``started_unix`` until the ``window``-step means first reach every bar
+    (``learner.target``, the learner's own stop rule); None if they never do."""
+    end = target.first_reached([target.measures(s) for s in steps], bars, window)
     return None if end is None else steps[end]["time"] - started_unix

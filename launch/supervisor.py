@@ -116,8 +116,7 @@ class Supervisor:
 
     def _prepare_inputs(self) -> None:
         """Build the demo policy and dataset once (reused by later runs) before any child starts."""
-        from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
-        from weightsync.policy import wants_demo_policy
+        from actors.loop import ensure_assets
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -131,12 +130,7 @@ class Supervisor:
                 f"a vLLM actor needs vLLM in this interpreter ({self.python}): "
                 "`make run` switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
             )
-        if wants_demo_policy(self.cfg.model.path, self.cfg.model.build_demo):
-            self.event(f"building the demo policy at {self.cfg.model.path} (once)")
-            ensure_demo_policy(self.cfg.model.path, seed=self.cfg.run.seed)
-        data = self.cfg.data
-        if data.build_demo and data.path.endswith(".jsonl") and not Path(data.path).exists():
-            ensure_demo_dataset(self.cfg.data.path, seed=self.cfg.run.seed)
+        ensure_assets(self.cfg, announce=self.event)
         # A broken dataset fails here, naming file and row, before Redis or any child starts.
         from actors.prompts import PromptDataset
         from weightsync.policy import load_tokenizer

@@ -28,7 +28,8 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
     table.add_column("value")
     table.add_row("policy version", str(snap.version))
     table.add_row("reward (last step)", _fmt(step.get("reward_mean")))
-    table.add_row("exact match", _fmt(step.get("exact_match")))
+    for name, value in step.get("reward_parts", {}).items():
+        table.add_row(f"  {name}", _fmt(value))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
     table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
     table.add_row(
@@ -45,9 +46,10 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
 
 def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     step = snap.last_step or {}
+    parts = "".join(f"{name}={_fmt(v)} " for name, v in step.get("reward_parts", {}).items())
     return (
         f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
-        f"exact={_fmt(step.get('exact_match'))} gen={snap.generate_tokens_per_s:,.0f} tok/s "
+        f"{parts}gen={snap.generate_tokens_per_s:,.0f} tok/s "
         f"train={_fmt(trained_tokens_per_s(step), ',.0f')} tok/s unread={snap.stream_length - snap.pending} "
         f"stale={_fmt(step.get('staleness_mean'), '.2f')} actors={len(snap.actors)}"
     )
@@ -64,6 +66,10 @@ def summary(
         vals = [s[key] for s in chunk if s.get(key) is not None]
         return statistics.fmean(vals) if vals else None
 
+    def part(name: str, chunk: list[dict]) -> float | None:
+        vals = [s["reward_parts"][name] for s in chunk if name in s.get("reward_parts", {})]
+        return statistics.fmean(vals) if vals else None
+
     head, tail = steps[:5], steps[-5:]
     tokens = sum(s.get("tokens", 0) for s in steps)
     lines = [
@@ -71,7 +77,10 @@ def summary(
         f"  wall time            {wall_s:.0f} s",
         f"  learner steps        {steps[-1].get('step')}   policy versions {steps[-1].get('version')}",
         f"  reward               {_fmt(mean('reward_mean', head))} (first 5 steps) -> {_fmt(mean('reward_mean', tail))} (last 5)",
-        f"  exact match          {_fmt(mean('exact_match', head))} -> {_fmt(mean('exact_match', tail))}",
+        *(
+            f"    {name:<18} {_fmt(part(name, head))} -> {_fmt(part(name, tail))}"
+            for name in dict.fromkeys(n for s in steps for n in s.get("reward_parts", {}))
+        ),
         *_target_lines(steps, started_unix, run),
         f"  tokens trained       {tokens:,} ({tokens / max(wall_s, 1e-9):,.0f}/s over the run)",
         f"  staleness            mean {_fmt(mean('staleness_mean', steps), '.2f')} versions",
@@ -83,11 +92,9 @@ def summary(
 
 
 def _target_lines(steps: list[dict], started_unix: float, run) -> list[str]:
-    if run is None or not target.enabled(run.target_reward, run.target_exact):
+    bars = target.bars(run) if run is not None else {}
+    if not bars:
         return []
-    at = time_to_target(steps, started_unix, run.target_reward, run.target_exact, run.target_window)
-    bars = (
-        f"{run.target_window}-step reward >= {run.target_reward:g}, exact >= {run.target_exact:g}"
-    )
+    at = time_to_target(steps, started_unix, bars, run.target_window)
     reached = f"reached at {at:.0f} s" if at is not None else "not reached"
-    return [f"  target               {bars}: {reached}"]
+    return [f"  target               {target.describe(run)}: {reached}"]

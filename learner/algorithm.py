@@ -116,7 +116,8 @@ class LossStats:
     is_weight_mean: float
     is_truncated_fraction: float
     kl: float
-    entropy: float = math.nan  # mean policy entropy (nats) when the caller passed it
+    # mean policy entropy (nats) when the caller passed it
+    entropy: float = math.nan
 
 
 def policy_loss(
@@ -137,7 +138,7 @@ def policy_loss(
     aggregation: str = "token_mean",
     normalizer: float | None = None,
 ) -> tuple[Tensor, LossStats]:
-    """Decoupled, staleness-aware PPO loss (DESIGN.md "Loss").
+    """Decoupled, staleness-aware PPO loss (docs/architecture.md, "Loss").
 
     logprobs: pi_theta [B, T] (with grad); behaviour_logprobs: mu [B, T];
     proximal_logprobs: pi_prox [B, T] or None (= mu stands in, ``proximal: behaviour``);

@@ -30,10 +30,6 @@ class Sample:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
-    def completion_len(self) -> int:
-        return len(self) - self.prompt_len
-
 
 def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
     """One sample per completion; ``advantages`` holds one number per completion."""
@@ -46,9 +42,8 @@ def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
         Sample(
             input_ids=np.concatenate([prompt, np.asarray(c.token_ids, dtype=np.int64)]),
             prompt_len=int(prompt.shape[0]),
-            behaviour_logprobs=np.array(
-                c.logprobs, dtype=np.float32
-            ),  # a writable copy of the wire buffer
+            # a writable copy of the wire buffer
+            behaviour_logprobs=np.array(c.logprobs, dtype=np.float32),
             versions=np.array(c.versions, dtype=np.int64),
             advantage=float(adv),
             reward=float(c.reward),
@@ -95,9 +90,8 @@ class MicroBatch:
 
     input_ids: Tensor  # [B, L] int64
     attention_mask: Tensor  # [B, L] int64
-    completion_mask: (
-        Tensor  # [B, L - 1] bool: target is a completion token (not prompt, not padding)
-    )
+    # [B, L - 1] bool: target is a completion token (not prompt, not padding)
+    completion_mask: Tensor
     behaviour_logprobs: Tensor  # [B, L - 1] float32, 0 outside the completion
     versions: Tensor  # [B, L - 1] int64, -1 outside the completion
     advantages: Tensor  # [B] float32

@@ -10,23 +10,17 @@ last one is the accumulation boundary.
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from broker.server import free_port
 from configs.schema import Config
 from learner.batching import MicroBatch
 
 DIST_TIMEOUT = timedelta(minutes=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def skip_shm_comm_build() -> None:
@@ -53,7 +47,7 @@ def init_distributed() -> tuple[int, int]:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         if not torch.distributed.is_initialized():
             # A world of one needs no rendezvous: env:// would host a TCPStore on every interface.
             torch.distributed.init_process_group(

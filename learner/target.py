@@ -1,37 +1,56 @@
 """The run's target: when the recent learner steps are good enough to stop (pure functions).
 
-``cfg.run.target_reward`` / ``target_exact`` over the last ``target_window`` step
-records. The learner stops on it, and the end-of-run summary and the system
-benchmark read the same definition, so "reached the target" means one thing.
+``cfg.run.target_reward`` (the mean reward) and ``cfg.run.target_parts`` (the means of named
+reward parts, as the task's reward functions name them) over the last ``target_window`` step
+records; every bar set must hold. The learner stops on it, and the end-of-run summary and the
+benchmarks read the same definition, so "reached the target" means one thing.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+# the measure of a step's mean reward; every other measure is a reward part
+REWARD = "reward"
 
 
-def enabled(reward: float, exact: float) -> bool:
-    return reward > 0 or exact > 0
+def bars(run) -> dict[str, float]:
+    """Measure -> the bar its window mean must reach (``run`` is cfg.run; empty: no target)."""
+    reward = {REWARD: run.target_reward} if run.target_reward > 0 else {}
+    # a bar of 0 is no bar, as for the reward, so an override can lift one a preset sets
+    return reward | {name: bar for name, bar in run.target_parts.items() if bar != 0}
+
+
+def describe(run) -> str:
+    """The target in words, e.g. ``20-step means of reward >= 0.95 and reverse_digits_exact >= 0.85``."""
+    shown = " and ".join(f"{name} >= {bar:g}" for name, bar in bars(run).items())
+    return f"{run.target_window}-step means of {shown}"
+
+
+def measures(row: Mapping) -> dict[str, float]:
+    """A learner step row's figures the bars compare: the mean reward and each part's mean."""
+    return {REWARD: row["reward_mean"], **row.get("reward_parts", {})}
 
 
 def window_reached(
-    rewards: Sequence[float], exacts: Sequence[float], reward: float, exact: float, window: int
+    rows: Sequence[Mapping[str, float]], bars: Mapping[str, float], window: int
 ) -> bool:
-    """Whether the means of the last ``window`` rewards and exact-match fractions reach both bars."""
-    if len(rewards) < window or len(exacts) < window:
+    """Whether the last ``window`` rows' means reach every bar (a measure a row lacks fails it)."""
+    if len(rows) < window:
         return False
-    return (
-        statistics.fmean(rewards[-window:]) >= reward
-        and statistics.fmean(exacts[-window:]) >= exact
+    last = rows[-window:]
+    return all(
+        statistics.fmean(r.get(name, math.nan) for r in last) >= bar for name, bar in bars.items()
     )
 
 
 def first_reached(
-    rewards: Sequence[float], exacts: Sequence[float], reward: float, exact: float, window: int
+    rows: Sequence[Mapping[str, float]], bars: Mapping[str, float], window: int
 ) -> int | None:
-    """Index of the step that closes the first window reaching both bars; None if none does."""
-    for end in range(window, min(len(rewards), len(exacts)) + 1):
-        if window_reached(rewards[:end], exacts[:end], reward, exact, window):
+    """Index of the row that closes the first window reaching every bar; None if none does."""
+    for end in range(window, len(rows) + 1):
+        if window_reached(rows[:end], bars, window):
             return end - 1
     return None

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 def demo_policy(tmp_path_factory) -> str:
     """Path of a warmed demo policy (char tokenizer + tiny Qwen2), built once per session.
 
-    Tests use FACTS.md's lighter warm start (60 steps at 3e-4): the format is only
+    Tests use a lighter warm start than the demo's (60 steps at 3e-4): the format is only
     partly learned, so RL raises the reward within a few dozen steps (learning to
     stop), which bounded tests can observe; the demo's stronger warm start sits on
     a plateau at the digits' chance level for longer before it climbs."""

@@ -33,9 +33,8 @@ def sample_groups(
     model.eval()
     examples = [make_example(rng) for _ in range(groups)]
     prompts = [tokenizer(ex["prompt"])["input_ids"] for ex in examples]
-    ids = torch.tensor(
-        [p for p in prompts for _ in range(group_size)]
-    )  # demo prompts share one length
+    # demo prompts share one length
+    ids = torch.tensor([p for p in prompts for _ in range(group_size)])
     gen = torch.Generator().manual_seed(rng.randrange(1 << 31))
     prompt_len, eos = ids.shape[1], tokenizer.eos_token_id
     logprobs = []
@@ -66,7 +65,8 @@ def sample_groups(
                     versions=np.full(length, version, dtype=np.int32),
                     reward=sum(parts.values()),
                     finish_reason="stop" if stopped else "length",
-                    reward_parts=parts,
+                    # named as an actor names them: after the reward function (actors.rewards)
+                    reward_parts={f"reverse_digits/{k}": v for k, v in parts.items()},
                 )
             )
         out.append(
@@ -92,8 +92,3 @@ def xadd_groups(cfg, groups: list[RolloutGroup]) -> None:
             client.incr(keys.accepted)
     finally:
         client.close()
-
-
-def exact_match(groups: list[RolloutGroup]) -> float:
-    rewards = [c.reward for g in groups for c in g.completions]
-    return float(np.mean([r >= 1.0 - 1e-6 for r in rewards]))

@@ -54,7 +54,8 @@ def test_behaviour_logprobs_match_a_plain_forward_pass(policy, sampling):
         assert len(output.token_ids) >= 1
         expected = _recomputed_logprobs(model, request, output, params)
         torch.testing.assert_close(torch.from_numpy(output.logprobs), expected, atol=2e-5, rtol=0)
-        assert torch.isfinite(expected).all()  # no sampled token was outside the top-k/top-p set
+        # no sampled token was outside the top-k/top-p set
+        assert torch.isfinite(expected).all()
 
 
 def test_more_requests_than_slots_are_all_completed_by_refilling_slots(policy):
@@ -106,7 +107,8 @@ def test_weight_swap_mid_generation_changes_token_versions_exactly_at_the_swap(d
     model, tokenizer = load_policy(demo_policy), load_tokenizer(demo_policy)
     source = _SwapAfter(model, swap_at=5)
     engine = HFEngine(model, tokenizer, batch_slots=8, weight_source=source, seed=3)
-    params = SamplingParams(max_new_tokens=12)  # no stop token: every completion runs all 12 steps
+    # no stop token: every completion runs all 12 steps
+    params = SamplingParams(max_new_tokens=12)
     outputs = engine.generate(_requests(tokenizer, 6), params)
     # poll 1 precedes the prefill (token 0) and the first decode (token 1); poll k precedes the
     # decode of token k, so tokens 0..4 come from version 0 and tokens 5..11 from version 1
@@ -162,9 +164,8 @@ def test_top_k_and_top_p_keep_exactly_the_tokens_they_should():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
     kept = lambda lp: torch.isfinite(lp[0]).nonzero().flatten().tolist()  # noqa: E731
     assert kept(processed_logprobs(logits, 1.0, top_k=2)) == [0, 1]
-    assert kept(processed_logprobs(logits, 1.0, top_p=0.5)) == [
-        0
-    ]  # the top token alone reaches 0.5
+    # the top token alone reaches 0.5
+    assert kept(processed_logprobs(logits, 1.0, top_p=0.5)) == [0]
     assert kept(processed_logprobs(logits, 1.0, top_p=0.7)) == [0, 1]
     assert kept(processed_logprobs(logits, 1.0, top_p=0.76)) == [0, 1, 2]
     renormalised = processed_logprobs(logits, 1.0, top_k=2)[0, :2].exp()

@@ -10,6 +10,7 @@ a and b resume and load them too; then a and b get SIGTERM and c SIGKILL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -32,9 +33,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET_ROWS = 5
-FIRST_BOUND = (
-    12  # groups_per_step with max_staleness 0: the admission bound before any "learner" step
-)
+# groups_per_step with max_staleness 0: the admission bound before any "learner" step
+FIRST_BOUND = 12
 SECOND_BOUND = FIRST_BOUND + 12
 
 
@@ -90,8 +90,8 @@ def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def scenario(redis_server, demo_policy, tmp_path_factory):
     from broker.admission import Admission
-    from broker.liveness import Heartbeats
-    from broker.stream import Blocking
+    from broker.client import connect_async
+    from broker.liveness import alive_actors
     from weightsync import make_publisher
 
     tmp = tmp_path_factory.mktemp("actors-loop")
@@ -132,11 +132,23 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
     procs = {}
     out = {"keys": keys, "client": client}
     publisher = make_publisher(cfg)
-    admission = Blocking(cfg, lambda r: Admission(r, cfg))
+
+    def admission(call):
+        """Run one Admission call (the learner's side of admission) with a client of its own."""
+
+        async def run():
+            r = connect_async(cfg)
+            try:
+                return await call(Admission(r, cfg))
+            finally:
+                await r.aclose()
+
+        return asyncio.run(run())
+
     accepted = lambda: int(client.get(keys.accepted) or 0)  # noqa: E731
     try:
         # the learner is at version 1 but has not published weights yet: actors must wait for them
-        admission.set_version(1)
+        admission(lambda a: a.set_version(1))
         for actor_id in ("a", "b"):
             procs[actor_id] = _start_actor(actor_id, overrides, tmp)
         _wait_for(
@@ -149,9 +161,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         _wait_for(
             lambda: client.xlen(keys.stream) > 0, 30, "the first published group", procs.values()
         )
-        procs["c"] = _start_actor(
-            "c", overrides, tmp
-        )  # joins a running system, after version 1 was published
+        # joins a running system, after version 1 was published
+        procs["c"] = _start_actor("c", overrides, tmp)
         _wait_for(
             lambda: accepted() >= FIRST_BOUND,
             60,
@@ -164,7 +175,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
             "c to load version 1",
             procs.values(),
         )
-        time.sleep(0.5)  # nobody may pass the bound while no learner consumes
+        # nobody may pass the bound while no learner consumes
+        time.sleep(0.5)
         out["first"] = _groups(client, keys)
         targets = {k.decode(): v.decode() for k, v in client.hgetall(keys.metrics_targets).items()}
         out["metrics_a"] = _scrape(targets["actor:a"])
@@ -175,8 +187,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         for name in ("a", "b"):
             procs[name].send_signal(signal.SIGSTOP)
         publisher.publish(2, _perturbed(demo_policy, seed=2))
-        admission.set_version(2)
-        admission.set_consumed(SECOND_BOUND - FIRST_BOUND)
+        admission(lambda a: a.set_version(2))
+        admission(lambda a: a.set_consumed(SECOND_BOUND - FIRST_BOUND))
         _wait_for(
             lambda: accepted() >= SECOND_BOUND,
             60,
@@ -200,10 +212,9 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
                 proc.send_signal(signal.SIGKILL if name == "c" else signal.SIGTERM)
         out["exit_codes"] = {name: proc.wait(timeout=30) for name, proc in procs.items()}
         publisher.close()
-        admission.close()
-    time.sleep(3 * 0.5 + 0.5)  # three missed heartbeats: the killed actor's heartbeat expires
-    with Blocking(cfg, lambda r: Heartbeats(r, cfg)) as heartbeats:
-        out["alive_after_stop"] = heartbeats.alive()
+    # three missed heartbeats: the killed actor's heartbeat expires
+    time.sleep(3 * 0.5 + 0.5)
+    out["alive_after_stop"] = alive_actors(client, keys)
     out["leases_after_stop"] = client.zcard(keys.leases)
     out["targets_after_stop"] = client.hgetall(keys.metrics_targets)
     yield out
@@ -212,7 +223,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
 
 def test_two_actor_processes_never_take_the_same_prompt_in_an_epoch(scenario):
     groups = scenario["first"]
-    assert len(groups) == FIRST_BOUND  # the admission bound holds with no learner
+    # the admission bound holds with no learner
+    assert len(groups) == FIRST_BOUND
     assert {g.actor_id for g in groups} >= {"a", "b"}
     by_epoch: dict[int, list[int]] = {}
     for g in groups:
@@ -252,8 +264,8 @@ def test_a_raising_reward_plugin_scores_zero_but_actors_keep_publishing(scenario
 
 def test_sigterm_stops_actors_cleanly_and_a_sigkilled_actor_leaves_nothing_behind(scenario):
     assert scenario["exit_codes"] == {"a": 0, "b": 0, "c": -signal.SIGKILL}
-    assert scenario["alive_after_stop"] == {}  # a and b deregistered, c's heartbeat expired
+    # a and b deregistered, c's heartbeat expired
+    assert scenario["alive_after_stop"] == []
     assert scenario["leases_after_stop"] == 0
-    assert set(scenario["targets_after_stop"]) <= {
-        b"actor:c"
-    }  # only the killed one could not unregister
+    # only the killed one could not unregister
+    assert set(scenario["targets_after_stop"]) <= {b"actor:c"}

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from actors import metrics
 from actors.rewards import RewardPool, resolve, score_sample
 from configs.schema import RewardConfig, RewardSpec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def turn(text: str, finish: str = "stop") -> list[dict]:
@@ -28,6 +33,26 @@ def test_reverse_digits_gives_one_only_for_the_exact_answer_then_stop():
         0.9
     )
     assert sum(call("reverse_digits", "41", "413").values()) == pytest.approx(0.6)
+
+
+def test_the_demo_exact_match_is_one_only_where_the_shaped_reward_is_and_weighs_nothing():
+    cases = [("413", "stop"), ("413", "length"), ("41", "stop"), ("4130", "stop"), ("314", "stop")]
+    for text, finish in cases:
+        shaped = sum(resolve("reverse_digits")(turn(text, finish), "413").values())
+        exact = resolve("reverse_digits_exact")(turn(text, finish), "413")
+        assert exact == float(shaped == pytest.approx(1.0)), (text, finish)
+    specs = [{"fn": "reverse_digits", "weight": 1.0}, {"fn": "reverse_digits_exact", "weight": 0.0}]
+    fns = [resolve(s["fn"]) for s in specs]
+    score = score_sample(specs, fns, turn("413"), "413")
+    assert score.total == pytest.approx(1.0) and score.parts["reverse_digits_exact"] == 1.0
+
+
+def test_the_core_rewards_do_not_import_the_demo_task_until_a_config_names_it():
+    code = (
+        "import sys, actors.rewards as r; assert 'actors.demo_task' not in sys.modules; "
+        "r.resolve('reverse_digits_exact'); assert 'actors.demo_task' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_exact_match_think_format_and_math_builtins():

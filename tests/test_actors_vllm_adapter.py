@@ -45,14 +45,16 @@ needs_vllm = pytest.mark.skipif(
 
 
 @dataclass
-class Logprob:  # the fields of vllm.logprobs.Logprob that the adapter reads
+# the fields of vllm.logprobs.Logprob that the adapter reads
+class Logprob:
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
 
 
 @dataclass
-class CompletionOutput:  # the fields of vllm.outputs.CompletionOutput that the adapter reads
+# the fields of vllm.outputs.CompletionOutput that the adapter reads
+class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
@@ -63,7 +65,8 @@ class CompletionOutput:  # the fields of vllm.outputs.CompletionOutput that the 
 
 
 @dataclass
-class WeightVersionSpan:  # what vLLM documents for CompletionOutput.weight_versions: label + token range
+# what vLLM documents for CompletionOutput.weight_versions: label + token range
+class WeightVersionSpan:
     version: str | None
     start: int
     end: int
@@ -315,7 +318,8 @@ class Recorded:
         self.sub.rejected(version)
 
 
-BUCKET_BYTES = 128 << 10  # several buckets for the ~2 MB demo policy
+# several buckets for the ~2 MB demo policy
+BUCKET_BYTES = 128 << 10
 
 
 def _until(predicate, timeout_s: float = 20.0) -> None:
@@ -468,6 +472,7 @@ def test_two_versions_staged_back_to_back_push_only_the_newest(rig):
     _until(lambda: rig.sub.staged_version == 2)
     engine, _llm, _sender, source = rig.engine()
     _until(lambda: engine.version == 2)
-    time.sleep(0.1)  # nothing else is pending
+    # nothing else is pending
+    time.sleep(0.1)
     assert source.applied_versions == [2]
     assert [c[1] for c in rig.log if c[0] == "finish"] == ["2"]

@@ -106,7 +106,7 @@ def ref_loss(
     ent=None,
     ent_coef=0.0,
 ):
-    """Per-token Python loop of DESIGN.md's loss."""
+    """Per-token Python loop of the loss in docs/architecture.md."""
     per_seq, total, count = [], 0.0, 0
     stats = {"clip": 0, "w": 0.0, "trunc": 0, "kl": 0.0, "entropy": 0.0}
     for i in range(len(theta)):
@@ -297,7 +297,8 @@ def test_partition_and_packing_keep_every_sample_once_and_respect_the_budget(
     shares = partition_across_ranks(samples, world)
     assert sorted(id(s) for share in shares for s in share) == sorted(id(s) for s in samples)
     loads = [sum(len(s) for s in share) for share in shares]
-    assert max(loads) - min(loads) <= max(lengths)  # greedy longest-first bound
+    # greedy longest-first bound
+    assert max(loads) - min(loads) <= max(lengths)
     for share in shares:
         batches = pack_micro_batches(share, budget)
         assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in share)

@@ -74,9 +74,8 @@ def test_learner_shares_cover_every_phase_and_other_is_never_negative():
     assert shares["waiting for data"] == pytest.approx(0.29)
     assert shares["forward/backward"] == pytest.approx(0.50)
     assert shares["checkpoint"] == 0.0
-    assert (
-        shares["other"] == 0.0
-    )  # 1.1 of the window measured (rounding of phase clocks): clamped, not negative
+    # 1.1 of the window measured (rounding of phase clocks): clamped, not negative
+    assert shares["other"] == 0.0
 
 
 def test_time_shares_reject_an_empty_window():
@@ -126,11 +125,11 @@ def test_time_to_target_uses_the_presets_window_and_both_bars():
     # the exact-match mean first reaches the bar when half of the window is past the low stretch
     first = WINDOW + WINDOW // 2 - 1
     assert outcome.time_to_target_s == float(first)
-    assert outcome.time_from_first_step_s == float(first)  # the first point sits at t = 0
+    # the first point sits at t = 0
+    assert outcome.time_from_first_step_s == float(first)
     assert outcome.samples_to_target == 256 * (first + 1)
-    assert outcome.time_to_milestone_s == float(
-        WINDOW - 1
-    )  # reward alone, from the first full window
+    # reward alone, from the first full window
+    assert outcome.time_to_milestone_s == float(WINDOW - 1)
     missed = Outcome("x", 0, 100.0, [(1.0, 0.5, 0.25)] * (WINDOW + 1), 1.0, 1.0, 6.0)
     assert missed.time_to_target_s is None and missed.samples_to_target is None
     assert missed.time_to_milestone_s is None

@@ -24,12 +24,14 @@ def _small(cfg, staleness: int = 1, groups_per_step: int = 3, ttl_s: float = 120
     cfg.algo.max_staleness = staleness
     cfg.learner.groups_per_step = groups_per_step
     cfg.broker.lease_ttl_s = ttl_s
-    cfg.rollout.group_size = 2  # broker_helpers.make_group's groups
+    # broker_helpers.make_group's groups
+    cfg.rollout.group_size = 2
     return cfg
 
 
 def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
-    cfg = _small(redis_cfg)  # capacity (1 + 1) * 3 = 6
+    # capacity (1 + 1) * 3 = 6
+    cfg = _small(redis_cfg)
 
     async def main():
         r = connect_async(cfg)
@@ -38,7 +40,8 @@ def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
         assert sum(lease is not None for lease in leases) == 6 and leases[6:] == [None, None]
         counts = await adm.counts()
         assert (counts["accepted"], counts["consumed"], counts["leases"]) == (0, 0, 6)
-        await adm.release(leases[0])  # an abandoned group frees its slot
+        # an abandoned group frees its slot
+        await adm.release(leases[0])
         assert await adm.try_start("a0", 0) is not None
         assert await adm.try_start("a0", 0) is None
         await r.aclose()
@@ -83,10 +86,13 @@ def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
         killed, live = await adm.try_start("killed", 0), await adm.try_start("live", 0)
         assert killed and live and await adm.try_start("a1", 0) is None
         await asyncio.sleep(0.12)
-        assert await adm.renew(live)  # a live actor keeps its long group's lease
+        # a live actor keeps its long group's lease
+        assert await adm.renew(live)
         await asyncio.sleep(0.12)
-        assert await adm.try_start("a1", 0) is not None  # the killed actor's lease expired
-        assert await adm.try_start("a1", 0) is None  # the renewed lease still holds its slot
+        # the killed actor's lease expired
+        assert await adm.try_start("a1", 0) is not None
+        # the renewed lease still holds its slot
+        assert await adm.try_start("a1", 0) is None
         assert not await adm.renew(killed)
         await r.aclose()
 
@@ -142,7 +148,8 @@ asyncio.run(main())
 
 @pytest.mark.slow
 def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(redis_cfg):
-    cfg = _small(redis_cfg, staleness=1, groups_per_step=4)  # capacity 8
+    # capacity 8
+    cfg = _small(redis_cfg, staleness=1, groups_per_step=4)
     env = {**os.environ, "CFG": cfg.model_dump_json(), "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen([sys.executable, "-c", HAMMER, f"p{i}", "1.5"], cwd=ROOT, env=env)
@@ -159,7 +166,8 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
             c = await adm.counts()
             samples.append(c)
             assert c["accepted"] + c["leases"] <= c["consumed"] + c["capacity"], c
-            if len(samples) % 10 == 0:  # a slow learner: one group now and then
+            # a slow learner: one group now and then
+            if len(samples) % 10 == 0:
                 got = await consumer.read(1, block_ms=10)
                 trained += len(got)
                 ids = [d.entry_id for d in got]
@@ -174,10 +182,10 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
         assert p.wait(10) == 0
     final = samples[-1]
     assert trained >= 1 and final["accepted"] >= trained
-    assert stream_len <= final["capacity"]  # the backlog (and Redis memory) stays bounded
-    assert (
-        max(s["accepted"] + s["leases"] - s["consumed"] for s in samples) == final["capacity"]
-    )  # and is used fully
+    # the backlog (and Redis memory) stays bounded
+    assert stream_len <= final["capacity"]
+    # and is used fully
+    assert max(s["accepted"] + s["leases"] - s["consumed"] for s in samples) == final["capacity"]
 
 
 def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning(redis_cfg):
@@ -197,7 +205,8 @@ def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning
     client, keys = connect_sync(cfg), Keys.from_config(cfg)
     killed = asyncio.run(lease("killed"))
     assert ephemeral_leftovers(client, keys) == {"admission leases": [killed]}
-    time.sleep(0.3)  # expired; no try_start since, so it is still in the zset
+    # expired; no try_start since, so it is still in the zset
+    time.sleep(0.3)
     assert client.zcard(keys.leases) == 1
     assert ephemeral_leftovers(client, keys) == {}
     client.close()
@@ -232,7 +241,8 @@ def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_le
         await beats.beat("lagging", version=3, pid=os.getpid() + 1)
         granted, ahead, bound = await adm.check("fresh", 3)
         assert granted is not None and (ahead, bound) == (13, 14)
-        await adm.release(lease)  # the lagging group is published or given up: 12 ahead, bound 14
+        # the lagging group is published or given up: 12 ahead, bound 14
+        await adm.release(lease)
         assert await adm.try_start("fresh", 3) is not None
         assert await adm.try_start("fresh", 3) is not None
         assert await adm.check("fresh", 3) == (None, 14, 14)

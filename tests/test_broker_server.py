@@ -32,7 +32,8 @@ def test_password_server_rejects_clients_without_it_and_hides_the_password(tmp_p
     password = 's3cret/p w"\\x'
     cfg = Config.model_validate({"broker": {"password": password}}).broker
     with EmbeddedRedis(cfg, tmp_path) as server:
-        assert password not in " ".join(server.proc.args)  # not visible in `ps`
+        # not visible in `ps`
+        assert password not in " ".join(server.proc.args)
         assert redis.Redis(host="127.0.0.1", port=server.port, password=password).ping()
         assert redis.Redis.from_url(server.url).ping()
         bare = redis.Redis(
@@ -96,7 +97,8 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
         )
         url = (tmp_path / "redis.url").read_text().strip()
         password = redis.connection.parse_url(url)["password"]
-        assert password and password not in line  # the run's password is never printed
+        # the run's password is never printed
+        assert password and password not in line
         assert redis.Redis.from_url(url, socket_timeout=2).ping()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

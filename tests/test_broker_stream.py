@@ -19,7 +19,7 @@ from broker import metrics
 from broker.client import connect_async, connect_sync
 from broker.keys import Keys
 from broker.server import EmbeddedRedis
-from broker.stream import Blocking, RolloutConsumer, RolloutProducer
+from broker.stream import RolloutConsumer, RolloutProducer
 from broker.wire import encode_group
 from configs import Config
 
@@ -66,10 +66,12 @@ def test_published_groups_are_delivered_in_order_and_acked_entries_leave_the_str
         assert [d.group.group_id for d in got] == [f"g{i}" for i in range(5)]
         assert not any(d.redelivered for d in got)
         assert sync.xlen(keys.stream) == 5
-        assert sync.get(keys.consumed) is None  # reading counts nothing: completed steps do
+        # reading counts nothing: completed steps do
+        assert sync.get(keys.consumed) is None
         await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got], consumed=5)
         assert await consumer.read(10, block_ms=50) == []
-        await consumer.ack([], [], consumed=3)  # a replayed, older total never lowers the count
+        # a replayed, older total never lowers the count
+        await consumer.ack([], [], consumed=3)
         await r.aclose()
 
     run(main())
@@ -88,9 +90,8 @@ def test_unacked_entries_are_redelivered_first_to_a_restarted_consumer_and_count
         r = connect_async(cfg)
         first = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(3, block_ms=100)
         assert [d.group.group_id for d in first] == ["a", "b", "c"]
-        restarted = RolloutConsumer(
-            r, cfg, "rank0", VOCAB
-        )  # same name, state lost with the process
+        # same name, state lost with the process
+        restarted = RolloutConsumer(r, cfg, "rank0", VOCAB)
         again = await restarted.read(10, block_ms=100)
         assert [(d.group.group_id, d.redelivered) for d in again] == [
             ("a", True),
@@ -111,15 +112,18 @@ def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
     before = _counter(metrics.STREAM_DUPLICATES)
 
     async def main():
-        await _publish(cfg, ["x", "x", "y"])  # a retried XADD duplicates an entry
+        # a retried XADD duplicates an entry
+        await _publish(cfg, ["x", "x", "y"])
         r = connect_async(cfg)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         got = await consumer.read(10, block_ms=100)
         assert [d.group.group_id for d in got] == ["x", "y"]
-        await _publish(cfg, ["y"])  # duplicate while "y" is delivered but not yet acked
+        # duplicate while "y" is delivered but not yet acked
+        await _publish(cfg, ["y"])
         assert await consumer.read(10, block_ms=50) == []
         await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
-        await _publish(cfg, ["x"])  # duplicate of an already trained group
+        # duplicate of an already trained group
+        await _publish(cfg, ["x"])
         assert await consumer.read(10, block_ms=50) == []
         assert await r.xlen(keys.stream) == 0
         assert (await r.xpending(keys.stream, cfg.broker.consumer_group))["pending"] == 0
@@ -157,9 +161,8 @@ def test_undecodable_entries_go_to_the_dead_letter_stream_with_their_reason(redi
     assert b"token id outside the vocabulary" in dead[vocab_id][b"reason"]
     assert dead[vocab_id][b"g"] == encode_group(out_of_vocab)
     assert b"no 'g' field" in dead[nofield_id][b"reason"]
-    assert (
-        sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 1
-    )  # only "good" awaits its ack
+    # only "good" awaits its ack
+    assert sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 1
     assert _counter(metrics.STREAM_DEAD_LETTER) - before == 3
 
 
@@ -177,7 +180,8 @@ def test_held_entries_are_not_claimed_by_a_peer_but_idle_ones_are(redis_cfg):
         peer = RolloutConsumer(r, cfg, "rank1", VOCAB)
         deadline = time.monotonic() + 0.8
         claimed = []
-        while time.monotonic() < deadline:  # the holder keeps reading (one slow step after another)
+        # the holder keeps reading (one slow step after another)
+        while time.monotonic() < deadline:
             claimed += await holder.read(1, block_ms=20)
             claimed += await peer.read(5, block_ms=20)
         # The dead consumer's entry is claimed (by whichever live one looked first), the held ones never.
@@ -211,7 +215,8 @@ def test_a_trim_counts_only_unread_entries_the_learner_counts_those_it_read(redi
         r = connect_async(cfg)
         got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(2, block_ms=100)
         assert [d.group.group_id for d in got] == ["r0", "r1"]
-        await _publish(cfg, ["n0", "n1", "n2"])  # trims r0, r1 (read) and r2 (unread)
+        # trims r0, r1 (read) and r2 (unread)
+        await _publish(cfg, ["n0", "n1", "n2"])
         assert await r.xlen(keys.stream) == 4
         assert int(await r.get(keys.trimmed)) == 1
         await r.aclose()
@@ -237,17 +242,6 @@ def test_discarding_an_entry_twice_dead_letters_and_counts_it_once(redis_cfg):
         await r.aclose()
 
     run(main())
-
-
-def test_sync_face_reads_and_acks_from_plain_code(redis_cfg):
-    cfg = redis_cfg
-    run(_publish(cfg, ["s1", "s2"]))
-    with Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "rank0", VOCAB)) as consumer:
-        got = consumer.read(5, block_ms=100)
-        assert [d.group.group_id for d in got] == ["s1", "s2"]
-        consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
-        assert consumer.read(5, block_ms=10) == []
-        assert consumer.consumer == "rank0"
 
 
 def _own_server_cfg(tmp_path, appendonly: bool) -> tuple[EmbeddedRedis, Config]:
@@ -276,7 +270,8 @@ def test_redis_restart_with_aof_loses_no_entry_and_keeps_pending(tmp_path):
             await consumer.ack([d.entry_id for d in acked], [d.group.group_id for d in acked])
             held = await consumer.read(4, block_ms=100)
             server.restart()
-            after = RolloutConsumer(r, cfg, "rank0", VOCAB)  # the learner restarts too
+            # the learner restarts too
+            after = RolloutConsumer(r, cfg, "rank0", VOCAB)
             rest = await after.read(20, block_ms=100)
             await r.aclose()
             return acked, held, rest
@@ -300,8 +295,10 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
             consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
             await producer.publish(make_group("before"))
             got = await consumer.read(5, block_ms=100)
-            server.restart()  # stream, group and counters are gone
-            await producer.publish(make_group("after"))  # the stream is back, its group is not
+            # stream, group and counters are gone
+            server.restart()
+            # the stream is back, its group is not
+            await producer.publish(make_group("after"))
             await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
             later = await consumer.read(5, block_ms=100)
             await r.aclose()
@@ -316,13 +313,20 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
 
 KILLED_CONSUMER = """
 import json, os, sys, time
-from broker.stream import Blocking, RolloutConsumer
+import asyncio
+from broker.client import connect_async
+from broker.stream import RolloutConsumer
 from configs import Config
 cfg = Config.model_validate(json.loads(os.environ["CFG"]))
-with Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "doomed", 1000)) as consumer:
-    got = consumer.read(int(sys.argv[1]), block_ms=2000)
+
+async def main():
+    consumer = RolloutConsumer(connect_async(cfg), cfg, "doomed", 1000)
+    got = await consumer.read(int(sys.argv[1]), block_ms=2000)
     print(json.dumps([d.group.group_id for d in got]), flush=True)
-    time.sleep(60)  # SIGKILLed here, before any ack
+    # SIGKILLed here, before any ack
+    time.sleep(60)
+
+asyncio.run(main())
 """
 
 
@@ -420,7 +424,8 @@ def test_entries_acknowledged_to_producers_survive_a_sigkilled_redis_with_aof(tm
     try:
         ids = [f"f{i}" for i in range(30)]
         run(_publish(cfg, ids))
-        server.kill()  # SIGKILL: no shutdown, no final flush
+        # SIGKILL: no shutdown, no final flush
+        server.kill()
         server.restart()
 
         async def main():

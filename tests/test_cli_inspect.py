@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -28,7 +29,8 @@ def _group(group_id: str) -> RolloutGroup:
 def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_counters(
     redis_cfg, capsys
 ):
-    from broker.stream import Blocking, RolloutConsumer
+    from broker.client import connect_async
+    from broker.stream import RolloutConsumer
     from launch.cli import main
 
     keys = Keys.from_config(redis_cfg)
@@ -41,11 +43,15 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     cfg = redis_cfg.model_copy(
         deep=True, update={"rollout": redis_cfg.rollout.model_copy(update={"group_size": 2})}
     )
-    consumer = Blocking(cfg, lambda r: RolloutConsumer(r, cfg, "learner-0"))
-    try:
-        assert [d.group.group_id for d in consumer.read(2, 100)] == ["g-1"]
-    finally:
-        consumer.close()
+
+    async def read():
+        r = connect_async(cfg)
+        try:
+            return await RolloutConsumer(r, cfg, "learner-0").read(2, 100)
+        finally:
+            await r.aclose()
+
+    assert [d.group.group_id for d in asyncio.run(read())] == ["g-1"]
     client.xadd(keys.stream, {"g": encode_group(_group("g-2"))})
 
     overrides = [f"run.name={redis_cfg.run.name}", f"broker.redis_url={redis_cfg.broker.redis_url}"]

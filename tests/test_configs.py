@@ -69,6 +69,17 @@ def test_a_bad_file_names_the_file(tmp_path):
     assert "typo.yaml" in str(err.value) and "learner.warmup: unknown key" in str(err.value)
 
 
+def test_a_target_part_the_task_does_not_report_is_refused():
+    """Target parts are the reward functions' parts: ``fn`` or ``fn/key``; anything else never
+    reaches its bar, so the run would never stop at its target."""
+    ok = load_config("configs/demo_cpu.yaml", ["run.target_parts.reverse_digits/position=0.8"])
+    assert ok.run.target_parts == {"reverse_digits_exact": 0.85, "reverse_digits/position": 0.8}
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/demo_cpu.yaml", ["run.target_parts.exact=0.9"])
+    assert "['exact'], not a reward part of this task" in str(err.value)
+    assert "reverse_digits_exact" in str(err.value)
+
+
 def test_redis_url_from_the_environment_wins():
     cfg = load_config(
         overrides=["broker.redis_url=redis://127.0.0.1:1/0"],

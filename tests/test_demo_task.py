@@ -19,7 +19,8 @@ def test_the_demo_dataset_holds_every_3_digit_prompt_once_in_a_seeded_order(tmp_
     assert len(prompts) == 1000 and len(set(prompts)) == 1000
     assert prompts != sorted(prompts)
     assert all(r["answer"] == r["prompt"][:3][::-1] for r in rows)
-    assert "007>" in prompts  # leading zeros are digits of the prompt
+    # leading zeros are digits of the prompt
+    assert "007>" in prompts
     again = [
         json.loads(line)["prompt"] for line in ensure_demo_dataset(tmp_path / "b.jsonl").open()
     ]

@@ -129,7 +129,8 @@ def test_a_valid_entry_with_one_field_replaced_decodes_or_raises_wire_error(
 ):
     obj = msgpack.unpackb(VALID, raw=False)
     obj[field] = value
-    if drop_other:  # also lose a second field
+    # also lose a second field
+    if drop_other:
         obj.pop(FIELDS[hash(field) % len(FIELDS)], None)
     assert_decodes_or_rejects(msgpack.packb(obj, use_bin_type=True))
 
@@ -154,11 +155,16 @@ def test_hostile_numbers_inside_arrays_are_rejected_or_valid(column, value, inde
 
 def test_huge_declared_sizes_are_rejected_without_allocating():
     headers = [
-        b"\xc6" + struct.pack(">I", 0xFFFFFFFF) + b"x",  # bin32 of 4 GiB
-        b"\xdb" + struct.pack(">I", 0xFFFFFFFF) + b"x",  # str32 of 4 GiB
-        b"\xdd" + struct.pack(">I", 0xFFFFFFFF),  # array32 of 4G items
-        b"\xdf" + struct.pack(">I", 0xFFFFFFFF),  # map32 of 4G pairs
-        b"\x81\xa3tok\xc6" + struct.pack(">I", 0x7FFFFFFF),  # a field declaring 2 GiB
+        # bin32 of 4 GiB
+        b"\xc6" + struct.pack(">I", 0xFFFFFFFF) + b"x",
+        # str32 of 4 GiB
+        b"\xdb" + struct.pack(">I", 0xFFFFFFFF) + b"x",
+        # array32 of 4G items
+        b"\xdd" + struct.pack(">I", 0xFFFFFFFF),
+        # map32 of 4G pairs
+        b"\xdf" + struct.pack(">I", 0xFFFFFFFF),
+        # a field declaring 2 GiB
+        b"\x81\xa3tok\xc6" + struct.pack(">I", 0x7FFFFFFF),
     ]
     for data in headers:
         started = time.monotonic()
@@ -181,7 +187,8 @@ def test_huge_declared_sizes_are_rejected_without_allocating():
 )
 def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_ones(redis_cfg, bad):
     cfg = redis_cfg.model_copy(deep=True)
-    cfg.rollout.group_size = 2  # make_group's groups
+    # make_group's groups
+    cfg.rollout.group_size = 2
     cfg.run.name = f"{cfg.run.name}-{time.monotonic_ns()}"
     keys = Keys.from_config(cfg)
     sync = connect_sync(cfg)

@@ -6,11 +6,14 @@ import uuid
 
 import numpy as np
 import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.keys import Keys
 from broker.wire import Completion, RolloutGroup
-from learner.loop import RankZeroIO, dynamic_batch_size, has_signal, prepare_batch
+from learner.prepare import dynamic_batch_size, has_signal, prepare_batch
+from learner.rollout_io import Progress, RolloutIO
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -81,11 +84,11 @@ def _never() -> bool:
 
 @pytest.fixture
 def open_io():
-    """RankZeroIO instances that are closed (Redis clients, metrics registration) after the test."""
+    """RolloutIO instances that are closed (Redis clients, metrics registration) after the test."""
     made = []
 
     def make(cfg):
-        made.append(RankZeroIO(cfg, VOCAB))
+        made.append(RolloutIO(cfg, VOCAB))
         return made[-1]
 
     yield make
@@ -119,7 +122,8 @@ def test_dynamic_sampling_reads_on_until_the_step_has_enough_groups_with_a_signa
     assert [g for _, g in batch.entries] == [g.group_id for g in groups[:7]]
     assert {s.group_id for s in batch.samples} == {g.group_id for g in useful}
     assert batch.log["zero_variance_groups"] == 4
-    assert batch.skipped == []  # left out of the loss normaliser
+    # left out of the loss normaliser
+    assert batch.skipped == []
     # what was read past the step waits for the next one
     assert [d.group.group_id for d in io.buffer] == [groups[7].group_id]
 
@@ -172,9 +176,9 @@ def test_zero_variance_groups_are_trained_while_a_kl_or_entropy_term_gives_them_
 def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
     redis_cfg, open_io, monkeypatch
 ):
-    import learner.loop
+    import learner.rollout_io
 
-    monkeypatch.setattr(learner.loop, "IDLE_BROADCAST_S", 0.3)
+    monkeypatch.setattr(learner.rollout_io, "IDLE_BROADCAST_S", 0.3)
     cfg = _config(redis_cfg)
     cfg.broker.block_ms = 100
     first = group([0.0, 1.0])
@@ -185,3 +189,27 @@ def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
     xadd_groups(cfg, [group([0.0, 1.0]), group([1.0, 0.0])])
     batch = io.next_batch(0, _never)
     assert batch.entries[0][1] == first.group_id and len(batch.entries) == 3
+
+
+def test_groups_read_past_the_step_and_never_trained_are_redelivered_to_the_next_learner(
+    redis_cfg, open_io
+):
+    """Dynamic sampling reads past the step; the learner dies before training what it read."""
+    cfg = _config(redis_cfg, dynamic_sampling=True)
+    u = [group([0.0, 1.0]) for _ in range(6)]
+    groups = [u[0], group([0.5, 0.5]), u[1], u[2], u[3], u[4], u[5]]
+    xadd_groups(cfg, groups)
+    io = open_io(cfg)
+    first = io.next_batch(0, _never)
+    # two reads of 3: the first four hold 3 groups with a signal, the next two wait in the buffer
+    assert [g for _, g in first.entries] == [g.group_id for g in groups[:4]]
+    assert [d.group.group_id for d in io.buffer] == [u[3].group_id, u[4].group_id]
+    io.ack(Progress(step=1, unacked=first.entries, consumed=4))
+    keys = Keys.from_config(cfg)
+    client = redis.Redis.from_url(cfg.broker.redis_url)
+    assert client.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 2
+    # the learner dies here; its successor (same consumer name) re-reads its pending list first
+    io.close()
+    again = open_io(cfg).next_batch(0, _never)
+    assert [g for _, g in again.entries] == [g.group_id for g in groups[4:]]
+    assert client.xlen(keys.stream) == 3

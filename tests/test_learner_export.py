@@ -107,7 +107,7 @@ def test_tensorboard_holds_every_scalar_of_the_step_rows_and_a_samples_table(tra
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"loss", "reward_mean", "kl", "entropy", "grad_norm", "step_s"} <= tags
-    assert {"reward_parts/position", "reward_parts/stop"} <= tags
+    assert {"reward_parts/reverse_digits/position", "reward_parts/reverse_digits/stop"} <= tags
     for row in rows:
         for name, value in scalars(row).items():
             logged = {e.step: e.value for e in events.Scalars(name)}

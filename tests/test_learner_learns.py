@@ -19,7 +19,8 @@ from weightsync.policy import load_tokenizer
 
 MAX_STEPS = 40
 WINDOW = 5
-RISE = 0.06  # ~6 standard errors of a 5-step mean of 256 rewards
+# ~6 standard errors of a 5-step mean of 256 rewards
+RISE = 0.06
 
 
 @pytest.mark.slow
@@ -42,7 +43,8 @@ def test_reward_on_reverse_digits_rises_clearly_within_bounded_steps(redis_cfg, 
     learner = Learner(cfg)
     tokenizer = load_tokenizer(demo_policy)
     rng = random.Random(0)
-    actor = copy.deepcopy(learner.model)  # the "actor": always one learner step behind
+    # the "actor": always one learner step behind
+    actor = copy.deepcopy(learner.model)
     actor_version, history = 0, []
     try:
         for _ in range(MAX_STEPS):

@@ -27,7 +27,7 @@ def test_minibatch_indices_are_disjoint_cover_the_batch_and_agree_for_one_seed()
 
 
 def reference_minibatch_steps(model, optimizer, groups, seed: int) -> int:
-    """The reference loop's update (FACTS.md): advantages over the whole rollout, then one AdamW step
+    """The reference loop's update (docs/measured.md, the demo task): advantages over the whole rollout, then one AdamW step
     per disjoint mini-batch, each the token mean of its own completions, ratio against the sampling
     log-probs. Returns the optimizer steps taken."""
     rows = []

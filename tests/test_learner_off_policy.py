@@ -206,4 +206,5 @@ def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
         # near-zero gradient's rounding: up to 1.2e-5 seen; a reversed IS weight is ~1e-4 off
         assert diff <= 2e-5, f"{name}: learner and plain-torch reference differ by {diff:.2e}"
         moved = max(moved, (value - initial[name]).abs().max().item())
-    assert moved > 1e-3  # the comparison is not between two untouched models
+    # the comparison is not between two untouched models
+    assert moved > 1e-3

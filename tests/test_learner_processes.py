@@ -29,7 +29,8 @@ TIMEOUT_S = 120
 def _env() -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)  # the pytest process may have set them up for its own in-process learner
+        # the pytest process may have set them up for its own in-process learner
+        env.pop(var, None)
     return env
 
 
@@ -97,7 +98,8 @@ def _config(redis_cfg: Config, policy: str, name: str, tmp_path: Path, **section
             "broker": {"redis_url": redis_cfg.broker.redis_url},
         }
     )
-    sections.setdefault("algo", {}).update(max_staleness=100)  # the stream was sampled at version 0
+    # the stream was sampled at version 0
+    sections.setdefault("algo", {}).update(max_staleness=100)
     sections.setdefault("learner", {}).update(
         groups_per_step=GROUPS_PER_STEP, micro_batch_tokens=64
     )
@@ -187,9 +189,8 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
     keys = Keys.from_config(killed)
     client = redis.Redis.from_url(killed.broker.redis_url)
     try:
-        assert (
-            client.scard(keys.trained) == 2 * GROUPS_PER_STEP
-        )  # only the checkpointed steps are acked
+        # only the checkpointed steps are acked
+        assert client.scard(keys.trained) == 2 * GROUPS_PER_STEP
 
         xadd_groups(killed, groups[cut:])
         second = subprocess.run(
@@ -197,10 +198,13 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
         )
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert client.scard(keys.trained) == steps * GROUPS_PER_STEP
-        assert client.xlen(keys.stream) == 0  # every entry acked (and deleted), none left pending
+        # every entry acked (and deleted), none left pending
+        assert client.xlen(keys.stream) == 0
         assert int(client.get(keys.version)) == steps
-        assert client.hlen(keys.metrics_targets) == 0  # the endpoint was unregistered on shutdown
+        # the endpoint was unregistered on shutdown
+        assert client.hlen(keys.metrics_targets) == 0
     finally:
         client.close()
-    assert [r["step"] for r in _steps_logged(killed)] == [1, 2, 3, 3, 4, 5]  # step 3 replayed once
+    # step 3 replayed once
+    assert [r["step"] for r in _steps_logged(killed)] == [1, 2, 3, 3, 4, 5]
     _assert_same_weights(_checkpoint_weights(killed), _in_process_weights(straight), atol=1e-6)

@@ -109,7 +109,8 @@ def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg,
         (p - q).abs().max().item()
         for p, q in zip(load_policy(demo_policy).parameters(), sync_model.parameters(), strict=True)
     )
-    assert moved > 1e-3  # the comparison is not between two untouched models
+    # the comparison is not between two untouched models
+    assert moved > 1e-3
 
 
 def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises_it(demo_policy):

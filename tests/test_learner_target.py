@@ -8,19 +8,37 @@ import pytest
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import GROUPS, learner_config
 
-from learner.target import first_reached, window_reached
+from configs import load_config
+from learner.target import bars, describe, first_reached, measures, window_reached
 from weightsync.policy import load_policy, load_tokenizer
 
 WINDOW, BATCHES = 3, 6
 
 
+def rows(rewards: list[float], exact: list[float]) -> list[dict[str, float]]:
+    return [{"reward": r, "x_exact": e} for r, e in zip(rewards, exact, strict=True)]
+
+
 def test_the_window_needs_every_bar_and_enough_steps():
-    assert not window_reached([1.0, 1.0], [1.0, 1.0], 0.9, 0.8, 3)
-    assert window_reached([0.0, 1.0, 1.0, 1.0], [0.0, 0.9, 0.9, 0.9], 0.9, 0.8, 3)
-    assert not window_reached([1.0, 1.0, 1.0], [0.9, 0.9, 0.5], 0.9, 0.8, 3)
+    bars = {"reward": 0.9, "x_exact": 0.8}
+    assert not window_reached(rows([1.0, 1.0], [1.0, 1.0]), bars, 3)
+    assert window_reached(rows([0.0, 1.0, 1.0, 1.0], [0.0, 0.9, 0.9, 0.9]), bars, 3)
+    assert not window_reached(rows([1.0, 1.0, 1.0], [0.9, 0.9, 0.5]), bars, 3)
+    # a part the steps do not report never reaches its bar
+    assert not window_reached(rows([1.0] * 3, [1.0] * 3), {"reward": 0.9, "other": 0.1}, 3)
     # windows end at 2 (mean 0.83) and 3 (mean 1.0)
-    assert first_reached([0.5, 1.0, 1.0, 1.0, 1.0], [1.0] * 5, 0.9, 0.0, 3) == 3
-    assert first_reached([0.5] * 5, [1.0] * 5, 0.9, 0.0, 3) is None
+    assert first_reached(rows([0.5, 1.0, 1.0, 1.0, 1.0], [1.0] * 5), {"reward": 0.9}, 3) == 3
+    assert first_reached(rows([0.5] * 5, [1.0] * 5), {"reward": 0.9}, 3) is None
+
+
+def test_the_bars_are_the_reward_and_the_named_parts_a_zero_bar_is_none():
+    run = load_config(
+        "configs/demo_cpu.yaml", ["run.target_parts.reverse_digits/stop=0"], env={}
+    ).run
+    assert bars(run) == {"reward": 0.95, "reverse_digits_exact": 0.85}
+    assert describe(run) == "20-step means of reward >= 0.95 and reverse_digits_exact >= 0.85"
+    row = {"reward_mean": 0.5, "reward_parts": {"reverse_digits_exact": 0.25}}
+    assert measures(row) == {"reward": 0.5, "reverse_digits_exact": 0.25}
 
 
 @pytest.mark.timeout(180)
@@ -34,11 +52,18 @@ def test_the_learner_stops_once_the_last_window_of_steps_reaches_the_target(redi
     cfg = learner_config(
         redis_cfg,
         demo_policy,
-        # the warmed policy's reward (~0.1-0.2) clears 0.01 from the first step: the window decides
-        run={"target_reward": 0.01, "target_window": WINDOW},
+        # the warmed policy's reward (~0.1-0.2) and its position part clear 0.01 from the first
+        # step: the window decides (a part the step rows did not report would never clear it)
+        run={
+            "target_reward": 0.01,
+            "target_parts": {"reverse_digits/position": 0.01},
+            "target_window": WINDOW,
+        },
         algo={"max_staleness": 100, "skip_zero_variance": False},
     )
     lines: list[str] = []
     progress = Learner(cfg).run(echo=lines.append)
     assert progress.step == WINDOW, lines
-    assert lines[-1].startswith("target reached"), lines
+    assert lines[-1].startswith(
+        "target reached: 3-step means of reward >= 0.01 and reverse_digits/position >= 0.01"
+    ), lines

@@ -32,4 +32,5 @@ def test_a_short_run_trains_rollouts_and_reports_throughput(tmp_path, demo_polic
     assert result["steps"] >= 1 and len(result["curve"]) == result["steps"]
     assert all(0.0 <= r <= 1.0 and 0.0 <= e <= 1.0 for _, r, e in result["curve"])
     assert result["samples_per_s"] > 0
-    assert result["time_to_target_s"] is None  # 3 s from a warm start at chance
+    # 3 s from a warm start at chance
+    assert result["time_to_target_s"] is None

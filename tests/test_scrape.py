@@ -201,7 +201,8 @@ def test_dashboard_command_serves_prometheus_and_live_view_then_stops_on_sigterm
         def discovered():
             try:
                 return [t["labels"].get("role") for t in prom.targets()] == ["learner"]
-            except PrometheusError:  # not listening yet
+            # not listening yet
+            except PrometheusError:
                 return False
 
         assert wait_for(discovered, timeout=30), (

@@ -150,7 +150,8 @@ def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
         address = _non_loopback_address()
-        if address is None:  # no other interface on this host: check what the socket is bound to
+        # no other interface on this host: check what the socket is bound to
+        if address is None:
             server = metrics._servers[port]
             assert server.server_address[0] == "127.0.0.1"
         else:

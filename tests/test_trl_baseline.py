@@ -7,7 +7,8 @@ from bench.trl_baseline import EXACT_REWARD, score, time_to_target
 
 def test_the_reward_sees_special_tokens_and_the_stop():
     assert score("413<|endoftext|>", "413") >= EXACT_REWARD
-    assert abs(score("413", "413") - 0.9) < 1e-9  # truncated: no stop reward, not exact
+    # truncated: no stop reward, not exact
+    assert abs(score("413", "413") - 0.9) < 1e-9
     # TRL's own text of this completion is "413"
     assert score("4<|pad|>13<|endoftext|>", "413") < 0.5
 

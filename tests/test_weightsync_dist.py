@@ -46,7 +46,8 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
     late = None
     try:
         for version in range(31):
-            stats = pub.publish(version, learner_tensors(version, 64, 2))  # one 64 KiB bucket
+            # one 64 KiB bucket
+            stats = pub.publish(version, learner_tensors(version, 64, 2))
             assert stats.seconds < 5
             if version == 10:
                 late = InProcessActor(cfg, "late", 64, 2)
@@ -108,7 +109,8 @@ def test_killed_or_frozen_actor_is_dropped_and_the_others_keep_receiving(redis_c
         assert "victim" not in pub._sender.members
         if signum == signal.SIGSTOP:
             victim.signal(signal.SIGCONT)
-            for version in range(7, 40):  # it rejoins at a later epoch
+            # it rejoins at a later epoch
+            for version in range(7, 40):
                 pub.publish(version, learner_tensors(version, 64, 2))
                 if victim.applied and victim.applied[-1]["version"] >= 7:
                     break

@@ -42,7 +42,8 @@ def test_deepspeed_state_dict_maps_onto_engine_named_parameters_and_state_dict()
     published = {k: tuple(v.shape) for k, v in tensors.items()}
     for template in (dict(model.named_parameters()), model.state_dict()):
         pairs = map_to_template(published, aliases, template)
-        assert len(pairs) == len(tensors)  # tied storage filled by one copy
+        # tied storage filled by one copy
+        assert len(pairs) == len(tensors)
 
 
 def test_missing_extra_and_mismatched_names_fail_loudly_with_every_name():

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from weightsync_helpers import InProcessActor, Proc
+from weightsync_helpers import InProcessActor, Proc, wait_staged
 from weightsync_procs import check, engine_template, learner_tensors
 
 from weightsync import make_publisher, make_subscriber
 from weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
-from weightsync.subscriber import apply_to_model, swap_into_model
+from weightsync.subscriber import swap_into_model
 
 
 def _cfg(redis_cfg, **ws):
@@ -77,9 +77,12 @@ def _publish_until_leased(
 @pytest.mark.parametrize(
     "signum,slots,timeout_s,max_publish_s",
     [
-        (signal.SIGKILL, 2, 30.0, 1.5),  # lock of a dead reader is gone: no wait even with 2 slots
-        (signal.SIGSTOP, 3, 30.0, 1.5),  # frozen reader: the writer uses the other slots, no wait
-        (signal.SIGSTOP, 2, 1.0, 3.0),  # frozen reader on the only free slot: bounded by the lease
+        # lock of a dead reader is gone: no wait even with 2 slots
+        (signal.SIGKILL, 2, 30.0, 1.5),
+        # frozen reader: the writer uses the other slots, no wait
+        (signal.SIGSTOP, 3, 30.0, 1.5),
+        # frozen reader on the only free slot: bounded by the lease
+        (signal.SIGSTOP, 2, 1.0, 3.0),
     ],
 )
 def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(
@@ -140,7 +143,7 @@ def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_clea
         version = -1
         deadline = time.monotonic() + 20
         while version < 3 and time.monotonic() < deadline:
-            assert sub.wait_staged(deadline - time.monotonic())
+            assert wait_staged(sub, deadline - time.monotonic())
             version, tensors = sub.take_staged()
             assert check(version, tensors, 64, 2)
             sub.applied(version)
@@ -158,7 +161,7 @@ def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_clea
         assert time.monotonic() - start < 5
     late = make_subscriber(cfg, "late", engine_template(64, 2)).start()
     try:
-        assert not late.wait_staged(1.5)
+        assert not wait_staged(late, 1.5)
         assert late.version == 0 and late.lag == 3 and late.failures.get("segment_gone", 0) >= 1
     finally:
         late.close()
@@ -177,33 +180,6 @@ def test_versions_must_strictly_increase_and_the_layout_stay_fixed(redis_cfg):
         pub.close()
 
 
-def test_engine_model_receives_learner_weights_through_apply_to_model(redis_cfg):
-    from actors.demo_task import build_model
-
-    torch.manual_seed(0)
-    learner = build_model(vocab_size=40, eos_id=1, pad_id=0)
-    torch.manual_seed(1)
-    engine = build_model(vocab_size=40, eos_id=1, pad_id=0).eval()
-    cfg = _cfg(redis_cfg)
-    pub = make_publisher(cfg)
-    sub = make_subscriber(cfg, "engine", dict(engine.named_parameters())).start()
-    try:
-        pub.publish(1, {"module." + k: v for k, v in learner.state_dict().items()})
-        assert sub.wait_staged(10)
-        version, tensors = sub.take_staged()
-        seconds = apply_to_model(engine, tensors)
-        sub.applied(version)
-        assert seconds >= 0 and sub.version == 1
-        for (name, a), b in zip(
-            learner.state_dict().items(), engine.state_dict().values(), strict=True
-        ):
-            assert torch.equal(a, b), name
-        assert engine.lm_head.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
-    finally:
-        sub.close()
-        pub.close()
-
-
 def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis_cfg):
     from actors.demo_task import build_model
 
@@ -218,7 +194,7 @@ def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis
             torch.manual_seed(10 + version)
             published[version] = build_model(vocab_size=40, eos_id=1, pad_id=0).state_dict()
             pub.publish(version, published[version])
-            assert sub.wait_staged(10)
+            assert wait_staged(sub, 10)
             staged_version, tensors = sub.take_staged()
             _seconds, replaced = swap_into_model(engine, tensors)
             sub.applied(staged_version, recycled=replaced)
@@ -240,7 +216,7 @@ def test_engine_whose_names_do_not_match_reports_it_and_keeps_its_weights(redis_
     sub = make_subscriber(cfg, "wrong-model", engine_template(16, 2)).start()
     try:
         pub.publish(1, learner_tensors(1, 8, 2))
-        assert not sub.wait_staged(1.5)
+        assert not wait_staged(sub, 1.5)
         assert sub.failures.get("name_mismatch") == 1 and "shape mismatch" in sub.last_error
         assert sub.version == 0 and sub.lag == 1
     finally:

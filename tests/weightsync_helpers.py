@@ -122,3 +122,13 @@ class InProcessActor:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sub.close()
+
+
+def wait_staged(sub, timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Poll up to ``timeout_s`` until ``sub`` holds a version ready for ``take_staged``."""
+    deadline = time.monotonic() + timeout_s
+    while sub.staged_version is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True

@@ -106,7 +106,8 @@ def publisher(args) -> None:
         pub.publish(version, learner_tensors(version, args.hidden, args.layers))
         print(json.dumps({"event": "published", "version": version}), flush=True)
         time.sleep(args.period)
-    time.sleep(args.duration)  # stay alive holding the segment until killed
+    # stay alive holding the segment until killed
+    time.sleep(args.duration)
     pub.close()
 
 

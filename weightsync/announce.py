@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from broker.client import as_str
 from broker.keys import Keys
 
 
@@ -20,7 +21,8 @@ from broker.keys import Keys
 class Announcement:
     version: int
     transport: str
-    publisher: str  # id of the publisher instance; a restarted learner may restart version numbers
+    # id of the publisher instance; a restarted learner may restart version numbers
+    publisher: str
     meta: dict
     published_at: float
 
@@ -46,10 +48,7 @@ def read_announcement(client: redis.Redis, keys: Keys) -> Announcement | None:
     raw = client.hgetall(keys.weights)
     if not raw:
         return None
-    fields = {
-        k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-        for k, v in raw.items()
-    }
+    fields = {as_str(k): as_str(v) for k, v in raw.items()}
     try:
         return Announcement(
             version=int(fields["version"]),

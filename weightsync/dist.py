@@ -29,6 +29,7 @@ import redis
 import torch
 import torch.distributed as tdist
 
+from broker.client import as_str
 from broker.keys import Keys
 from broker.server import is_loopback
 from weightsync import metrics
@@ -160,7 +161,7 @@ class DistSender:
         raw = self.client.hgetall(self.keys.weights_dist_members)
         live, expired = [], []
         for member, expiry in raw.items():
-            member = member.decode() if isinstance(member, bytes) else member
+            member = as_str(member)
             (live if float(expiry) > now else expired).append(member)
         if expired:
             self.client.hdel(self.keys.weights_dist_members, *expired)
@@ -202,7 +203,8 @@ class DistSender:
                     self.group = make_group(
                         self.backend, prefix, 0, len(members) + 1, self.timeout_s, self.host
                     )
-                except Exception as exc:  # a member died between check-in and connect
+                # a member died between check-in and connect
+                except Exception as exc:
                     metrics.TRANSFER_FAILURES.labels(reason="rendezvous").inc()
                     log.warning("weightsync dist: epoch %d failed to form: %s", self.epoch, exc)
                 break
@@ -217,7 +219,8 @@ class DistSender:
             members = [m for m in members if m not in missing]
         self.members = members if self.group is not None else []
         self.seq = 0
-        self.broken = self.group is None and bool(members)  # retried at the next publish
+        # retried at the next publish
+        self.broken = self.group is None and bool(members)
 
     def _wait_ready(self, members: list[str]) -> list[str]:
         deadline = time.monotonic() + self.timeout_s
@@ -274,7 +277,8 @@ class DistSender:
             for size, window in zip(self.sizes, self.plan, strict=True):
                 bucket = self.bucket[:size]
                 for name, start, end, at in window:
-                    if name != converted_name:  # a tensor spanning buckets is converted once
+                    # a tensor spanning buckets is converted once
+                    if name != converted_name:
                         converted_name = name
                         converted = _bytes_of(
                             tensors[name].detach().to(self.device, dtypes[name]).contiguous()
@@ -365,7 +369,8 @@ class DistReceiver:
             self.failed_epoch = self.epoch
             self._leave()
             return None
-        except tdist.DistStoreError:  # timeout: nothing published yet
+        # timeout: nothing published yet
+        except tdist.DistStoreError:
             return None
         header = json.loads(self.store.get(key))
         self.seq += 1
@@ -406,5 +411,6 @@ class DistReceiver:
         try:
             self.client.hdel(self.keys.weights_dist_members, self.actor_id)
         except redis.RedisError:
-            pass  # Redis gone too: the heartbeat expires on its own
+            # Redis gone too: the heartbeat expires on its own
+            pass
         self._leave()

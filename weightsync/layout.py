@@ -11,14 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
-ALIGN = 64  # cache-line aligned tensors: typed views on any dtype, no false sharing between tensors
+# cache-line aligned tensors: typed views on any dtype, no false sharing between tensors
+ALIGN = 64
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    dtype: str
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -15,10 +15,12 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from configs.errors import StreamRLError
+
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
 
 
-class NameMappingError(ValueError):
+class NameMappingError(StreamRLError, ValueError):
     """The published weights and the engine model do not describe the same parameters."""
 
 

@@ -68,7 +68,8 @@ def model_folder(path: str | os.PathLike) -> str:
         raise FileNotFoundError(
             f"model path {path!r} is not a local folder nor a hub id: {exc}"
         ) from None
-    except Exception as exc:  # offline cache miss, unknown repo, gated repo, network down
+    # offline cache miss, unknown repo, gated repo, network down
+    except Exception as exc:
         raise FileNotFoundError(
             f"model path {path!r} is not a local folder and the hub id could not be resolved "
             f"({type(exc).__name__}: {exc})"

@@ -2,7 +2,7 @@
 copy while generation goes on; the engine takes it between two decode steps (``take_staged``), swaps it
 into the live model (``swap_into_model``: the staged storages become the parameters and the old
 parameters become the next staging copy, so the engine pauses for pointer swaps, not a copy) and reports
-``applied(version, recycled)``. ``apply_to_model`` is the in-place copy for engines that cannot swap.
+``applied(version, recycled)``.
 An engine that fails to apply a lent version hands it back with ``rejected(version)``.
 
 Staging states: empty -> filling -> ready -> lent (engine copying) -> empty.
@@ -33,9 +33,12 @@ from weightsync.naming import NameMappingError, map_to_template
 
 log = logging.getLogger(__name__)
 
-IDLE_WAIT_S = 1.0  # re-read the announcement at least this often even without a notification
-BUSY_WAIT_S = 0.02  # a newer version is pending while the engine holds the staging copy
-RETRIES = 3  # stale/torn shm reads retried at once with the newest announcement
+# re-read the announcement at least this often even without a notification
+IDLE_WAIT_S = 1.0
+# a newer version is pending while the engine holds the staging copy
+BUSY_WAIT_S = 0.02
+# stale/torn shm reads retried at once with the newest announcement
+RETRIES = 3
 
 
 def _model_tensors(
@@ -50,16 +53,6 @@ def _model_tensors(
             f"staged tensors the model does not have: {unknown[:10]}{' ...' if len(unknown) > 10 else ''}"
         )
     return targets
-
-
-def apply_to_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> float:
-    """Copy staged tensors into the model's parameters/buffers in place; returns the seconds it took."""
-    start = time.perf_counter()
-    targets = _model_tensors(model, tensors)
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            targets[name].copy_(tensor)
-    return time.perf_counter() - start
 
 
 def swap_into_model(
@@ -161,8 +154,8 @@ class Subscriber:
     def take_staged(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The staged (version, tensors by engine name), lent to the caller until ``applied``; else None.
 
-        The tensors are the reused staging buffers: copy them into the model
-        (``apply_to_model``) and keep no reference after ``applied``.
+        The tensors are the reused staging buffers: swap them into the model
+        (``swap_into_model``) or copy them, and keep no reference after ``applied``.
         """
         with self._cond:
             if self._state != "ready":
@@ -201,11 +194,6 @@ class Subscriber:
         """The version staged and ready for ``take_staged`` (None while empty, filling or lent)."""
         with self._cond:
             return self._staged_version if self._state == "ready" else None
-
-    def wait_staged(self, timeout_s: float) -> bool:
-        """Block up to ``timeout_s`` until a version is staged (startup and tests; engines use take_staged)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._state == "ready", timeout=timeout_s)
 
     def close(self) -> None:
         self._stop.set()

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import pickle
-import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,6 +49,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from broker.server import free_port
+from configs.errors import StreamRLError
 from weightsync.layout import TensorSpec
 
 
@@ -163,7 +164,8 @@ class IPCSender:
     """CUDA IPC: the update info itself carries handles to the staged tensors (same GPU as the engine)."""
 
     def init_info(self) -> None:
-        return None  # "The IPC backend requires no initialization on either side."
+        # "The IPC backend requires no initialization on either side."
+        return None
 
     def connect(self) -> None:
         pass
@@ -189,7 +191,8 @@ class IPCSender:
         return info
 
     def send(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> None:
-        pass  # the workers read the staged tensors through the handles
+        # the workers read the staged tensors through the handles
+        pass
 
     def close(self) -> None:
         self._alive = []
@@ -208,14 +211,15 @@ class NCCLSender:
         self.world_size = world_size
         self.device = torch.device(device)
         self.master_address = master_address
-        self.master_port = _free_port(master_address)
+        self.master_port = free_port(master_address)
         self.group = None
 
     def init_info(self) -> dict:
         return {
             "master_address": self.master_address,
             "master_port": self.master_port,
-            "rank_offset": 1,  # the workers follow this process, rank 0
+            # the workers follow this process, rank 0
+            "rank_offset": 1,
             "world_size": self.world_size,
         }
 
@@ -233,7 +237,8 @@ class NCCLSender:
         )
 
     def update_info(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> dict:
-        return bucket.update_info()  # unpacked: one broadcast per tensor, in this order
+        # unpacked: one broadcast per tensor, in this order
+        return bucket.update_info()
 
     def send(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> None:
         if self.group is None:
@@ -241,22 +246,17 @@ class NCCLSender:
         stream = torch.cuda.current_stream(self.device)
         for tensor in tensors:
             self.group.broadcast(tensor, src=0, stream=stream)
-        stream.synchronize()  # the staging copy is reused once applied() returns
+        # the staging copy is reused once applied() returns
+        stream.synchronize()
 
     def close(self) -> None:
         self.group = None
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 # -- the protocol ----------------------------------------------------------------------------
 
 
-class PushFailed(RuntimeError):
+class PushFailed(StreamRLError, RuntimeError):
     """A version could not be pushed; the engine was restored to ``restored`` (a complete version)."""
 
     def __init__(self, version: int, restored: int | None, detail: str) -> None:
@@ -265,7 +265,7 @@ class PushFailed(RuntimeError):
         self.restored = restored
 
 
-class EngineFailed(RuntimeError):
+class EngineFailed(StreamRLError, RuntimeError):
     """The engine cannot be trusted to serve any complete version any more: the actor must end."""
 
 

@@ -43,6 +43,7 @@ from vllm.model_executor.model_loader.reload import (
 )
 from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
+from configs.errors import StreamRLError
 from weightsync.layout import Layout
 from weightsync.shm import ShmReader
 
@@ -61,7 +62,7 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
     aliases: dict[str, str] = field(default_factory=dict)
 
 
-class SlotChanged(RuntimeError):
+class SlotChanged(StreamRLError, RuntimeError):
     """The announced slot no longer holds the version (the publisher reused it)."""
 
 

@@ -15,15 +15,20 @@ from typing import Protocol
 
 import numpy as np
 
+from actors import metrics
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    stop_token_ids: tuple[int, ...] = ()  # EOS ids; the stop token is part of the completion
-    stop: tuple[str, ...] = ()  # stop strings, checked on the decoded completion
+    # 0 = off
+    top_k: int = 0
+    # EOS ids; the stop token is part of the completion
+    stop_token_ids: tuple[int, ...] = ()
+    # stop strings, checked on the decoded completion
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,10 +61,14 @@ class Request:
 @dataclass
 class Output:
     request_id: str
-    token_ids: np.ndarray  # [T] int32
-    logprobs: np.ndarray  # [T] float32, behaviour log-prob of each sampled token
-    versions: np.ndarray  # [T] int32, policy version that sampled each token
-    finish_reason: str  # stop | length | abort
+    # [T] int32
+    token_ids: np.ndarray
+    # [T] float32, behaviour log-prob of each sampled token
+    logprobs: np.ndarray
+    # [T] int32, policy version that sampled each token
+    versions: np.ndarray
+    # stop | length | abort
+    finish_reason: str
     meta: dict = field(default_factory=dict)
 
 
@@ -85,6 +94,11 @@ class Engine(ABC):
     ) -> list[Output]:
         """Complete every request (in request order). ``should_abort`` is polled between steps;
         once it returns True the unfinished requests end with finish reason ``abort``."""
+
+    def _serve(self, version: int) -> None:
+        """Record that the weights of ``version`` now sample every new token."""
+        self.version = version
+        metrics.POLICY_VERSION.set(version)
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release the engine's resources."""

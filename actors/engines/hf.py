@@ -17,6 +17,7 @@ version of the weights whose logits it was sampled from.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -34,7 +35,8 @@ class _Row:
     __slots__ = ("index", "tokens", "logprobs", "versions", "limit", "finish")
 
     def __init__(self, index: int, limit: int) -> None:
-        self.index = index  # position in the caller's request list
+        # position in the caller's request list
+        self.index = index
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -53,6 +55,10 @@ class HFEngine(Engine):
         seed: int = 0,
     ) -> None:
         self.model = model.eval()
+        # transformers 5.24 renamed forward's past_key_values to cache (the old name warns that it
+        # goes away); the vLLM CPU venv pins transformers < 5.20, which knows only the old name
+        forward = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in forward else "past_key_values"
         self.tokenizer = tokenizer
         self.batch_slots = batch_slots
         self.weight_source = weight_source
@@ -78,8 +84,7 @@ class HFEngine(Engine):
         version, tensors = staged
         seconds, replaced = swap_into_model(self.model, tensors)
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
-        self.version = version
-        metrics.POLICY_VERSION.set(version)
+        self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
         return True
 
@@ -107,7 +112,8 @@ class HFEngine(Engine):
         with torch.inference_mode():
             while pending or rows:
                 if should_abort is not None and should_abort():
-                    for row in rows:  # rows that just finished keep their reason
+                    # rows that just finished keep their reason
+                    for row in rows:
                         row.finish = row.finish or "abort"
                         done[row.index] = row
                     for index in pending:
@@ -204,16 +210,16 @@ class _Batch:
 
     def __init__(self, engine: HFEngine) -> None:
         self.model = engine.model
+        self.cache_kw = engine.cache_kw
         self.device = engine.device
         self.layer_types = engine.layer_types
         self.cache: DynamicCache | None = None
-        self.valid = torch.zeros(
-            0, 0, dtype=torch.bool, device=self.device
-        )  # [B, L] real key positions
-        self.positions = torch.zeros(
-            0, dtype=torch.long, device=self.device
-        )  # [B] position id of the next input
-        self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+        # [B, L] real key positions
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        # [B] position id of the next input
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        # [B] the token each row feeds next
+        self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
 
     @property
     def rows(self) -> int:
@@ -233,7 +239,9 @@ class _Batch:
         for _length, group in by_length.items():
             cache = DynamicCache(config=self.model.config)
             ids = torch.tensor(group, dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=ids, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1
+            )
             for j, prompt in enumerate(group):
                 unique_logits[unique[prompt]] = out.logits[j, -1]
                 unique_kv[prompt] = (
@@ -314,7 +322,7 @@ class _Batch:
             input_ids=self.next_tokens[:, None],
             position_ids=self.positions[:, None],
             attention_mask=mask,
-            past_key_values=self.cache,
+            **{self.cache_kw: self.cache},
             use_cache=True,
         )
         self.positions = self.positions + 1

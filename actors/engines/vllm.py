@@ -46,6 +46,7 @@ import numpy as np
 
 from actors import metrics
 from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from configs.errors import StreamRLError
 from weightsync import metrics as weight_metrics
 from weightsync.vllm_adapter import (
     BucketSender,
@@ -70,7 +71,7 @@ WEIGHT_POLL_S = 0.05
 SHM_BACKEND = "streamrl_shm"
 
 
-class VLLMUnavailable(ImportError):
+class VLLMUnavailable(StreamRLError, ImportError):
     pass
 
 
@@ -536,10 +537,6 @@ class VLLMEngine(Engine):
         metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
         self._serve(version)
         return True
-
-    def _serve(self, version: int) -> None:
-        self.version = version
-        metrics.POLICY_VERSION.set(version)
 
     # -- generation ----------------------------------------------------------------------------
 

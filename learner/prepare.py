@@ -1,0 +1,143 @@
+"""From stream deliveries to one step's batch: which groups train, their advantages, the step's figures.
+
+A group whose every token is older than ``algo.max_staleness`` is dropped (counted). A group
+whose rewards are all equal has zero advantage: it is skipped (its samples still count in the
+loss normaliser) when nothing else gives it a gradient, and left out entirely under dynamic
+sampling (DAPO's batch: only groups with a signal, read on until ``groups_per_step`` of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from configs.schema import Config
+from learner import algorithm
+from learner import metrics as m
+from learner.batching import Sample, samples_from_group
+
+
+@dataclass
+class Batch:
+    """One step's data as rank 0 prepared it (broadcast to every rank)."""
+
+    version: int
+    samples: list[Sample]
+    # every entry taken off the stream for this step: (entry id, group id)
+    entries: list[tuple[str, str]]
+    log: dict
+    # zero-variance groups' samples: not trained (their advantage is 0 and no KL or entropy term
+    # is on) but counted by the loss normaliser, so skipping them saves compute without changing
+    # the objective
+    skipped: list[Sample] = field(default_factory=list)
+
+
+def _group_staleness(group, version: int) -> list[np.ndarray]:
+    return [
+        algorithm.token_staleness(version, c.versions.astype(np.int64)) for c in group.completions
+    ]
+
+
+def _wholly_stale(group_staleness: list[np.ndarray], max_staleness: int) -> bool:
+    return all(bool((s > max_staleness).all()) for s in group_staleness)
+
+
+def has_signal(group, version: int, cfg: Config) -> bool:
+    """Whether a group would be trained: not wholly stale and its rewards not all equal."""
+    if _wholly_stale(_group_staleness(group, version), cfg.algo.max_staleness):
+        return False
+    rewards = group.rewards
+    return bool(np.max(rewards) != np.min(rewards))
+
+
+def dynamic_batch_size(signal: list[bool], need: int, cap: int) -> int | None:
+    """How many of the buffered groups (``signal``: which carry one, in stream order) make the step.
+
+    The shortest prefix holding ``need`` groups with a signal, or ``cap`` groups when
+    none shorter does; None while the buffer is too short for either.
+    """
+    cap = max(cap, need)
+    found = 0
+    for i, s in enumerate(signal[:cap]):
+        found += s
+        if found == need:
+            return i + 1
+    return cap if len(signal) >= cap else None
+
+
+def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch:
+    """Drop fully stale and zero-variance groups (counted), attach group advantages.
+
+    Under dynamic sampling the dropped zero-variance groups are not kept for the loss
+    normaliser either: the batch is the groups with a signal, as DAPO defines it.
+    """
+    a = cfg.algo
+    samples: list[Sample] = []
+    skipped: list[Sample] = []
+    rewards, staleness = [], []
+    parts: dict[str, list[float]] = {}
+    by_actor: dict[str, int] = {}
+    spanning = 0
+    dropped_stale = zero_variance = 0
+    for d in deliveries:
+        g = d.group
+        group_staleness = _group_staleness(g, version)
+        if _wholly_stale(group_staleness, a.max_staleness):
+            dropped_stale += 1
+            m.DROPPED_STALE_TOKENS.inc(sum(s.size for s in group_staleness))
+            continue
+        rewards += [c.reward for c in g.completions]
+        for c in g.completions:
+            for part, value in c.reward_parts.items():
+                parts.setdefault(part, []).append(value)
+        by_actor[g.actor_id] = by_actor.get(g.actor_id, 0) + 1
+        # completions that saw a weight swap between two of their tokens
+        spanning += sum(int(c.versions[0] != c.versions[-1]) for c in g.completions)
+        advantages, zero_var = algorithm.group_advantages(
+            torch.tensor(g.rewards)[None], a.advantage, a.adv_eps, a.std_threshold
+        )
+        # with a KL or entropy term a zero-advantage token still has a gradient: skipping it
+        # would change the objective, so only dynamic sampling (DAPO's batch definition) drops it
+        skippable = a.skip_zero_variance and a.kl_coef == 0 and a.entropy_coef == 0
+        if (skippable or a.dynamic_sampling) and bool(zero_var[0]):
+            zero_variance += 1
+            if not a.dynamic_sampling:
+                skipped += samples_from_group(g, advantages[0].tolist())
+            continue
+        samples += samples_from_group(g, advantages[0].tolist())
+        staleness += group_staleness
+    all_staleness = np.concatenate(staleness) if staleness else np.zeros(0, dtype=np.int64)
+    stale_tokens = int((all_staleness > a.max_staleness).sum())
+    m.DROPPED_STALE_TOKENS.inc(stale_tokens)
+    m.DROPPED_STALE_GROUPS.inc(dropped_stale)
+    m.ZERO_VARIANCE_GROUPS.inc(zero_variance)
+    m.observe_staleness(all_staleness)
+    adv_abs = float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0
+    m.ADVANTAGE_ABS_MEAN.set(adv_abs)
+    for r in rewards:
+        m.REWARD.observe(r)
+    return Batch(
+        version=version,
+        samples=samples,
+        entries=[(d.entry_id, d.group.group_id) for d in deliveries],
+        log={
+            "groups": len(deliveries),
+            "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
+            # the mean of each named reward part the task reports (its reward functions' names)
+            "reward_parts": {name: float(np.mean(v)) for name, v in parts.items()},
+            "staleness_mean": float(all_staleness.mean()) if all_staleness.size else 0.0,
+            "staleness_max": int(all_staleness.max()) if all_staleness.size else 0,
+            # masked out of the loss: older than max_staleness (wholly stale groups not included)
+            "stale_tokens": stale_tokens,
+            "dropped_stale_groups": dropped_stale,
+            "zero_variance_groups": zero_variance,
+            "advantage_abs_mean": adv_abs,
+            "wait_s": wait_s,
+            "groups_by_actor": by_actor,
+            "version_spanning_completions": spanning,
+        },
+        skipped=skipped,
+    )

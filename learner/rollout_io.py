@@ -1,0 +1,276 @@
+"""Rank 0's side of the learner outside the math: the rollout stream, admission, weights, the step log.
+
+One asyncio loop runs on a thread of its own with one ``redis.asyncio`` client; the learner's
+thread hands it the broker's coroutines (``RolloutConsumer``, ``Admission``) and waits for each.
+An entry read but not yet trained (dynamic sampling reads past the step) stays on this consumer's
+pending list until its step is acked, so a learner that dies before training it gets it back on
+restart.
+
+The next batch is not read ahead while a step trains: measured with ``python -m
+bench.learner_cost``, reading and preparing a batch is ~3 % of a demo step and a read-ahead hid
+about a third of it, within the run-to-run noise; and a read-ahead would check the entries'
+versions against a version not yet announced, so a recorded stream replayed on time (the
+learner tests' reference runs) would be dead-lettered.
+
+Counting for admission: every completed step, trained or not, adds its entries to
+``Progress.consumed``, and that running total is written to ``adm:consumed`` (set only if larger:
+idempotent, restored from the checkpoint by a restarted learner, see broker.admission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker import metrics as broker_metrics
+from broker.admission import Admission
+from broker.audit import JsonlLog, commits_path
+from broker.client import connect_async, connect_sync
+from broker.keys import Keys
+from broker.liveness import alive_actors
+from broker.stream import Delivery, RolloutConsumer
+from configs.schema import Config
+from learner import metrics as m
+from learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
+from learner.step import UpdateStats, first_pass_tokens
+from learner.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+# how often rank 0 counts live actors for streamrl_actors_alive
+ALIVE_EVERY_S = 2.0
+# other ranks wait in a collective meanwhile; keep it far from the process-group timeout
+IDLE_BROADCAST_S = 60.0
+
+
+@dataclass
+class Progress:
+    """What a checkpoint must restore besides weights and optimizer."""
+
+    step: int = 0
+    version: int = 0
+    samples: int = 0
+    tokens: int = 0
+    # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
+    # entries held from before it (the wiped `accepted` no longer counts them)
+    consumed: int = 0
+    # (entry id, group id) trained, not acked
+    unacked: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> Progress:
+        if not state or "progress" not in state:
+            return cls()
+        p = {"consumed": 0, **state["progress"]}
+        p["unacked"] = [tuple(e) for e in p["unacked"]]
+        return cls(**p)
+
+
+class RolloutIO:
+    """Everything rank 0 does outside the math: stream, admission, weights, metrics, step log."""
+
+    def __init__(self, cfg: Config, vocab_size: int, progress: Progress | None = None):
+        self.cfg = cfg
+        # the learner's own progress: a Redis wipe seen while reading resets its consumed count
+        self.progress = progress if progress is not None else Progress()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rollout-io", daemon=True
+        )
+        self._thread.start()
+        self.redis = connect_async(cfg)
+        self.consumer = RolloutConsumer(self.redis, cfg, "learner-0", vocab_size)
+        self.admission = Admission(self.redis, cfg)
+        # the live-actor count reads heartbeats with the tools' sync helper, on this thread
+        self._heartbeats = connect_sync(cfg)
+        self.keys = Keys.from_config(cfg)
+        self.alive_checked = 0.0
+        self.publisher = None
+        if cfg.weightsync.transport != "none":
+            from weightsync import make_publisher
+
+            self.publisher = make_publisher(cfg)
+        self.metrics_port = broker_metrics.serve(cfg, "learner", "0", cfg.learner.metrics_port)
+        run_dir = Path(cfg.run.dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
+        self.tracker = Tracker(cfg)
+        self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
+        self.buffer: list[Delivery] = []
+        self.wait_s = 0.0
+        self.last_progress = time.monotonic()
+
+    def _run(self, coro):
+        """Run a coroutine on the I/O loop and wait for it (bounded by the client's timeouts)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def resume(self, progress: Progress, model) -> None:
+        """Ack what the checkpoint covers (a crash may have hit between save and ack); re-announce
+        the version and the consumed count.
+
+        With ``ack_policy: step`` the steps after the checkpoint are lost with their entries
+        (acked and deleted), so Redis's count, which holds them, is the right one. With
+        ``checkpoint`` those entries come back and are counted again as their steps are redone.
+        """
+        if self.cfg.learner.ack_policy == "step":
+            counts = self._run(self.admission.counts())
+            progress.consumed = max(progress.consumed, counts["consumed"])
+        self.ack(progress)
+        self.set_consumed(progress.consumed)
+        self._run(self.consumer.start_version_check(progress.version))
+        self._run(self.admission.set_version(progress.version))
+        m.POLICY_VERSION.set(progress.version)
+        if progress.version > 0:
+            self.publish(progress.version, model)
+
+    def next_batch(self, version: int, should_stop: Callable[[], bool]) -> Batch | str:
+        """A full batch, or ``"stop"``, or ``"idle"`` (nothing yet; lets the other ranks leave their collective)."""
+        cfg = self.cfg
+        need = cfg.learner.groups_per_step
+        started = time.monotonic()
+        if should_stop():
+            return "stop"
+        while (take := self._batch_size(version)) is None:
+            if should_stop():
+                return "stop"
+            if time.monotonic() - started > IDLE_BROADCAST_S:
+                return "idle"
+            t0 = time.monotonic()
+            # a short buffer reads up to a batch; a full one still short of signal reads another batch
+            count = need - len(self.buffer) if len(self.buffer) < need else need
+            held, wipes = len(self.buffer), self.consumer.group_recreated
+            got = self._run(self.consumer.read(count, cfg.broker.block_ms))
+            self._recount_after_wipe(wipes, held)
+            now = time.monotonic()
+            self.wait_s += now - t0
+            if got:
+                self.buffer += got
+                self.last_progress = now
+            elif (
+                cfg.learner.read_timeout_s and now - self.last_progress > cfg.learner.read_timeout_s
+            ):
+                log.warning(
+                    "no rollouts for %.0f s (learner.read_timeout_s): stopping",
+                    cfg.learner.read_timeout_s,
+                )
+                return "stop"
+        deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
+        batch = prepare_batch(deliveries, version, cfg, self.wait_s)
+        m.STEP_PHASE.labels("wait").observe(self.wait_s)
+        self.wait_s = 0.0
+        return batch
+
+    def _batch_size(self, version: int) -> int | None:
+        """Groups of the buffer that make the next step, or None while more must be read."""
+        need, a = self.cfg.learner.groups_per_step, self.cfg.algo
+        if not a.dynamic_sampling:
+            return need if len(self.buffer) >= need else None
+        cap = a.dynamic_sampling_max_groups or 8 * need
+        signal = [has_signal(d.group, version, self.cfg) for d in self.buffer[: max(cap, need)]]
+        return dynamic_batch_size(signal, need, cap)
+
+    def publish(self, version: int, model, consumed: int | None = None) -> None:
+        """Weights first, then the version (with ``consumed``: and the step's count, atomically)."""
+        t0 = time.perf_counter()
+        if self.publisher is not None:
+            self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
+        self.consumer.set_max_version(version)
+        if consumed is None:
+            self._run(self.admission.set_version(version))
+        else:
+            self._run(self.admission.set_consumed(consumed, version))
+        m.POLICY_VERSION.set(version)
+        m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
+
+    def set_consumed(self, consumed: int) -> None:
+        """Count the groups of completed steps for admission (set only if larger)."""
+        self._run(self.admission.set_consumed(consumed))
+
+    def _recount_after_wipe(self, wipes_before: int, held: int) -> None:
+        """Redis restarted without persistence (the consumer recreated its group): the counters
+        start from zero, and the ``held`` entries we read before the wipe, which its ``accepted``
+        no longer counts, are counted below zero until their step completes."""
+        if self.consumer.group_recreated != wipes_before:
+            self.progress.consumed = -held
+            self._run(self.admission.reset_consumed(self.progress.consumed))
+
+    def ack(self, progress: Progress) -> None:
+        """Commit the trained entries (XACK + XDEL + trained set) with the consumed count."""
+        if progress.unacked:
+            wipes = self.consumer.group_recreated
+            entries = [e for e, _ in progress.unacked]
+            groups = [g for _, g in progress.unacked]
+            self._run(self.consumer.ack(entries, groups, consumed=progress.consumed))
+            self._recount_after_wipe(wipes, len(self.buffer))
+            if self.commit_log is not None:
+                self.commit_log.write({"step": progress.step, "groups": groups})
+            progress.unacked = []
+
+    def record(
+        self, progress: Progress, batch: Batch, updates: list[UpdateStats], step_s: float
+    ) -> dict:
+        """Write the step's row (step log, trackers) and set the learner's metrics; returns the row."""
+        last = updates[-1] if updates else None
+        row = {
+            "step": progress.step,
+            "version": progress.version,
+            # False for a batch whose every group was dropped (stale or zero-variance): no update
+            "trained": bool(updates),
+            **batch.log,
+            "samples": len(batch.samples),
+            "tokens": first_pass_tokens(updates),
+            "loss": last.loss if last else math.nan,
+            "clip_fraction": last.clip_fraction if last else math.nan,
+            "is_weight_mean": last.is_weight_mean if last else math.nan,
+            "is_truncated_fraction": last.is_truncated_fraction if last else math.nan,
+            "kl": last.kl if last else math.nan,
+            "entropy": last.entropy if last else math.nan,
+            "grad_norm": last.grad_norm if last else math.nan,
+            "step_s": step_s,
+            "time": time.time(),
+        }
+        self.steps_log.write(row)
+        self.tracker.log(row, batch)
+        if time.monotonic() - self.alive_checked > ALIVE_EVERY_S:
+            self.alive_checked = time.monotonic()
+            m.ACTORS_ALIVE.set(len(alive_actors(self._heartbeats, self.keys)))
+        if last:
+            m.STEPS.inc()
+            m.SAMPLES.inc(len(batch.samples))
+            m.TOKENS.inc(row["tokens"])
+            m.LOSS.set(last.loss)
+            m.CLIP_FRACTION.set(last.clip_fraction)
+            m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
+            m.IS_TRUNCATED.set(last.is_truncated_fraction)
+            m.KL.set(last.kl)
+            m.ENTROPY.set(last.entropy)
+            m.GRAD_NORM.set(last.grad_norm)
+            for u in updates:
+                m.STEP_PHASE.labels("forward_backward").observe(u.forward_backward_s)
+                m.STEP_PHASE.labels("optimizer").observe(u.optimizer_s)
+        return row
+
+    def close(self) -> None:
+        """Release weights, metrics, logs and Redis (once). Entries read and not trained stay
+        pending: the next learner gets them again."""
+        if self._loop.is_closed():
+            return
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.metrics_port:
+            broker_metrics.unregister(self.cfg, "learner", "0", self.metrics_port)
+        self.steps_log.close()
+        self.tracker.close()
+        if self.commit_log is not None:
+            self.commit_log.close()
+        self._heartbeats.close()
+        self._run(self.redis.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

@@ -1,0 +1,44 @@
+"""Every error streamrl raises on purpose derives from StreamRLError and keeps its builtin base."""
+
+import pytest
+
+from actors.engines.vllm import VLLMUnavailable
+from actors.prompts import PromptDataError
+from broker.client import RedisNotConfigured
+from broker.server import RedisServerError
+from broker.wire import WireError, decode_group
+from configs import ConfigError, StreamRLError, load_config
+from launch.prometheus import PrometheusError
+from weightsync.naming import NameMappingError
+from weightsync.vllm_adapter import EngineFailed, PushFailed
+
+BUILTIN_BASE = {
+    ConfigError: ValueError,
+    PromptDataError: ValueError,
+    WireError: ValueError,
+    NameMappingError: ValueError,
+    RedisNotConfigured: RuntimeError,
+    RedisServerError: RuntimeError,
+    PrometheusError: RuntimeError,
+    PushFailed: RuntimeError,
+    EngineFailed: RuntimeError,
+    VLLMUnavailable: ImportError,
+}
+
+
+@pytest.mark.parametrize("error", list(BUILTIN_BASE), ids=lambda e: e.__name__)
+def test_error_derives_from_streamrl_error_and_its_builtin(error):
+    assert issubclass(error, StreamRLError)
+    assert issubclass(error, BUILTIN_BASE[error])
+
+
+def test_one_except_catches_a_bad_config_and_a_bad_entry(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: {lr: -1}\n")
+    caught = []
+    for fail in (lambda: load_config(bad), lambda: decode_group(b"\x00not msgpack")):
+        try:
+            fail()
+        except StreamRLError as exc:
+            caught.append(type(exc))
+    assert caught == [ConfigError, WireError]
