@@ -13,6 +13,7 @@ import statistics
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
@@ -33,6 +34,17 @@ WINDOW = 5
 
 def _groups(steps: list[dict], actor: str) -> int:
     return sum(s.get("groups_by_actor", {}).get(actor, 0) for s in steps)
+
+
+def _runs_vllm(pid: int) -> bool:
+    """Whether the actor process has vLLM's engine core under it (vLLM names its processes VLLM::...)."""
+    names = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            names.append(child.name() + " " + " ".join(child.cmdline()))
+        except psutil.NoSuchProcess:
+            continue
+    return any("VLLM" in name for name in names)
 
 
 def _reward_rise(steps: list[dict]) -> float:
@@ -80,11 +92,13 @@ def test_a_vllm_actor_and_an_hf_actor_both_train_the_policy(tmp_path, demo_polic
         ), f"the vLLM actor did not start (log: {sup.actors[0].log})"
         sup.scale(2)
         sup.wait_until(shown, timeout=240)
+        engines = {c.name: _runs_vllm(c.proc.pid) for c in sup.actors if c.alive}
         crashed = {c.name: c.exit_codes for c in [sup.learner, *sup.actors] if c.exit_codes}
     finally:
         sup.stop()
 
     assert not crashed, f"processes exited during the run: {crashed} (logs in {sup.log_dir})"
+    assert engines == {VLLM: True, HF: False}, f"actors running a vLLM engine: {engines}"
     steps = read_steps(run_dir)
     assert len(steps) >= MIN_STEPS, f"{len(steps)} learner steps (logs in {sup.log_dir})"
     for actor, engine in ((VLLM, "vllm"), (HF, "hf")):
