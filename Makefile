@@ -19,7 +19,7 @@ export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test test-vllm .venv-vllm lint mutate bench chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -55,9 +55,13 @@ $(VLLM_STAMP): pyproject.toml | $(VLLM_BIN)/python
 
 .venv-vllm: $(VLLM_STAMP)
 
-# engine=vllm runs the actors in the vLLM venv (the learner and broker too: one launcher)
-RUN_BIN = $(if $(findstring actor.engine=vllm,$(ARGS)),$(VLLM_BIN),$(BIN))
-RUN_STAMP = $(if $(findstring actor.engine=vllm,$(ARGS)),$(VLLM_STAMP),$(STAMP))
+# A run with any vLLM actor (actor.engine=vllm, or actor.engines=[vllm,hf] naming it) runs in the
+# vLLM venv: the learner, broker and hf actors too, one launcher.
+COMMA := ,
+SPACE := $(subst ,, )
+RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(COMMA)$(SPACE),$(COMMA),$(ARGS))))
+RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
+RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(STAMP))
 
 run: $(RUN_STAMP)
 	$(RUN_BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
@@ -70,7 +74,7 @@ SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
 # failure instead of a skip.
-VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py
+VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_system_vllm_hf.py
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 
 test: $(STAMP) prometheus
@@ -96,6 +100,11 @@ mutate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The vLLM engine vs the hf engine (bench/engines.py), in the vLLM venv: its section of
+# docs/benchmarks.md (docs/bench/engines.md), the rest of the page kept.
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m bench --only engines
 
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --rounds $(ROUNDS)

@@ -33,6 +33,15 @@ PARTS = [
     "projection",
     "chaos",
 ]
+# Sections of the page written by other commands, placed after the part they follow: `make
+# bench-vllm` (the vLLM venv) writes engines, and mutation holds `make mutate`'s reading, by hand.
+# Any other docs/bench/*.md goes at the end: the page drops no section.
+PAGE = [
+    *PARTS[: PARTS.index("actors") + 1],
+    "engines",
+    *PARTS[PARTS.index("actors") + 1 :],
+    "mutation",
+]
 OUT = Path("docs/benchmarks.md")
 PART_DIR = Path("docs/bench")
 
@@ -63,13 +72,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_page() -> None:
-    """docs/benchmarks.md = header + the latest section of every part (docs/bench/<part>.md)."""
-    sections = [
-        (PART_DIR / f"{p}.md").read_text() for p in PARTS if (PART_DIR / f"{p}.md").exists()
-    ]
+    """docs/benchmarks.md = header + every section in docs/bench/<part>.md, in PAGE order."""
+    files = sorted(PART_DIR.glob("*.md"), key=lambda f: ((PAGE + [f.stem]).index(f.stem), f.stem))
+    sections = [f.read_text() for f in files]
     header = (
         "# Benchmarks\n\n"
         f"Produced by `make bench` (`python -m bench`); page assembled {time.strftime('%Y-%m-%d')} on {machine()}.\n"
+        "The vLLM engines section comes from `make bench-vllm` and the mutation score from `make mutate`.\n"
         "Each section states its own date and command; ratios are measured within one run.\n"
         "Targets are goals to read against, not assertions.\n\n"
     )

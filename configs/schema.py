@@ -302,6 +302,11 @@ class ActorConfig(Section):
         "hf",
         description="Generation engine: hf (transformers, any device) or vllm (vLLM on GPUs, or its CPU build: make .venv-vllm).",
     )
+    engines: list[Literal["hf", "vllm"]] | None = Field(
+        None,
+        min_length=1,
+        description="Per-actor engines of a supervised run (`make run`): actor i runs engines[i % len], passed to it as `actor.engine`; e.g. [vllm, hf] mixes the two. None = every actor runs `engine`. With vllm in it the whole run needs the vLLM venv.",
+    )
     device: str = Field("cpu", description="torch device of the hf engine.")
     batch_slots: int = Field(
         64,
@@ -332,6 +337,15 @@ class ActorConfig(Section):
         False,
         description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).",
     )
+
+    def engine_of(self, index: int) -> str:
+        """The engine of the supervised actor with this index (a0, a1, ...)."""
+        return self.engines[index % len(self.engines)] if self.engines else self.engine
+
+    @property
+    def engines_in_use(self) -> set[str]:
+        """Every engine some actor of the run computes with."""
+        return set(self.engines) if self.engines else {self.engine}
 
 
 class AlgoConfig(Section):

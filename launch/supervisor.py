@@ -16,6 +16,7 @@ them in order; they also get SIGTERM if the supervisor itself dies
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -118,6 +119,18 @@ class Supervisor:
         """Build the demo policy and dataset once (reused by later runs) before any child starts."""
         from actors.loop import ensure_assets
 
+        # else the vLLM actors would crash-loop under the backoff while the others train
+        if (
+            "vllm" in self.cfg.actor.engines_in_use
+            and self.python == sys.executable
+            and importlib.util.find_spec("vllm") is None
+        ):
+            from actors.engines.vllm import VLLMUnavailable
+
+            raise VLLMUnavailable(
+                f"a vLLM actor needs vLLM in this interpreter ({self.python}): "
+                "`make run` switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
+            )
         ensure_assets(self.cfg, announce=self.event)
         # A broken dataset fails here, naming file and row, before Redis or any child starts.
         from actors.prompts import PromptDataset
@@ -193,9 +206,13 @@ class Supervisor:
         return child
 
     def _add_actor(self) -> Child:
-        ident = f"a{self._next_actor}"
+        index = self._next_actor
+        ident = f"a{index}"
         self._next_actor += 1
         argv = self._argv("actors", "--count", "1", "--actor-id", ident)
+        if self.cfg.actor.engines:
+            # last, so it wins over the run's own overrides
+            argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
         child = self._spawn(Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log"))
         self.actors.append(child)
         self.event(f"actor {ident} started (pid {child.proc.pid})")

@@ -1,5 +1,5 @@
 """The learner rank-0 publisher: after an optimizer step, ``publish(version, named_tensors)`` converts the
-weights once to the engine dtype, writes them through the configured transport and announces the
+weights once to the actors' engine dtype, writes them through the configured transport and announces the
 version in Redis (``weights`` hash + ``weights:notify``) so running and late actors find it.
 """
 
@@ -31,15 +31,28 @@ class PublishStats:
     transport: str
 
 
+def engine_dtype(cfg: Config, engine: str) -> torch.dtype:
+    """The dtype one actor engine computes in: vLLM on this host's GPU if it has one (its CPU build
+    in float32), the hf engine on ``actor.device``."""
+    if engine == "vllm":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = cfg.actor.device
+    return resolve_dtype(cfg.model.dtype, device)
+
+
 def transfer_dtype(cfg: Config) -> torch.dtype:
-    """``weightsync.dtype``; auto = the dtype the actors' engine computes in."""
+    """``weightsync.dtype``; auto = the dtype the actors' engines compute in.
+
+    Engines that compute in different dtypes (a vLLM actor in bfloat16 on a GPU next to an hf
+    actor in float32 on CPU) get float32: each converts it down to what it computes in, as it
+    would the learner's own weights, while a half-precision publish would round the float32
+    engine's weights.
+    """
     if cfg.weightsync.dtype != "auto":
         return resolve_dtype(cfg.weightsync.dtype)
-    # the vLLM CPU build computes in float32 like the hf engine on CPU
-    on_gpu = (
-        cfg.actor.engine == "vllm" and torch.cuda.is_available()
-    ) or cfg.actor.device.startswith("cuda")
-    return resolve_dtype(cfg.model.dtype, "cuda" if on_gpu else "cpu")
+    dtypes = {engine_dtype(cfg, engine) for engine in cfg.actor.engines_in_use}
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
 class Publisher:
@@ -59,7 +72,7 @@ class Publisher:
         return cls(cfg)
 
     def _spec(self, name: str, tensor: torch.Tensor) -> TensorSpec:
-        # integer/bool tensors (rare in a policy) keep their dtype; floats travel in the engine dtype
+        # integer/bool tensors (rare in a policy) keep their dtype; floats travel in the engines' dtype
         return TensorSpec.of(name, tensor, self.dtype if tensor.is_floating_point() else None)
 
     def _open(self, layout: Layout):

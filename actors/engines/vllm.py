@@ -66,7 +66,8 @@ from weightsync.vllm_adapter import (
 log = logging.getLogger(__name__)
 
 ABORT_POLL_S = 0.05
-WEIGHT_POLL_S = 0.05  # how often the weight task looks for a new version
+# how often the weight task looks for a new version
+WEIGHT_POLL_S = 0.05
 SHM_BACKEND = "streamrl_shm"
 
 
@@ -131,12 +132,14 @@ def engine_args(cfg, seed: int = 0, gpu: bool = True) -> dict:
         "max_num_seqs": cfg.actor.batch_slots,
         "logprobs_mode": "processed_logprobs",
         "seed": seed,
-        "enable_prefix_caching": True,  # the G completions of a group share their prompt
+        # the G completions of a group share their prompt
+        "enable_prefix_caching": True,
         # a WeightTransferConfig(**this) when the engine is built
         "weight_transfer_config": {"backend": weight_transfer_backend(cfg)},
     }
     if not gpu:
-        # torch.compile roughly doubles the CPU build's start-up (FACTS: 24-42 s eager, 45-57 s compiled)
+        # torch.compile roughly doubles the CPU build's start-up: AsyncLLM on the demo policy started
+        # in 24-42 s eager and in 45-57 s compiled, measured by hand on 2 cores
         args["enforce_eager"] = True
     return args
 
@@ -157,12 +160,15 @@ def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict:
         "n": 1,
         "temperature": params.temperature,
         "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,  # vLLM: -1 = off
+        # vLLM: -1 = off
+        "top_k": params.top_k if params.top_k > 0 else -1,
         "max_tokens": params.max_new_tokens,
         "stop": list(params.stop) or None,
         "stop_token_ids": list(params.stop_token_ids) or None,
-        "include_stop_str_in_output": True,  # the tokens the learner trains on are the ones sampled
-        "logprobs": 0,  # the sampled token's log-prob only
+        # the tokens the learner trains on are the ones sampled
+        "include_stop_str_in_output": True,
+        # the sampled token's log-prob only
+        "logprobs": 0,
         "seed": seed,
     }
 
@@ -179,9 +185,11 @@ def to_output(request_id: str, completion, version_at_start: int) -> Output:
         dtype=np.float32,
     )
     spans = getattr(completion, "weight_versions", None)
-    if spans:  # labels that are not versions (before the first update) = the version at start
+    if spans:
+        # labels that are not versions (before the first update) = the version at start
         versions = token_versions(spans, len(tokens), default=version_at_start).astype(np.int32)
-    else:  # no spans: the version the request started under
+    else:
+        # no spans: the version the request started under
         versions = np.full(len(tokens), version_at_start, dtype=np.int32)
     finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
     return Output(request_id, tokens, logprobs, versions, finish)
@@ -235,6 +243,12 @@ class VLLMEngine(Engine):
         except BaseException:
             self._stop_loop()
             raise
+        try:
+            self._call(_warm_up(llm, api.vllm.SamplingParams))
+        except BaseException:
+            llm.shutdown()
+            self._stop_loop()
+            raise
         self._setup(
             llm,
             seed=seed,
@@ -254,8 +268,16 @@ class VLLMEngine(Engine):
         gpu = on_gpu()
         backend = weight_transfer_backend(cfg)
         if not gpu:
-            # GiB of KV cache; unset, the CPU build takes a fraction of host RAM (FACTS.md)
+            # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the
+            # host's RAM and refuses to start when that much is not free: never on a host that
+            # also runs the learner and other actors.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            # vLLM's default ("auto") gives its worker its own OpenMP thread count and pins the
+            # threads to cores it picks (one core of two held back for the engine core), whatever
+            # OMP_NUM_THREADS says: on a host shared with the learner and other actors every vLLM
+            # actor would be pinned to the same core. nobind keeps the process's threads and
+            # leaves placement to the OS.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             if backend != SHM_BACKEND and cfg.weightsync.transport != "none":
                 raise ValueError(
                     f"weightsync.transport={cfg.weightsync.transport}: the vLLM CPU build takes weights "
@@ -413,7 +435,8 @@ class VLLMEngine(Engine):
         while True:
             try:
                 ann = await asyncio.to_thread(self.announcements)
-            except Exception as exc:  # Redis hiccup: keep the weights, try again
+            except Exception as exc:
+                # a Redis hiccup: keep the weights, try again
                 log.warning("vLLM engine: reading the weight announcement failed: %r", exc)
                 ann = None
             if ann is None or not self._wanted(ann):
@@ -459,7 +482,8 @@ class VLLMEngine(Engine):
         while True:
             try:
                 staged = self.weight_source.take_staged()
-            except Exception:  # a broken source must not end the task; the actor keeps its weights
+            except Exception:
+                # a broken source must not end the task; the actor keeps its weights
                 log.exception("vLLM engine: taking staged weights failed")
                 staged = None
             if staged is None:
@@ -488,7 +512,8 @@ class VLLMEngine(Engine):
         except PushFailed as exc:
             self.push_failures += 1
             weight_metrics.TRANSFER_FAILURES.labels(reason="engine_push").inc()
-            if exc.restored == version:  # the second, whole push of the same version went through
+            # the second, whole push of the same version went through
+            if exc.restored == version:
                 self._serve(version)
                 return True
             log.warning(
@@ -557,7 +582,8 @@ class VLLMEngine(Engine):
             {"prompt_token_ids": request.prompt_token_ids}, sampling, vllm_id
         ):
             final = out
-        if final is None:  # aborted before its first token
+        # aborted before its first token
+        if final is None:
             return Output(request.request_id, *_empty(), finish_reason="abort")
         return to_output(request.request_id, final.outputs[0], start_version)
 
@@ -565,7 +591,8 @@ class VLLMEngine(Engine):
         if not self._loop.is_running():
             return
         if self._weights is not None:
-            try:  # a push in flight still resumes generation
+            # a push in flight still resumes generation
+            try:
                 self._call(_cancel(self._weights), self.timeout_s + 5)
             except Exception as exc:
                 log.warning("vLLM engine: stopping the weight task: %r", exc)
@@ -591,6 +618,25 @@ def _slot_holds(meta: dict, version: int) -> bool:
         return views is not None and reader.release()
     finally:
         reader.close()
+
+
+async def _warm_up(llm, sampling_params) -> None:
+    """Sampling steps with log-probs at batch 1, then 2, before the engine takes any weights.
+
+    vLLM compiles the kernel that ranks sampled tokens' log-probs (torch.compile, inductor, g++) on
+    first use even with enforce_eager, and again for a second batch size. The first time on a
+    machine (later processes load it from torch's cache) that took more than 30 s on the loaded
+    2-core machine here: inside a push it held pause_generation past weightsync.timeout_s and the
+    actor had to restart. Here it is part of the start.
+    """
+
+    async def one(request_id: str, max_tokens: int) -> None:
+        params = sampling_params(max_tokens=max_tokens, logprobs=0)
+        async for _ in llm.generate({"prompt_token_ids": [0]}, params, request_id):
+            pass
+
+    await one("warm-up-0", 1)
+    await asyncio.gather(one("warm-up-1", 2), one("warm-up-2", 2))
 
 
 async def _cancel(task: asyncio.Task) -> None:
