@@ -4,7 +4,8 @@
 
 Prints the admission counters (policy version, accepted, consumed, live leases, capacity),
 the last ``--count`` stream entries, the learner's pending entries (consumer, idle time,
-delivery count) and the dead-letter entries with the reason each was refused. Entries are
+delivery count), the dead-letter entries with the reason each was refused, and the announced
+weights (over shared memory: which readers are copying a slot right now). Entries are
 decoded with the same validating decoder the learner uses; one that does not decode is
 shown with the decoder's reason, never executed or trusted.
 """
@@ -23,6 +24,8 @@ from broker.keys import Keys
 from broker.wire import WireError, decode_group
 from configs import config_from_cli
 from configs.schema import Config
+from weightsync.announce import read_announcement
+from weightsync.shm import active_leases
 
 
 def describe_payload(payload: bytes | None, max_bytes: int) -> dict:
@@ -96,7 +99,25 @@ def collect(client: redis.Redis, cfg: Config, count: int) -> dict:
                 **describe_payload(fields.get(b"g"), limit),
             }
         )
+    report["weights"] = _weights(client, keys)
     return report
+
+
+def _weights(client: redis.Redis, keys: Keys) -> dict | None:
+    """The announced weights and, over shared memory, the readers copying a slot right now."""
+    try:
+        ann = read_announcement(client, keys)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    if ann is None:
+        return None
+    out = {"version": ann.version, "transport": ann.transport, "published_at": ann.published_at}
+    if ann.transport == "shm":
+        try:
+            out["readers_copying"] = active_leases(ann.meta["segment"])
+        except FileNotFoundError:
+            out["readers_copying"] = "segment gone (publisher exited)"
+    return out
 
 
 def render(report: dict) -> str:
@@ -112,6 +133,9 @@ def render(report: dict) -> str:
     lines += [f"  {json.dumps(e)}" for e in report["pending"]]
     lines.append(f"dead letter: {report['dead_letter']['length']} entries")
     lines += [f"  {json.dumps(e)}" for e in report["dead_letter"]["last"]]
+    lines.append(
+        f"weights: {json.dumps(report['weights']) if report['weights'] else 'none announced'}"
+    )
     return "\n".join(lines)
 
 

@@ -8,9 +8,11 @@ import json
 import numpy as np
 import pytest
 import redis
+import torch
 
 from broker.keys import Keys
 from broker.wire import Completion, RolloutGroup, encode_group
+from weightsync import make_publisher
 
 
 def _group(group_id: str) -> RolloutGroup:
@@ -56,7 +58,19 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
 
     overrides = [f"run.name={redis_cfg.run.name}", f"broker.redis_url={redis_cfg.broker.redis_url}"]
     assert main(["inspect", "--json", *overrides]) == 0
-    report = json.loads(capsys.readouterr().out)
+    assert json.loads(capsys.readouterr().out)["weights"] is None
+    shm_cfg = redis_cfg.model_copy(
+        update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
+    )
+    publisher = make_publisher(shm_cfg)
+    try:
+        publisher.publish(4, {"w": torch.ones(8)})
+        assert main(["inspect", "--json", *overrides]) == 0
+        report = json.loads(capsys.readouterr().out)
+    finally:
+        publisher.close()
+    weights = report["weights"]
+    assert (weights["version"], weights["transport"], weights["readers_copying"]) == (4, "shm", [])
     assert report["admission"]["version"] == 4 and report["admission"]["accepted"] == 2
     assert report["stream"]["length"] == 2
     assert [e["group_id"] for e in report["stream"]["last"]] == ["g-2", "g-1"]
@@ -71,6 +85,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     assert main(["inspect", *overrides]) == 0
     text = capsys.readouterr().out
     assert "policy version 4" in text and '"group_id": "g-2"' in text and dead["reason"] in text
+    assert "weights: " in text
 
 
 def test_the_console_script_lists_its_commands_and_refuses_unknown_ones(capsys):

@@ -67,10 +67,6 @@ _SLOT, _VERSION, _EXPIRY, _PID = range(_ROW_WORDS)
 _FLOCK = "hhxxxxqqixxxx"
 
 
-class SlotBusy(RuntimeError):
-    """Every candidate slot stayed leased past the lease timeout."""
-
-
 def segment_prefix(run_name: str) -> str:
     return f"streamrl.{run_name}.weights."
 
@@ -453,7 +449,7 @@ def _make_handler(previous):
 
 
 def active_leases(name: str) -> list[dict]:
-    """Leases readers hold right now on segment ``name`` (operations and tests: who is copying what)."""
+    """Leases readers hold right now on segment ``name``: who is copying what (``streamrl inspect``)."""
     with open(SHM_DIR / name, "rb") as f:
         words = np.frombuffer(f.read(HEADER_BYTES), dtype=np.int64)
     now = time.monotonic_ns()
