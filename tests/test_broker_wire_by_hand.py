@@ -242,3 +242,36 @@ def test_the_reader_limits_hold_even_in_a_field_nobody_reads(extra, valid):
     else:
         with pytest.raises(WireError, match="^not valid msgpack"):
             decode_group(data, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "reason"),
+    [
+        # no lengths at all: no completion
+        ([], r"^group: no completions$"),
+        # 1 token, then 0: completion[1] is the empty one (a single token is a valid completion)
+        ([1, 0], r"^completion\[1\]: empty completion$"),
+        # 2, then -3: a negative length is empty too
+        ([2, -3], r"^completion\[1\]: empty completion$"),
+    ],
+)
+def test_lengths_name_the_empty_completion(lengths, reason):
+    data = _columns(_payload(_two_by_two()), len=lengths)
+    with pytest.raises(WireError, match=reason):
+        decode_group(data, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        # completion[1]'s parts are a number, not a map
+        [{"a": 1.0}, 5],
+        # completion[1]'s map has a binary key (msgpack lets str and bin keys through)
+        [{"a": 1.0}, {b"a": 1.0}],
+    ],
+)
+def test_reward_parts_must_be_maps_with_text_keys(parts):
+    payload = _payload(_two_by_two())
+    payload["rp"] = parts
+    with pytest.raises(WireError, match=r"^completion\[1\]\.rp: expected a map of finite numbers"):
+        decode_group(_pack(payload), vocab_size=VOCAB)
