@@ -275,3 +275,34 @@ def test_reward_parts_must_be_maps_with_text_keys(parts):
     payload["rp"] = parts
     with pytest.raises(WireError, match=r"^completion\[1\]\.rp: expected a map of finite numbers"):
         decode_group(_pack(payload), vocab_size=VOCAB)
+
+
+FIELD_TYPES = {
+    "gid": ("str", 1, "int"),
+    "pid": ("str", 1, "int"),
+    "aid": ("str", b"a0", "bytes"),
+    "seq": ("int", "7", "str"),
+    "t": ("float/int", None, "NoneType"),
+    "prompt": ("bytes", [1, 2], "list"),
+    "len": ("bytes", "2", "str"),
+    "tok": ("bytes", 5, "int"),
+    "lp": ("bytes", -1.0, "float"),
+    "ver": ("bytes", [0], "list"),
+    "r": ("bytes", 0.0, "float"),
+    "fin": ("list", "stop", "str"),
+    "rp": ("list", {}, "dict"),
+}
+
+
+@pytest.mark.parametrize("key", list(FIELD_TYPES))
+def test_each_field_missing_or_of_the_wrong_type_is_named_exactly(key):
+    """Every field is a field of the group: its errors read ``group: missing field 'key'`` and
+    ``group.key: expected <type>, got <type>``, word for word (the dead-letter reason)."""
+    want, wrong, got = FIELD_TYPES[key]
+    payload = _payload(_two_by_two())
+    payload[key] = wrong
+    with pytest.raises(WireError, match=rf"^group\.{key}: expected {want}, got {got}$"):
+        decode_group(_pack(payload), vocab_size=VOCAB)
+    del payload[key]
+    with pytest.raises(WireError, match=rf"^group: missing field '{key}'$"):
+        decode_group(_pack(payload), vocab_size=VOCAB)
