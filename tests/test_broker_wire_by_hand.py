@@ -306,3 +306,21 @@ def test_each_field_missing_or_of_the_wrong_type_is_named_exactly(key):
     del payload[key]
     with pytest.raises(WireError, match=rf"^group: missing field '{key}'$"):
         decode_group(_pack(payload), vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        # a str where bytes belong: the reason names what arrived
+        ("text", r"^entry payload must be bytes, got str$"),
+        # a msgpack array [1, 2, 3] where the group's map belongs
+        (msgpack.packb([1, 2, 3]), r"^top level must be a map, got list$"),
+        # zero bytes: msgpack reports a truncated input as a ValueError
+        (b"", r"^not valid msgpack: ValueError: "),
+        # one string a byte over the 2**20 limit: msgpack names both numbers
+        (msgpack.packb({"x": "a" * (2**20 + 1)}), r"1048577 exceeds max_str_len\(1048576\)$"),
+    ],
+)
+def test_a_rejected_entry_says_what_it_found(data, reason):
+    with pytest.raises(WireError, match=reason):
+        decode_group(data, vocab_size=VOCAB)
