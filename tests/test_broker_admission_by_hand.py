@@ -183,3 +183,24 @@ def test_a_lease_expires_one_ttl_after_it_is_taken_on_redis_clock(redis_cfg):
     granted, renewed = asyncio.run(main())
     assert 100_000 - 50 <= granted <= 100_000 + 50
     assert 100_000 - 50 <= renewed <= 100_000 + 50
+
+
+def test_counts_read_all_counters_in_one_transaction(redis_cfg):
+    """The counters are read as one snapshot (MULTI ... EXEC): read one by one, a step completing
+    between the ``consumed`` and the ``leases`` reads would show more groups ahead than the bound
+    allows. Redis counts each EXEC it runs: one counts() call runs exactly one."""
+    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
+
+    async def main():
+        r = connect_async(cfg)
+
+        async def execs() -> int:
+            return (await r.info("commandstats")).get("cmdstat_exec", {}).get("calls", 0)
+
+        before = await execs()
+        await Admission(r, cfg).counts()
+        after = await execs()
+        await r.aclose()
+        return after - before
+
+    assert asyncio.run(main()) == 1
