@@ -324,3 +324,23 @@ def test_each_field_missing_or_of_the_wrong_type_is_named_exactly(key):
 def test_a_rejected_entry_says_what_it_found(data, reason):
     with pytest.raises(WireError, match=reason):
         decode_group(data, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("prompt", b"", r"^group\.prompt: empty prompt$"),
+        (
+            "prompt",
+            b"\x01\x02\x03",
+            r"^group\.prompt: 3 bytes is not a whole number of 4-byte items$",
+        ),
+        ("meta", {"x": [1]}, r"^group\.meta: expected a map of scalars$"),
+        ("v", 1, r"^unknown schema version 1 \(this build reads 2\)$"),
+    ],
+)
+def test_group_level_reasons_word_for_word(key, value, reason):
+    payload = _payload(_two_by_two())
+    payload[key] = value
+    with pytest.raises(WireError, match=reason):
+        decode_group(_pack(payload), vocab_size=VOCAB)
