@@ -39,15 +39,7 @@ def test_entries_read_by_a_learner_that_died_before_counting_them_are_counted_on
     try:
         client.xgroup_create(keys.stream, cfg.broker.consumer_group, id="0", mkstream=True)
         client.xreadgroup(cfg.broker.consumer_group, "learner-0", {keys.stream: ">"}, count=3)
-        proc = subprocess.run(
-            [sys.executable, "-m", "learner", *_overrides(cfg)],
-            env=_env(),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        _run_learner(cfg)
         assert [r["step"] for r in _steps_logged(cfg)] == [1, 2]
         counts = admission_counts(client, keys)
     finally:
@@ -72,15 +64,7 @@ def test_a_learner_resumed_from_a_checkpoint_older_than_a_redis_wipe_counts_from
     try:
         for cfg, batch in ((first, groups[:8]), (resumed, groups[8:])):
             xadd_groups(cfg, batch)
-            proc = subprocess.run(
-                [sys.executable, "-m", "learner", *_overrides(cfg)],
-                env=_env(),
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            _run_learner(cfg)
             if cfg is first:
                 assert int(client.get(keys.consumed)) == 8
                 delete_run_keys(client, keys)
@@ -90,6 +74,19 @@ def test_a_learner_resumed_from_a_checkpoint_older_than_a_redis_wipe_counts_from
         client.close()
     assert (counts.accepted, counts.consumed, counts.stream_length) == (4, 4, 0)
     assert admission_violations(counts) == []
+
+
+def _run_learner(cfg) -> None:
+    """``python -m learner`` on ``cfg`` until it stops by itself (run.max_steps); it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "learner", *_overrides(cfg)],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def _bound_violations(client, keys: Keys, cfg) -> list[str]:
