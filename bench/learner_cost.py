@@ -99,23 +99,6 @@ class _Timer:
         setattr(obj, name, timed)
 
 
-@torch.no_grad()
-def _reference_sample(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """The reference loop's sampler: KV cache, temperature 1, behaviour log-probs kept."""
-    out = model(input_ids=prompt_ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
-    tokens, logprobs = [], []
-    for t in range(new_tokens):
-        logp = torch.log_softmax(logits.float(), -1)
-        nxt = torch.multinomial(logp.exp(), 1).squeeze(-1)
-        tokens.append(nxt)
-        logprobs.append(logp.gather(-1, nxt[:, None]).squeeze(-1))
-        if t < new_tokens - 1:
-            out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
-    return torch.stack(tokens, 1)
-
-
 def _reference_learn(model, ref_model, optimizer, batch, cfg) -> None:
     """The synchronous loop's learn half: ref forward, then one AdamW update per disjoint half."""
     from learner import algorithm
@@ -145,6 +128,7 @@ def _reference_learn(model, ref_model, optimizer, batch, cfg) -> None:
 def measure(steps: int, overrides: list[str] = ()) -> dict:
     """Median per-step seconds of the learner (with its phase split) and of the reference learn."""
     from actors.demo_task import ensure_demo_policy
+    from bench.reference_loop import sample
     from broker.client import connect_async
     from broker.server import EmbeddedRedis
     from broker.stream import RolloutProducer
@@ -228,7 +212,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
             )
             t1 = time.perf_counter()
             reference.eval()
-            _reference_sample(reference, prompts, 4)
+            sample(reference, prompts, 4, eos=-1, pad=0, temperature=1.0)
             reference.train()
             t2 = time.perf_counter()
             _reference_learn(reference, ref_model, optimizer, samples, cfg)

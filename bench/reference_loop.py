@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 from actors.demo_task import (
     EXACT_PART,
@@ -48,6 +49,7 @@ from actors.demo_task import (
     format_warm_start,
     reverse_digits_reward,
 )
+from actors.engines.hf import cache_kwarg
 from actors.prompts import position
 from learner import target
 
@@ -58,8 +60,9 @@ EXACT_REWARD = 0.999
 @torch.no_grad()
 def sample(model, prompt_ids, max_new: int, eos: int, pad: int, temperature: float):
     """prompt_ids [N, P] (one length) -> completions [N, T] (pad after EOS), behaviour log-probs [N, T]."""
-    out = model(input_ids=prompt_ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
+    # the cache fills in place, so no version-specific output field is read
+    cache = {cache_kwarg(model): DynamicCache(config=model.config)}
+    logits = model(input_ids=prompt_ids, use_cache=True, **cache).logits[:, -1]
     tokens, logprobs = [], []
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
     for t in range(max_new):
@@ -72,8 +75,7 @@ def sample(model, prompt_ids, max_new: int, eos: int, pad: int, temperature: flo
         done = done | (nxt == eos)
         if bool(done.all()) or t == max_new - 1:
             break
-        out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+        logits = model(input_ids=nxt[:, None], use_cache=True, **cache).logits[:, -1]
     return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 

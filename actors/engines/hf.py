@@ -55,10 +55,7 @@ class HFEngine(Engine):
         seed: int = 0,
     ) -> None:
         self.model = model.eval()
-        # transformers 5.24 renamed forward's past_key_values to cache (the old name warns that it
-        # goes away); the vLLM CPU venv pins transformers < 5.20, which knows only the old name
-        forward = inspect.signature(model.forward).parameters
-        self.cache_kw = "cache" if "cache" in forward else "past_key_values"
+        self.cache_kw = cache_kwarg(model)
         self.tokenizer = tokenizer
         self.batch_slots = batch_slots
         self.weight_source = weight_source
@@ -203,6 +200,13 @@ class HFEngine(Engine):
             versions=np.asarray(row.versions, dtype=np.int32),
             finish_reason=row.finish or "abort",
         )
+
+
+def cache_kwarg(model) -> str:
+    """The name under which ``model.forward`` takes a KV cache: transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name warns that it goes away); the vLLM CPU venv
+    pins transformers < 5.20, which knows only the old name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class _Batch:
