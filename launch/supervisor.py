@@ -50,7 +50,8 @@ def _die_with_parent() -> None:
 @dataclass
 class Child:
     name: str
-    role: str  # "learner" | "actor"
+    # "learner" | "actor"
+    role: str
     argv: list[str]
     log: Path
     proc: subprocess.Popen | None = None
@@ -59,7 +60,8 @@ class Child:
     next_start: float = 0.0
     started_at: float = 0.0
     exit_codes: list[int] = field(default_factory=list)
-    done: bool = False  # exited 0 or was stopped on purpose: never restarted
+    # exited 0 or was stopped on purpose: never restarted
+    done: bool = False
 
     @property
     def alive(self) -> bool:
@@ -282,7 +284,8 @@ class Supervisor:
             return
         try:
             raw = self.redis.lpop(self.keys.launch_control)
-        except Exception as exc:  # Redis restarting: scaling waits, supervision does not
+        # Redis restarting: scaling waits, supervision does not
+        except Exception as exc:
             self.event(f"control channel unavailable: {type(exc).__name__}")
             return
         if raw is None:
