@@ -77,8 +77,8 @@ SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py
 VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_system_vllm_hf.py
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 
-# All other tests run first, on TEST_WORKERS pytest-xdist workers, a test module per worker at a time (module
-# fixtures stay shared): 5 min instead of 8.5 on 2 cores.
+# All other tests run first, on TEST_WORKERS pytest-xdist workers, each test module on one worker
+# (module fixtures stay shared): 5 min instead of 8.5 on 2 cores.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) prometheus
