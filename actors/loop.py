@@ -101,12 +101,15 @@ class _Pending:
     lease_id: str
     prompt: Prompt
     outputs: list[Output] = field(default_factory=list)
+    # the reference policy's log-probs per output (algo.reference_on: actors)
+    ref_logprobs: list[np.ndarray] | None = None
 
 
 def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score]) -> RolloutGroup:
+    refs = pending.ref_logprobs or [None] * len(pending.outputs)
     completions = [
-        Completion(o.token_ids, o.logprobs, o.versions, s.total, o.finish_reason, s.parts)
-        for o, s in zip(pending.outputs, scores, strict=True)
+        Completion(o.token_ids, o.logprobs, o.versions, s.total, o.finish_reason, s.parts, ref)
+        for o, s, ref in zip(pending.outputs, scores, refs, strict=True)
     ]
     return RolloutGroup(
         group_id=f"{actor_id}-{seq}-{uuid.uuid4().hex[:8]}",
@@ -141,6 +144,11 @@ class Actor:
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
         self.rewards = RewardPool(cfg.reward)
+        self.reference = None
+        if cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "actors":
+            from actors.reference import ReferenceScorer
+
+            self.reference = ReferenceScorer(cfg)
         self.model = (
             None
             if cfg.actor.engine == "vllm"
@@ -286,7 +294,9 @@ class Actor:
             for p in complete
             for o in p.outputs
         ]
-        scores = await asyncio.to_thread(self.rewards.score, samples)
+        scores, _ = await asyncio.gather(
+            asyncio.to_thread(self.rewards.score, samples), self._score_reference(complete)
+        )
         for g, pending in enumerate(complete):
             group_scores = scores[g * group_size : (g + 1) * group_size]
             group = build_group(self.actor_id, self.seq, pending, group_scores)
@@ -296,6 +306,21 @@ class Actor:
             self.leases.discard(pending.lease_id)
             self.seq += 1
             self._observe(group)
+
+    async def _score_reference(self, complete: list[_Pending]) -> None:
+        """Attach the reference policy's log-probs to each output (while the rewards are scored)."""
+        if self.reference is None:
+            return
+        start = time.monotonic()
+        outputs = [o for p in complete for o in p.outputs]
+        prompts = [p.prompt.token_ids for p in complete for _ in p.outputs]
+        refs = await asyncio.to_thread(
+            self.reference.logprobs, prompts, [o.token_ids for o in outputs]
+        )
+        size = self.cfg.rollout.group_size
+        for g, pending in enumerate(complete):
+            pending.ref_logprobs = refs[g * size : (g + 1) * size]
+        metrics.REFERENCE_SECONDS.inc(time.monotonic() - start)
 
     async def _maybe_evaluate(self) -> None:
         """Evaluate once per ``eval_every`` versions crossed; one actor per version (SET NX)."""

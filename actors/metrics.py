@@ -38,6 +38,10 @@ ADMISSION_WAIT_SECONDS = Counter(
 GENERATE_SECONDS = Counter(
     "streamrl_actor_generate_seconds_total", "Time spent inside engine.generate."
 )
+REFERENCE_SECONDS = Counter(
+    "streamrl_actor_reference_seconds_total",
+    "Time spent scoring completions under the frozen reference policy (algo.reference_on: actors).",
+)
 WEIGHT_SWAP_SECONDS = Histogram(
     "streamrl_actor_weight_swap_seconds",
     "Time to copy staged weights into the engine between two decode steps.",

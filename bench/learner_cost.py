@@ -3,7 +3,8 @@
 The learner side is the real thing on one rank: ``Learner.train_next`` on the CPU demo config
 (``configs/demo_cpu.yaml``: 16 groups x 16 completions per step, k3 KL to the initial policy, one
 update per batch, shm weight publishing, metrics served) reading pre-filled groups from a real
-Redis stream. Each step is split into phases by timing the learner's own methods: read + prepare
+Redis stream. Under the preset's ``algo.reference_on: actors`` the groups carry the reference
+log-probs, as the actors send them, and the learner runs no reference forward. Each step is split into phases by timing the learner's own methods: read + prepare
 (stream, decode, advantages), reference forward, forward+backward, optimizer, publish (weights +
 version + admission count), record (step row, metrics) and checkpoint/ack.
 
@@ -45,8 +46,9 @@ PHASES = [
 ]
 
 
-def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random):
-    """Demo-shaped groups: a reverse-3-digits prompt, 2-5 token completions, mixed rewards."""
+def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random, with_ref: bool):
+    """Demo-shaped groups: a reverse-3-digits prompt, 2-5 token completions, mixed rewards;
+    ``with_ref``: with reference log-probs, as actors send them under ``algo.reference_on: actors``."""
     from actors.demo_task import make_example
     from broker.wire import Completion, RolloutGroup
 
@@ -65,6 +67,9 @@ def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random
                     logprobs=-np.array([rng.random() * 2 for _ in tokens], dtype=np.float32),
                     versions=np.full(len(tokens), version, dtype=np.int32),
                     reward=rng.choice([0.0, 0.3, 0.6, 1.0]),
+                    ref_logprobs=-np.array([rng.random() * 2 for _ in tokens], dtype=np.float32)
+                    if with_ref
+                    else None,
                 )
             )
         out.append(
@@ -160,8 +165,16 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
         # versions_per_batch policy versions), as the demo's actors run: kept by max_staleness, and
         # never a version the learner has not announced when it reads the batch
         per_batch = cfg.learner.versions_per_batch
+        with_ref = cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "actors"
         batches = [
-            _groups(tokenizer, per_step, cfg.rollout.group_size, max(0, k - 1) * per_batch, rng)
+            _groups(
+                tokenizer,
+                per_step,
+                cfg.rollout.group_size,
+                max(0, k - 1) * per_batch,
+                rng,
+                with_ref,
+            )
             for k in range(steps + warmup)
         ]
 

@@ -139,6 +139,8 @@ ACTOR_PHASES = {
     "generating": "streamrl_actor_generate_seconds_total",
     "admission wait": "streamrl_actor_admission_wait_seconds_total",
     "weight swap": "streamrl_actor_weight_swap_seconds_sum",
+    # algo.reference_on: actors (overlaps the reward scoring, which runs in worker processes)
+    "reference pass": "streamrl_actor_reference_seconds_total",
 }
 LEARNER_PHASES = {
     name: sample_key("streamrl_learner_step_phase_seconds_sum", {"phase": phase})
@@ -906,8 +908,10 @@ def time_markdown(outcome: Outcome) -> str:
             f"{window:.0f} s between the first scrape after the learner's first step and the last scrape before the "
             "run ended, divided by that window. Actors: `streamrl_actor_generate_seconds_total` (weight swaps, "
             "which happen between decode steps, taken out), `streamrl_actor_admission_wait_seconds_total`, "
-            "`streamrl_actor_weight_swap_seconds`; learner: `streamrl_learner_step_phase_seconds{phase}`. "
-            "`other` is the rest (actors: scoring and XADD; learner: the frozen reference model's no-grad pass for the KL term, batch preparation, acks, logging). The weights "
+            "`streamrl_actor_weight_swap_seconds`, `streamrl_actor_reference_seconds_total` (the frozen initial policy scoring "
+            "the completions for the KL term, `algo.reference_on: actors`); learner: `streamrl_learner_step_phase_seconds{phase}`. "
+            "`other` is the rest (actors: reward scoring not overlapped by the reference pass, XADD; learner: the reference "
+            "pass when the learner runs it, batch preparation, acks, logging). The weights "
             "receive time runs in the subscriber's background thread, overlapping generation, so it is listed apart.",
             "",
             "![stacked share of wall time per process](img/time_breakdown.png)",

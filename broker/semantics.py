@@ -3,7 +3,8 @@
 ``decode_group`` checks types and sizes; a peer can still write a valid entry that
 poisons training (a completion longer than the actors may sample, a group of the
 wrong size, token versions from the future that read as negative staleness,
-rewards so large the advantages overflow, a prompt far past the dataset's). The
+rewards so large the advantages overflow, a prompt far past the dataset's, no reference
+log-probs where the actors were to send them). The
 consumer calls ``check_group`` with limits from the config and the highest
 version the learner knows was announced, and dead-letters what fails, with the
 reason. Pure: no Redis, no torch.
@@ -23,6 +24,8 @@ class Limits:
     max_completion_tokens: int
     max_prompt_tokens: int
     max_abs_reward: float
+    # algo.reference_on: actors with a KL term: every completion carries reference log-probs
+    needs_ref_logprobs: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config) -> Limits:
@@ -31,6 +34,7 @@ class Limits:
             max_completion_tokens=cfg.rollout.max_new_tokens,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             max_abs_reward=cfg.broker.max_abs_reward,
+            needs_ref_logprobs=cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "actors",
         )
 
 
@@ -55,6 +59,11 @@ def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = N
             raise WireError(
                 f"completion[{i}].r: reward {completion.reward!r} exceeds "
                 f"broker.max_abs_reward={limits.max_abs_reward}"
+            )
+        if limits.needs_ref_logprobs and completion.ref_logprobs is None:
+            raise WireError(
+                f"completion[{i}]: no reference log-probs (rlp), which algo.reference_on=actors "
+                "needs for the KL term"
             )
         if max_version is not None and int(completion.versions.max()) > max_version:
             raise WireError(

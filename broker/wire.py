@@ -6,7 +6,8 @@ Defined once here; every producer and consumer goes through ``encode_group`` /
 can execute data: msgpack only, no pickle, no ext types.
 
 Layout (schema 2) is columnar: the G completions' tokens, log-probs and
-versions travel as one array each plus a lengths array, so encoding is a few
+versions (and, under ``algo.reference_on: actors``, the reference policy's log-probs, ``rlp``)
+travel as one array each plus a lengths array, so encoding is a few
 concatenations and decoding validates every completion with a few numpy
 reductions, then hands out views (schema 1, one map per completion, decoded
 at a third of the speed).
@@ -50,6 +51,9 @@ class Completion:
     reward: float
     finish_reason: str = "stop"
     reward_parts: dict[str, float] = field(default_factory=dict)
+    # [T] float32, the frozen initial policy's log-prob of each token (``algo.reference_on:
+    # actors``), else None
+    ref_logprobs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -80,8 +84,10 @@ def encode_group(group: RolloutGroup) -> bytes:
     comps = group.completions
     if not comps:
         raise WireError(f"group {group.group_id!r} has no completions")
-    logprobs = np.concatenate([c.logprobs for c in comps], dtype=LOGPROB_DTYPE, casting="same_kind")
-    np.minimum(logprobs, 0.0, out=logprobs)
+    logprobs = _logprob_column([c.logprobs for c in comps])
+    with_ref = [c.ref_logprobs is not None for c in comps]
+    if any(with_ref) and not all(with_ref):
+        raise WireError(f"group {group.group_id!r}: reference log-probs on some completions only")
     parts = [{str(k): float(v) for k, v in c.reward_parts.items()} for c in comps]
     payload = {
         "v": SCHEMA_VERSION,
@@ -105,7 +111,15 @@ def encode_group(group: RolloutGroup) -> bytes:
         # [] = no completion has named parts
         "rp": parts if any(parts) else [],
     }
+    if all(with_ref):
+        payload["rlp"] = _logprob_column([c.ref_logprobs for c in comps]).tobytes()
     return msgpack.packb(payload, use_bin_type=True)
+
+
+def _logprob_column(columns: list[np.ndarray]) -> np.ndarray:
+    """The wire's log-prob column: float32, clamped to <= 0 (float error can put a log-prob above)."""
+    logprobs = np.concatenate(columns, dtype=LOGPROB_DTYPE, casting="same_kind")
+    return np.minimum(logprobs, 0.0, out=logprobs)
 
 
 def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str):
@@ -210,12 +224,15 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
         raise WireError(
             f"{_owner(bad, offsets)}.tok: token id outside the vocabulary [0, {vocab_size})"
         )
-    # NaN fails both comparisons
-    if not (logprobs.min() > -np.inf and logprobs.max() <= 0):
-        bad = ~np.isfinite(logprobs)
-        if bad.any():
-            raise WireError(f"{_owner(bad, offsets)}.lp: non-finite log-prob")
-        raise WireError(f"{_owner(logprobs > 0, offsets)}.lp: log-prob above 0")
+    _check_logprobs(logprobs, "lp", offsets)
+    ref_logprobs = None
+    if "rlp" in obj:
+        ref_logprobs = _array(obj, "rlp", LOGPROB_DTYPE)
+        if ref_logprobs.size != total:
+            raise WireError(
+                f"group.rlp: {ref_logprobs.size} reference log-probs for {total} tokens"
+            )
+        _check_logprobs(ref_logprobs, "rlp", offsets)
     if versions.min() < 0:
         raise WireError(f"{_owner(versions < 0, offsets)}.ver: negative policy version")
     # versions[t+1] < versions[t] inside a completion; steps across a boundary don't count.
@@ -254,9 +271,19 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
             rewards_list[i],
             finish[i],
             parts[i],
+            None if ref_logprobs is None else ref_logprobs[bounds[i] : bounds[i + 1]],
         )
         for i in range(n)
     ]
+
+
+def _check_logprobs(logprobs: np.ndarray, key: str, offsets: np.ndarray) -> None:
+    # NaN fails both comparisons
+    if not (logprobs.min() > -np.inf and logprobs.max() <= 0):
+        bad = ~np.isfinite(logprobs)
+        if bad.any():
+            raise WireError(f"{_owner(bad, offsets)}.{key}: non-finite log-prob")
+        raise WireError(f"{_owner(logprobs > 0, offsets)}.{key}: log-prob above 0")
 
 
 def _all_finite_parts(parts: list) -> bool:

@@ -419,6 +419,10 @@ class AlgoConfig(Section):
         ge=0,
         description="k3 KL penalty to the frozen initial policy (0 = off, no reference model kept).",
     )
+    reference_on: Literal["learner", "actors"] = Field(
+        "learner",
+        description="Where the frozen initial policy scores the completions for the KL term: a no-grad pass on the learner, or on each actor right after generating (every actor then holds one more copy of model.path and sends the per-token log-probs with the group; entries without them are dead-lettered). The learner is usually what the actors wait for, so moving that pass to them shortens every step. Unused when kl_coef is 0.",
+    )
     entropy_coef: float = Field(
         0.0,
         ge=0,

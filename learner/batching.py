@@ -26,6 +26,9 @@ class Sample:
     advantage: float
     reward: float
     group_id: str
+    # [C] float32, the reference policy's log-probs as the actor sent them (algo.reference_on:
+    # actors), else None
+    ref_logprobs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -48,6 +51,9 @@ def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
             advantage=float(adv),
             reward=float(c.reward),
             group_id=group.group_id,
+            ref_logprobs=None
+            if c.ref_logprobs is None
+            else np.array(c.ref_logprobs, dtype=np.float32),
         )
         for c, adv in zip(group.completions, advantages, strict=True)
     ]
@@ -95,6 +101,8 @@ class MicroBatch:
     behaviour_logprobs: Tensor  # [B, L - 1] float32, 0 outside the completion
     versions: Tensor  # [B, L - 1] int64, -1 outside the completion
     advantages: Tensor  # [B] float32
+    # [B, L - 1] float32, 0 outside the completion; None unless every sample carries them
+    ref_logprobs: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +138,11 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
     versions = np.full((rows, width - 1), -1, dtype=np.int64)
     versions[target] = np.concatenate([s.versions for s in samples])
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    ref = None
+    if all(s.ref_logprobs is not None for s in samples):
+        ref = np.zeros((rows, width - 1), dtype=np.float32)
+        ref[target] = np.concatenate([s.ref_logprobs for s in samples])
+        ref = torch.from_numpy(ref)
     return MicroBatch(
         torch.from_numpy(input_ids),
         torch.from_numpy(attention_mask),
@@ -137,6 +150,7 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
         torch.from_numpy(behaviour),
         torch.from_numpy(versions),
         advantages,
+        ref,
     )
 
 
@@ -164,4 +178,5 @@ def masked_out(batch: MicroBatch) -> MicroBatch:
         batch.behaviour_logprobs,
         batch.versions,
         batch.advantages,
+        batch.ref_logprobs,
     )

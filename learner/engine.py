@@ -13,12 +13,12 @@ import os
 from datetime import timedelta
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from broker.server import free_port
 from configs.schema import Config
 from learner.batching import MicroBatch
+from weightsync.policy import sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
 
@@ -130,21 +130,7 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
 def token_logprobs(
     model, batch: MicroBatch, temperature: float, with_entropy: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """log pi(token_{t+1} | prefix) for every target position [B, L - 1], at the sampling temperature.
-
-    Actors report log-probs after temperature, so the learner divides the logits the same way.
-    ``with_entropy`` also returns the entropy of that tempered distribution at each position.
-    """
-    dev = next(model.parameters()).device
-    logits = model(
-        input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev)
-    ).logits
-    logits = logits[:, :-1].float() / temperature
-    targets = batch.input_ids[:, 1:].to(dev)
-    log_probs = F.log_softmax(logits, dim=-1)
-    # log pi(y_t) = logit_y - logsumexp(logits)
-    chosen = torch.gather(log_probs, -1, targets[..., None]).squeeze(-1)
-    if not with_entropy:
-        return chosen
-    # H_t = -sum_v pi(v) log pi(v)
-    return chosen, -(log_probs.exp() * log_probs).sum(-1)
+    """``weightsync.policy.sequence_logprobs`` of a micro-batch: [B, L - 1] (and the entropy)."""
+    return sequence_logprobs(
+        model, batch.input_ids, batch.attention_mask, temperature, with_entropy
+    )

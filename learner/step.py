@@ -147,6 +147,17 @@ def _loss(
     )
 
 
+def _reference_logprobs(ref_model, batches: list[MicroBatch], cfg: Config) -> list:
+    """The KL term's reference log-probs per micro-batch: the learner's own no-grad pass, the
+    actors' (``algo.reference_on: actors``; the consumer dead-letters groups without them), or
+    None with no KL term."""
+    if cfg.algo.kl_coef == 0:
+        return [None] * len(batches)
+    if ref_model is not None:
+        return _logprobs_no_grad(ref_model, batches, cfg.rollout.temperature)
+    return [mb.ref_logprobs for mb in batches]
+
+
 @torch.no_grad()
 def _logprobs_no_grad(model, batches: list[MicroBatch], temperature: float) -> list[torch.Tensor]:
     return [token_logprobs(model, mb, temperature) for mb in batches]
@@ -178,7 +189,6 @@ def train_batch(
     """
     temperature = cfg.rollout.temperature
     need_prox = cfg.algo.importance_correction and cfg.algo.proximal == "recompute"
-    want_ref = ref_model is not None and cfg.algo.kl_coef > 0
     split = split_minibatches(
         samples, skipped, cfg.learner.minibatches, seed=minibatch_seed(cfg.run.seed, version)
     )
@@ -192,9 +202,7 @@ def train_batch(
             {
                 "batches": batches,
                 "normalizer": loss_normalizer(cfg, [*trained, *left_out], version),
-                "ref": _logprobs_no_grad(ref_model, batches, temperature)
-                if want_ref
-                else [None] * len(batches),
+                "ref": _reference_logprobs(ref_model, batches, cfg),
                 # mini-batch 0's first forward pass gives pi_prox; the others need it before any step
                 "prox": _logprobs_no_grad(engine.module, batches, temperature)
                 if need_prox and minis

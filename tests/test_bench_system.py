@@ -25,11 +25,12 @@ from bench.system import (
 )
 
 
-def _page(generate_s: float, wait_s: float, swaps: list[float]) -> str:
+def _page(generate_s: float, wait_s: float, swaps: list[float], reference_s: float = 0.0) -> str:
     """A real prometheus-client exposition page with the actor metrics of docs/architecture.md."""
     registry = CollectorRegistry()
     Counter("streamrl_actor_generate_seconds_total", "g", registry=registry).inc(generate_s)
     Counter("streamrl_actor_admission_wait_seconds_total", "w", registry=registry).inc(wait_s)
+    Counter("streamrl_actor_reference_seconds_total", "r", registry=registry).inc(reference_s)
     swap = Histogram("streamrl_actor_weight_swap_seconds", "s", registry=registry)
     for s in swaps:
         swap.observe(s)
@@ -55,13 +56,14 @@ def test_flattened_page_keeps_counter_totals_histogram_sums_and_labels():
 
 
 def test_actor_shares_are_counter_increases_over_the_window_with_swaps_taken_out_of_generating():
-    before = flatten_metrics(_page(10.0, 2.0, [0.5]))
-    after = flatten_metrics(_page(70.0, 12.0, [0.5, 1.5, 0.5]))
+    before = flatten_metrics(_page(10.0, 2.0, [0.5], reference_s=1.0))
+    after = flatten_metrics(_page(70.0, 12.0, [0.5, 1.5, 0.5], reference_s=6.0))
     shares = time_shares("actor", before, after, window_s=100.0)
     assert shares["weight swap"] == pytest.approx(0.02)
     assert shares["generating"] == pytest.approx(0.60 - 0.02)
     assert shares["admission wait"] == pytest.approx(0.10)
-    assert shares["other"] == pytest.approx(0.30)
+    assert shares["reference pass"] == pytest.approx(0.05)
+    assert shares["other"] == pytest.approx(0.25)
     assert sum(shares.values()) == pytest.approx(1.0)
 
 

@@ -43,7 +43,7 @@ def completions(draw):
 
 @st.composite
 def groups(draw):
-    return RolloutGroup(
+    group = RolloutGroup(
         group_id=draw(st.text(min_size=1, max_size=40)),
         prompt_id=draw(st.text(max_size=20)),
         actor_id=draw(st.text(max_size=20)),
@@ -59,6 +59,12 @@ def groups(draw):
             )
         ),
     )
+    # algo.reference_on: actors: every completion carries reference log-probs, or none does
+    if draw(st.booleans()):
+        for c in group.completions:
+            ref = draw(st.lists(st.floats(-50.0, 0.0, width=32), min_size=len(c), max_size=len(c)))
+            c.ref_logprobs = np.array(ref, dtype=np.float32)
+    return group
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,6 +86,10 @@ def test_valid_groups_round_trip_exactly(group):
         np.testing.assert_array_equal(got.versions, want.versions)
         assert got.reward == pytest.approx(want.reward) and got.finish_reason == want.finish_reason
         assert got.reward_parts == pytest.approx(want.reward_parts)
+        if want.ref_logprobs is None:
+            assert got.ref_logprobs is None
+        else:
+            np.testing.assert_array_equal(got.ref_logprobs, want.ref_logprobs)
 
 
 def _group(n_completions: int = 3, length: int = 5) -> RolloutGroup:
@@ -211,3 +221,34 @@ def test_versions_may_restart_at_a_completion_boundary():
     assert back.completions[0].versions.tolist() == [9] * 5 and back.completions[
         1
     ].versions.tolist() == [1, 1, 2, 2, 3]
+
+
+def _group_with_reference() -> RolloutGroup:
+    group = _group()
+    for c in group.completions:
+        c.ref_logprobs = c.logprobs - 0.25
+    return group
+
+
+# the reference log-prob column (algo.reference_on: actors) is checked as the behaviour one is
+MALFORMED_REFERENCE = {
+    r"group.rlp: 14 reference log-probs for 15 tokens": _set(["rlp"], _f32(*[-1.0] * 14)),
+    r"completion\[2\].rlp: non-finite log-prob": _poke("rlp", np.float32, 12, math.nan),
+    r"completion\[1\].rlp: log-prob above 0": _poke("rlp", np.float32, 5, 0.5),
+    r"group.rlp: expected bytes, got list": _set(["rlp"], [-1.0]),
+}
+
+
+@pytest.mark.parametrize("reason", list(MALFORMED_REFERENCE))
+def test_malformed_reference_logprobs_are_rejected_with_their_reason(reason):
+    payload = msgpack.unpackb(encode_group(_group_with_reference()), raw=False)
+    data = msgpack.packb(MALFORMED_REFERENCE[reason](payload), use_bin_type=True)
+    with pytest.raises(WireError, match=reason):
+        decode_group(data, vocab_size=VOCAB)
+
+
+def test_reference_logprobs_on_some_completions_only_cannot_be_encoded():
+    group = _group_with_reference()
+    group.completions[1].ref_logprobs = None
+    with pytest.raises(WireError, match="reference log-probs on some completions only"):
+        encode_group(group)

@@ -80,6 +80,16 @@ def test_each_limit_is_checked_and_named():
     check_group(_hostile(group, 8)["future_version"][0], LIMITS, max_version=None)
 
 
+def test_a_group_without_reference_logprobs_fails_where_the_actors_were_to_send_them():
+    group = make_group("g", n_completions=2, length=4, version=3)
+    needs = dataclasses.replace(LIMITS, needs_ref_logprobs=True)
+    with pytest.raises(WireError, match=r"completion\[0\]: no reference log-probs.*reference_on"):
+        check_group(group, needs, max_version=3)
+    for c in group.completions:
+        c.ref_logprobs = c.logprobs.copy()
+    check_group(group, needs, max_version=3)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_hostile_entries_are_dead_lettered_by_the_learner_which_keeps_stepping(

@@ -1,4 +1,5 @@
-"""The one policy loader that learner and actors share, so both see the same module names and dtype.
+"""The one policy loader that learner and actors share, so both see the same module names and dtype,
+and the one way both score tokens under a policy (``sequence_logprobs``).
 
 ``model.path`` is a local Hugging Face folder or a hub id (``org/name``, optionally
 ``org/name@revision``). A hub id resolves through ``huggingface_hub.snapshot_download``
@@ -116,3 +117,28 @@ def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_folder(path))
+
+
+def sequence_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+):
+    """log pi(token_{t+1} | prefix) at every position [B, L - 1] of right-padded rows, at ``temperature``.
+
+    Actors report log-probs after temperature, so every scorer divides the logits the same way.
+    ``with_entropy`` also returns the entropy of that tempered distribution at each position.
+    """
+    dev = next(model.parameters()).device
+    logits = model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits
+    logits = logits[:, :-1].float() / temperature
+    targets = input_ids[:, 1:].to(dev)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    # log pi(y_t) = logit_y - logsumexp(logits)
+    chosen = torch.gather(log_probs, -1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return chosen
+    # H_t = -sum_v pi(v) log pi(v)
+    return chosen, -(log_probs.exp() * log_probs).sum(-1)
