@@ -145,7 +145,7 @@ class Actor:
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
         self.rewards = RewardPool(cfg.reward)
         self.reference = None
-        if cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "actors":
+        if cfg.algo.actors_score_reference:
             from actors.reference import ReferenceScorer
 
             self.reference = ReferenceScorer(cfg)
@@ -312,11 +312,9 @@ class Actor:
         if self.reference is None:
             return
         start = time.monotonic()
-        outputs = [o for p in complete for o in p.outputs]
         prompts = [p.prompt.token_ids for p in complete for _ in p.outputs]
-        refs = await asyncio.to_thread(
-            self.reference.logprobs, prompts, [o.token_ids for o in outputs]
-        )
+        completions = [o.token_ids for p in complete for o in p.outputs]
+        refs = await asyncio.to_thread(self.reference.logprobs, prompts, completions)
         size = self.cfg.rollout.group_size
         for g, pending in enumerate(complete):
             pending.ref_logprobs = refs[g * size : (g + 1) * size]

@@ -4,9 +4,10 @@ The learner side is the real thing on one rank: ``Learner.train_next`` on the CP
 (``configs/demo_cpu.yaml``: 16 groups x 16 completions per step, k3 KL to the initial policy, one
 update per batch, shm weight publishing, metrics served) reading pre-filled groups from a real
 Redis stream. Under the preset's ``algo.reference_on: actors`` the groups carry the reference
-log-probs, as the actors send them, and the learner runs no reference forward. Each step is split into phases by timing the learner's own methods: read + prepare
-(stream, decode, advantages), reference forward, forward+backward, optimizer, publish (weights +
-version + admission count), record (step row, metrics) and checkpoint/ack.
+log-probs, as the actors send them, and the learner runs no reference forward. Each step is
+split into phases by timing the learner's own methods: read + prepare (stream, decode,
+advantages), reference forward, forward+backward, optimizer, publish (weights + version +
+admission count), record (step row, metrics) and checkpoint/ack.
 
 The reference is one rollout of the plain synchronous loop the demo recipe comes from (one
 process: sample, score, learn; the recipe of the README's demo section): sampling 16 prompts x 16
@@ -165,7 +166,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
         # versions_per_batch policy versions), as the demo's actors run: kept by max_staleness, and
         # never a version the learner has not announced when it reads the batch
         per_batch = cfg.learner.versions_per_batch
-        with_ref = cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "actors"
+        with_ref = cfg.algo.actors_score_reference
         batches = [
             _groups(
                 tokenizer,

@@ -34,7 +34,7 @@ class Limits:
             max_completion_tokens=cfg.rollout.max_new_tokens,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             max_abs_reward=cfg.broker.max_abs_reward,
-            needs_ref_logprobs=cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "actors",
+            needs_ref_logprobs=cfg.algo.actors_score_reference,
         )
 
 

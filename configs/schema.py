@@ -423,6 +423,12 @@ class AlgoConfig(Section):
         "learner",
         description="Where the frozen initial policy scores the completions for the KL term: a no-grad pass on the learner, or on each actor right after generating (every actor then holds one more copy of model.path and sends the per-token log-probs with the group; entries without them are dead-lettered). The learner is usually what the actors wait for, so moving that pass to them shortens every step. Unused when kl_coef is 0.",
     )
+
+    @property
+    def actors_score_reference(self) -> bool:
+        """Whether the actors send the KL term's reference log-probs (a KL term, reference_on: actors)."""
+        return self.kl_coef > 0 and self.reference_on == "actors"
+
     entropy_coef: float = Field(
         0.0,
         ge=0,

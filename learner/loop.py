@@ -62,7 +62,7 @@ class Learner:
         self.engine = build_engine(cfg, model, self.world)
         self.ref_model = (
             load_policy(cfg.model.path, cfg.model.dtype, str(device()))
-            if cfg.algo.kl_coef > 0 and cfg.algo.reference_on == "learner"
+            if cfg.algo.kl_coef > 0 and not cfg.algo.actors_score_reference
             else None
         )
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
