@@ -1,6 +1,6 @@
 """The yardstick: a plain synchronous GRPO loop in one process, on the demo task of ``make run``.
 
-    python -m bench.reference_loop --seed 0 [--carry-optimizer] [dotted.key=value ...]
+    python -m bench.reference_loop --seed 0 [--carry-optimizer] [--lag N] [dotted.key=value ...]
 
 Sample a batch on the current weights, score it, train on it, repeat: no
 broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
@@ -20,6 +20,13 @@ streamrl learner starts; ``--carry-optimizer`` instead runs the format warm
 start in this process (same seed: the same warmed weights) and keeps its AdamW,
 moments included, for RL, as the one-file loop of docs/benchmarks.md does.
 
+Staleness: ``--lag N`` samples each rollout with the weights of N optimizer
+steps earlier (the first rollouts with the warmed policy) and trains with the
+decoupled objective streamrl uses for stale tokens: the ratio and its clip
+against the current policy at the rollout's start, times the importance weight
+``min(exp(pi_prox - mu), rho_max)``. It measures what staleness alone costs the
+learning per sample, with no system around it; ``--lag 0`` is the plain loop.
+
 Clock: from the start of the process's work (policy load, or for
 ``--carry-optimizer`` the end of the warm start, which the other systems get
 prebuilt). The rollout curve has one point per rollout, stamped when its last
@@ -29,12 +36,14 @@ optimizer step ends.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -110,6 +119,7 @@ def run_reference(
     overrides: list[str] | tuple[str, ...] = (),
     carry_optimizer: bool = False,
     stop_at_target: bool = True,
+    lag: int = 0,
     echo=print,
 ) -> dict:
     """Train until the preset's target or ``max_time_s``; the per-rollout curve and throughput."""
@@ -147,6 +157,12 @@ def run_reference(
         ref = type(model)(model.config)
         ref.load_state_dict(model.state_dict())
         ref.eval().requires_grad_(False)
+    sampler = model
+    # the policy's weights at the last lag + 1 versions, oldest first: history[0] samples
+    history: deque = deque(maxlen=lag + 1)
+    if lag:
+        sampler = copy.deepcopy(model).eval().requires_grad_(False)
+        history.append(copy.deepcopy(model.state_dict()))
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     rows = load_rows(data)
     cursor = 0
@@ -167,8 +183,10 @@ def run_reference(
         prompts = torch.tensor([tokenizer(b["prompt"])["input_ids"] for b in batch])
         prompts = prompts.repeat_interleave(r.group_size, 0)
         answers = [b["answer"] for b in batch for _ in range(r.group_size)]
+        if lag:
+            sampler.load_state_dict(history[0])
         model.eval()
-        completions, old_lp = sample(model, prompts, r.max_new_tokens, eos, pad, r.temperature)
+        completions, old_lp = sample(sampler, prompts, r.max_new_tokens, eos, pad, r.temperature)
         model.train()
         mask = completion_mask(completions, eos).float()
         reward = torch.tensor(
@@ -184,14 +202,21 @@ def run_reference(
             centred = centred / (grouped.std(1, unbiased=False, keepdim=True) + a.adv_eps)
         adv = centred.view(-1).float()
         ref_lp = token_logprobs(ref, prompts, completions, r.temperature) if ref else None
+        # pi_prox: the policy at the rollout's start; with no lag it is the sampling policy
+        prox_lp, weight = old_lp, torch.ones_like(old_lp)
+        if lag:
+            with torch.no_grad():
+                prox_lp = token_logprobs(model, prompts, completions, r.temperature)
+            prox_lp = torch.where(mask.bool(), prox_lp, old_lp)
+            weight = torch.exp(prox_lp - old_lp).clamp(max=a.rho_max)
         gen_s = time.monotonic() - t0
         parts = torch.randperm(len(reward)).chunk(lrn.minibatches)
         for _ in range(lrn.updates_per_batch):
             for mb in parts:
                 lp = token_logprobs(model, prompts[mb], completions[mb], r.temperature)
-                ratio = torch.exp(lp - old_lp[mb])
+                ratio = torch.exp(lp - prox_lp[mb])
                 clipped = ratio.clamp(1 - a.clip_low, 1 + a.clip_high)
-                obj = torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
+                obj = weight[mb] * torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
                 if ref_lp is not None:
                     d = ref_lp[mb] - lp
                     obj = obj - a.kl_coef * (torch.exp(d) - d - 1)
@@ -201,6 +226,8 @@ def run_reference(
                 if lrn.grad_clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
                 optimizer.step()
+                if lag:
+                    history.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         now = time.monotonic() - started
         samples += len(reward)
         tokens += int(mask.sum())
@@ -227,6 +254,7 @@ def run_reference(
         "samples_per_cpu_s": samples / max(time.process_time() - cpu_started, 1e-9),
         "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
         "carry_optimizer": carry_optimizer,
+        "lag": lag,
         "overrides": list(overrides),
     }
 
@@ -299,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-time-s", type=float, default=600.0)
     parser.add_argument("--workdir", default=None, help="policy/data folder (default: a temp dir)")
     parser.add_argument("--carry-optimizer", action="store_true")
+    parser.add_argument(
+        "--lag",
+        type=int,
+        default=0,
+        help="sample with the weights of this many optimizer steps ago",
+    )
     parser.add_argument("--json", help="also write the result here")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value on configs/demo_cpu.yaml")
     args = parser.parse_args(argv)
@@ -309,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             args.workdir or tmp,
             args.overrides,
             args.carry_optimizer,
+            lag=args.lag,
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result))

@@ -34,3 +34,24 @@ def test_a_short_run_trains_rollouts_and_reports_throughput(tmp_path, demo_polic
     assert result["samples_per_s"] > 0
     # 3 s from a warm start at chance
     assert result["time_to_target_s"] is None
+
+
+@pytest.mark.timeout(120)
+def test_a_lag_longer_than_the_run_samples_every_rollout_from_the_warmed_policy(
+    tmp_path, demo_policy
+):
+    shutil.copytree(demo_policy, tmp_path / "policy")
+    small = ["learner.groups_per_step=2", "rollout.group_size=4", "algo.kl_coef=0"]
+
+    def rewards(overrides, lag=0):
+        result = run_reference(0, 4.0, tmp_path, overrides, lag=lag, echo=lambda line: None)
+        return [r for _, r, _ in result["curve"]]
+
+    # an lr too small to move a float32 weight: every rollout comes from the warmed policy
+    frozen = rewards([*small, "learner.lr=1e-30"])
+    lagged = rewards([*small, "learner.lr=1e-2"], lag=10_000)
+    learning = rewards([*small, "learner.lr=1e-2"])
+    n = min(len(frozen), len(lagged), len(learning))
+    assert n >= 3
+    assert lagged[:n] == frozen[:n]
+    assert learning[:n] != frozen[:n]
