@@ -121,8 +121,9 @@ def run_reference(
     stop_at_target: bool = True,
     lag: int = 0,
     echo=print,
+    max_rollouts: int | None = None,
 ) -> dict:
-    """Train until the preset's target or ``max_time_s``; the per-rollout curve and throughput."""
+    """Train until the preset's target, ``max_time_s`` or ``max_rollouts``; the per-rollout curve and throughput."""
     from configs import load_config
     from weightsync.policy import load_policy, load_tokenizer
 
@@ -173,7 +174,7 @@ def run_reference(
     # each rollout's figures for run.target_* (learner.target), as the learner's step rows give them
     seen = []
     step = 0
-    while time.monotonic() - started < max_time_s:
+    while time.monotonic() - started < max_time_s and (max_rollouts is None or step < max_rollouts):
         t0 = time.monotonic()
         batch = []
         for _ in range(lrn.groups_per_step):
