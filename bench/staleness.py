@@ -85,6 +85,10 @@ def median_rollouts(results: list[dict], lag: int) -> float:
     return statistics.median(counts)
 
 
+def _median_cell(median: float) -> str:
+    return "missed on half the seeds or more" if math.isinf(median) else f"{median:g}"
+
+
 def section(results: list[dict], lags: list[int], max_rollouts: int, command: str) -> str:
     from bench.system import machine
 
@@ -117,7 +121,9 @@ def section(results: list[dict], lags: list[int], max_rollouts: int, command: st
                 f"| {seed} | " + " | ".join(cell(by_key[seed, lag]) for lag in lags) + " |"
                 for seed in seeds
             ),
-            "| median | " + " | ".join(f"{median_rollouts(results, lag):g}" for lag in lags) + " |",
+            "| median | "
+            + " | ".join(_median_cell(median_rollouts(results, lag)) for lag in lags)
+            + " |",
             f"| median / lag {lags[0]} | " + " | ".join(ratio(lag) for lag in lags) + " |",
             "",
         ]

@@ -56,4 +56,4 @@ def test_medians_count_a_miss_as_never():
     page_results = [{**r, "rollouts": 600, "last_reward": 0.5, "last_exact": 0.1} for r in results]
     page = section(page_results, [0, 2], 600, "cmd")
     assert "| 2 | not in 600 (0.50 / 0.10) | not in 600 (0.50 / 0.10) |" in page
-    assert "| median | 500 | inf |" in page
+    assert "| median | 500 | missed on half the seeds or more |" in page
