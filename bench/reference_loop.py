@@ -1,6 +1,7 @@
 """The yardstick: a plain synchronous GRPO loop in one process, on the demo task of ``make run``.
 
-    python -m bench.reference_loop --seed 0 [--carry-optimizer] [--lag N] [dotted.key=value ...]
+    python -m bench.reference_loop --seed 0 [--carry-optimizer] [--lag N] [--max-rollouts N] \\
+        [dotted.key=value ...]
 
 Sample a batch on the current weights, score it, train on it, repeat: no
 broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
@@ -334,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="sample with the weights of this many optimizer steps ago",
     )
+    parser.add_argument(
+        "--max-rollouts", type=int, default=None, help="stop after this many rollouts"
+    )
     parser.add_argument("--json", help="also write the result here")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value on configs/demo_cpu.yaml")
     args = parser.parse_args(argv)
@@ -345,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides,
             args.carry_optimizer,
             lag=args.lag,
+            max_rollouts=args.max_rollouts,
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result))
