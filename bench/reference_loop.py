@@ -25,7 +25,8 @@ Staleness: ``--lag N`` samples each rollout with the weights of N optimizer
 steps earlier (the first rollouts with the warmed policy) and trains with the
 decoupled objective streamrl uses for stale tokens: the ratio and its clip
 against the current policy at the rollout's start, times the importance weight
-``min(exp(pi_prox - mu), rho_max)``. It measures what staleness alone costs the
+``min(exp(pi_prox - mu), rho_max)`` (with ``algo.proximal=behaviour``, as in
+streamrl, the ratio against the sampling policy and no weight). It measures what staleness alone costs the
 learning per sample, with no system around it; ``--lag 0`` is the plain loop.
 
 Clock: from the start of the process's work (policy load, or for
@@ -204,9 +205,10 @@ def run_reference(
             centred = centred / (grouped.std(1, unbiased=False, keepdim=True) + a.adv_eps)
         adv = centred.view(-1).float()
         ref_lp = token_logprobs(ref, prompts, completions, r.temperature) if ref else None
-        # pi_prox: the policy at the rollout's start; with no lag it is the sampling policy
+        # pi_prox: the policy at the rollout's start; with no lag (or algo.proximal: behaviour, the
+        # plain PPO ratio against the sampling policy) the sampling policy itself
         prox_lp, weight = old_lp, torch.ones_like(old_lp)
-        if lag:
+        if lag and a.proximal == "recompute":
             with torch.no_grad():
                 prox_lp = token_logprobs(model, prompts, completions, r.temperature)
             prox_lp = torch.where(mask.bool(), prox_lp, old_lp)

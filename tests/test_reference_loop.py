@@ -55,3 +55,28 @@ def test_a_lag_longer_than_the_run_samples_every_rollout_from_the_warmed_policy(
     assert n >= 3
     assert lagged[:n] == frozen[:n]
     assert learning[:n] != frozen[:n]
+
+
+@pytest.mark.timeout(120)
+def test_with_a_lag_the_proximal_policy_is_recomputed_unless_the_config_says_behaviour(
+    tmp_path, demo_policy
+):
+    shutil.copytree(demo_policy, tmp_path / "policy")
+    small = ["learner.groups_per_step=2", "rollout.group_size=4", "learner.lr=1e-2"]
+
+    def rewards(proximal, lag):
+        result = run_reference(
+            0,
+            60.0,
+            tmp_path,
+            [*small, f"algo.proximal={proximal}"],
+            lag=lag,
+            max_rollouts=6,
+            echo=lambda line: None,
+        )
+        return [r for _, r, _ in result["curve"]]
+
+    # no lag: the sampling policy is the proximal one either way
+    assert rewards("behaviour", 0) == rewards("recompute", 0)
+    # two steps stale: the ratio's anchor and the importance weight differ, and so does training
+    assert rewards("behaviour", 2) != rewards("recompute", 2)
