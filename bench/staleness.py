@@ -24,6 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from bench.cli import command_line, publish
+
 SECTION = Path("docs/bench/staleness.md")
 # a generous wall-clock bound per run; the rollout cap is the one that counts
 MAX_TIME_S = 3600.0
@@ -144,11 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     lags = [int(s) for s in args.lags.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-staleness-") as root:
         results = run_grid(seeds, lags, args.max_rollouts, args.jobs, args.overrides, root)
-    command = "python -m bench.staleness " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = section(results, lags, args.max_rollouts, command)
-    SECTION.parent.mkdir(parents=True, exist_ok=True)
-    SECTION.write_text(text)
-    print(text)
+    command = command_line("bench.staleness", argv)
+    publish(SECTION, section(results, lags, args.max_rollouts, command))
     return 0
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.demo_task import EXACT_PART
+from bench.cli import command_line, publish
 from learner import target as run_target
 
 CONFIG = "configs/demo_cpu.yaml"
@@ -1031,12 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
     tune = (
         None if args.tune_seeds is None else tuple(int(s) for s in args.tune_seeds.split(",") if s)
     )
-    command = "python -m bench.system " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("bench.system", argv)
     only = tuple(p for p in args.only.split(",") if p)
-    section = run(args.quick, seeds, only, command.strip(), args.reuse, tune, args.cap_s)
-    SECTION.parent.mkdir(parents=True, exist_ok=True)
-    SECTION.write_text(section)
-    print(section)
+    publish(SECTION, run(args.quick, seeds, only, command, args.reuse, tune, args.cap_s))
     return 0
 
 

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from bench import system
+from bench.cli import command_line, publish
 
 SECTION = Path("docs/bench/variants.md")
 ACTORS = 2
@@ -107,13 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 system.REFERENCE, seed, system.preset_point(), args.cap_s, args.reuse
             )
         )
-    command = "python -m bench.variants " + " ".join(
-        f'"{arg}"' if " " in arg else arg for arg in (argv if argv is not None else sys.argv[1:])
-    )
-    text = section(results, reference, command)
-    SECTION.parent.mkdir(parents=True, exist_ok=True)
-    SECTION.write_text(text)
-    print(text)
+    publish(SECTION, section(results, reference, command_line("bench.variants", argv)))
     return 0
 
 
