@@ -26,8 +26,9 @@ steps earlier (the first rollouts with the warmed policy) and trains with the
 decoupled objective streamrl uses for stale tokens: the ratio and its clip
 against the current policy at the rollout's start, times the importance weight
 ``min(exp(pi_prox - mu), rho_max)`` (with ``algo.proximal=behaviour``, as in
-streamrl, the ratio against the sampling policy and no weight). It measures what staleness alone costs the
-learning per sample, with no system around it; ``--lag 0`` is the plain loop.
+streamrl, the ratio against the sampling policy and no weight). It measures
+what staleness alone costs the learning per sample, with no system around it;
+``--lag 0`` is the plain loop.
 
 Clock: from the start of the process's work (policy load, or for
 ``--carry-optimizer`` the end of the warm start, which the other systems get
@@ -231,7 +232,7 @@ def run_reference(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
                 optimizer.step()
                 if lag:
-                    history.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+                    history.append(copy.deepcopy(model.state_dict()))
         now = time.monotonic() - started
         samples += len(reward)
         tokens += int(mask.sum())
@@ -247,6 +248,7 @@ def run_reference(
         if stop_at_target and target.window_reached(seen, target.bars(run), run.target_window):
             break
     end = target.first_reached(seen, target.bars(run), run.target_window)
+    last = curve[-run.target_window :]
     loop_s = curve[-1][0] - setup_s if curve else 0.0
     return {
         "curve": curve,
@@ -254,6 +256,12 @@ def run_reference(
         "setup_s": setup_s,
         "time_to_target_s": None if end is None else curve[end][0],
         "rollouts_to_target": None if end is None else end + 1,
+        # means of reward and exact match over the target's window of last rollouts (None: no rollout)
+        "last_window": (
+            (sum(p[1] for p in last) / len(last), sum(p[2] for p in last) / len(last))
+            if last
+            else None
+        ),
         "samples_per_s": samples / loop_s if loop_s > 0 else 0.0,
         "samples_per_cpu_s": samples / max(time.process_time() - cpu_started, 1e-9),
         "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
@@ -263,11 +271,11 @@ def run_reference(
     }
 
 
-def _last_window(curve: list, window: int) -> str:
-    last = curve[-window:]
-    if not last:
+def _last_window(result: dict) -> str:
+    if result["last_window"] is None:
         return "–"
-    return f"{sum(p[1] for p in last) / len(last):.3f} / {sum(p[2] for p in last) / len(last):.2f}"
+    reward, exact = result["last_window"]
+    return f"{reward:.3f} / {exact:.2f}"
 
 
 def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) -> str:
@@ -287,7 +295,7 @@ def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) 
             f"{'carried from the warm start' if r['carry_optimizer'] else 'fresh'} | "
             f"{r['rollouts_to_target'] or f'not in {cap_s:.0f} s'} | "
             f"{'–' if ttt is None else f'{ttt:.0f} s'} | {len(r['curve'])} | "
-            f"{_last_window(r['curve'], run.target_window)} | {r['samples_per_s']:.0f} | "
+            f"{_last_window(r)} | {r['samples_per_s']:.0f} | "
             f"{r.get('samples_per_cpu_s', math.nan):.0f} |"
         )
     return "\n".join(
@@ -355,11 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result))
-    last = result["curve"][-20:]
     print(
         f"FINAL rollouts={result['steps']} rollouts_to_target={result['rollouts_to_target']} "
-        f"time_to_target={result['time_to_target_s']} "
-        f"last20_reward={sum(p[1] for p in last) / max(len(last), 1):.3f} "
+        f"time_to_target={result['time_to_target_s']} last_window={_last_window(result)} "
         f"samples/s={result['samples_per_s']:.0f} samples/cpu-s={result['samples_per_cpu_s']:.0f}"
     )
     return 0

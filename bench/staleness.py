@@ -43,14 +43,14 @@ def _one(seed: int, lag: int, max_rollouts: int, workdir: str, overrides: list[s
         max_rollouts=max_rollouts,
         echo=lambda line: None,
     )
-    last = result["curve"][-20:]
+    last_reward, last_exact = result["last_window"]
     return {
         "seed": seed,
         "lag": lag,
         "rollouts_to_target": result["rollouts_to_target"],
         "rollouts": result["steps"],
-        "last_reward": sum(p[1] for p in last) / max(len(last), 1),
-        "last_exact": sum(p[2] for p in last) / max(len(last), 1),
+        "last_reward": last_reward,
+        "last_exact": last_exact,
     }
 
 
