@@ -256,7 +256,8 @@ def score_sample(
                 continue
             parts = parts or {}
         else:
-            allowed = accepted_columns(fn)
+            # the signature only filters columns, and reading it costs more than a demo reward
+            allowed = accepted_columns(fn) if columns else None
             try:
                 value = fn(messages, answer, **_call_kwargs(spec, allowed, columns or {}))
                 parts = _as_parts(spec["fn"], value)
