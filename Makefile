@@ -15,7 +15,6 @@ PYTEST_ARGS ?=
 # One torch thread per process: two threads on two cores ran 35x slower here (docs/measured.md).
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
-export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 

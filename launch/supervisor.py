@@ -188,7 +188,6 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
         env["REDIS_URL"] = self.redis_url or ""
         env.setdefault("OMP_NUM_THREADS", str(self.cfg.run.torch_threads))
-        env.setdefault("DS_ACCELERATOR", "cpu")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
         return env

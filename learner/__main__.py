@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import torch
 
-import torch  # noqa: E402
-
-from configs import config_from_cli  # noqa: E402
+from configs import config_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:

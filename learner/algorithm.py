@@ -165,7 +165,9 @@ def policy_loss(
         )
         raw_weight = torch.exp(prox - mu)
         # w = min(exp(pi_prox - mu), rho_bar), no gradient
-        weight = torch.minimum(raw_weight, torch.as_tensor(rho_max, dtype=logprobs.dtype)).detach()
+        weight = torch.minimum(
+            raw_weight, torch.as_tensor(rho_max, dtype=logprobs.dtype, device=logprobs.device)
+        ).detach()
         truncated = raw_weight > rho_max
     else:
         prox = mu
@@ -173,8 +175,9 @@ def policy_loss(
         truncated = torch.zeros_like(mask)
     # r = exp(pi_theta - pi_prox)
     ratio = torch.exp(theta - prox.detach())
-    low = torch.as_tensor(clip_low, dtype=logprobs.dtype)
-    high = torch.as_tensor(clip_high, dtype=logprobs.dtype)
+    # on the loss's device: a 0-dim CPU bound next to CUDA log-probs fails torch.clamp
+    low = torch.as_tensor(clip_low, dtype=logprobs.dtype, device=logprobs.device)
+    high = torch.as_tensor(clip_high, dtype=logprobs.dtype, device=logprobs.device)
     clipped_ratio = torch.clamp(ratio, 1.0 - low, 1.0 + high)
     # l_t = -w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
     per_token = -weight * torch.minimum(ratio * advantages, clipped_ratio * advantages)

@@ -8,7 +8,7 @@ sample is never split), then collated into right-padded tensors with masks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -107,6 +107,11 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch on ``device`` (the model's: collate builds it on the CPU)."""
+        moved = (getattr(self, f.name) for f in fields(self))
+        return MicroBatch(*(None if t is None else t.to(device) for t in moved))
 
 
 def _ragged_positions(lengths: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,16 @@ from weightsync.policy import sequence_logprobs
 DIST_TIMEOUT = timedelta(minutes=30)
 
 
+def accelerator() -> str:
+    """``cuda`` or ``cpu``: DeepSpeed's accelerator, the learner's device and its backend follow it.
+
+    ``DS_ACCELERATOR`` decides when set (``cpu`` keeps a GPU host's learner on the CPU); else it is
+    set here, before DeepSpeed is imported, to what DeepSpeed's own detection would pick, so that
+    detection (and its "unable to detect" warning on CPU) never runs and nothing disagrees with it.
+    """
+    return os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def skip_shm_comm_build() -> None:
     """Keep DeepSpeed from compiling its shm all-reduce op (C++, ~90 s on CPU, on every fresh venv).
 
@@ -30,6 +40,7 @@ def skip_shm_comm_build() -> None:
     ``deepspeed.initialize``; the op serves only inference all-reduce, which the learner never runs.
     Must run before the first ``init_distributed`` of the process.
     """
+    accelerator()
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -41,10 +52,10 @@ def init_distributed() -> tuple[int, int]:
     torchrun/deepspeed launchers set RANK etc.; without them DeepSpeed would go
     looking for MPI, so a single process fills in a world of one.
     """
+    skip_shm_comm_build()
     import deepspeed
 
-    skip_shm_comm_build()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if accelerator() == "cuda" else "gloo"
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -65,7 +76,7 @@ def init_distributed() -> tuple[int, int]:
 
 
 def device() -> torch.device:
-    if torch.cuda.is_available():
+    if accelerator() == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
@@ -74,7 +85,7 @@ def deepspeed_config(cfg: Config, world_size: int, bf16: bool) -> dict:
     lc = cfg.learner
     zero: dict = {"stage": lc.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if lc.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": accelerator() == "cuda"}
     return {
         # micro-batch "size" 1 is bookkeeping only: micro-batches are token-budgeted, their count set per step
         "train_micro_batch_size_per_gpu": 1,
@@ -92,10 +103,10 @@ def deepspeed_config(cfg: Config, world_size: int, bf16: bool) -> dict:
 
 def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
     """``deepspeed.initialize`` with torch AdamW and a linear warmup; returns the engine."""
-    import deepspeed
-
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
+    import deepspeed
+
     lc = cfg.learner
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()

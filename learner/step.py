@@ -107,11 +107,11 @@ def loss_normalizer(cfg: Config, samples: list[Sample], version: int) -> float:
 
 
 def _rank_micro_batches(
-    samples: list[Sample], cfg: Config, rank: int, world: int, pad_id: int
+    samples: list[Sample], cfg: Config, rank: int, world: int, pad_id: int, device: torch.device
 ) -> list[MicroBatch]:
     mine, count = plan_rank_micro_batches(samples, world, rank, cfg.learner.micro_batch_tokens)
-    batches = [collate(b, pad_id) for b in mine]
-    filler = masked_out(batches[0] if batches else collate(samples[:1], pad_id))
+    batches = [collate(b, pad_id).to(device) for b in mine]
+    filler = masked_out(batches[0] if batches else collate(samples[:1], pad_id).to(device))
     return batches + [filler] * (count - len(batches))
 
 
@@ -166,6 +166,9 @@ def _logprobs_no_grad(model, batches: list[MicroBatch], temperature: float) -> l
 def _all_reduce_sum(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
+        # NCCL reduces only tensors on the rank's GPU
+        if dist.get_backend() == "nccl":
+            t = t.to(torch.device("cuda", torch.cuda.current_device()))
         dist.all_reduce(t)
     return t.tolist()
 
@@ -188,6 +191,7 @@ def train_batch(
     ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser.
     """
     temperature = cfg.rollout.temperature
+    device = next(engine.module.parameters()).device
     need_prox = cfg.algo.importance_correction and cfg.algo.proximal == "recompute"
     split = split_minibatches(
         samples, skipped, cfg.learner.minibatches, seed=minibatch_seed(cfg.run.seed, version)
@@ -197,7 +201,7 @@ def train_batch(
     for trained, left_out in split:
         if not trained:
             continue
-        batches = _rank_micro_batches(trained, cfg, rank, world, pad_id)
+        batches = _rank_micro_batches(trained, cfg, rank, world, pad_id, device)
         minis.append(
             {
                 "batches": batches,

@@ -151,3 +151,21 @@ def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises
     optimizer.step()
     _, after = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
     assert float(after.detach()[mask].mean()) > float(entropy.detach()[mask].mean())
+
+
+def test_the_learners_device_and_backend_follow_deepspeeds_accelerator(monkeypatch):
+    """A GPU host's learner runs on CUDA with DeepSpeed's cuda accelerator (no forced ``cpu`` left
+    over from the CPU demo), and ``DS_ACCELERATOR=cpu`` keeps it on the CPU, model and engine alike."""
+    import torch
+
+    from learner import engine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    assert engine.accelerator() == "cuda"
+    assert engine.device() == torch.device("cuda", 0)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert engine.accelerator() == "cpu" and engine.device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DS_ACCELERATOR")
+    assert engine.accelerator() == "cpu" and engine.device() == torch.device("cpu")
