@@ -35,8 +35,8 @@ PARTS = [
 ]
 # Sections of the page written by other commands, placed after the part they follow: `make
 # bench-vllm` (the vLLM venv) writes engines, `python -m bench.variants` (an hour or more of runs)
-# variants, `python -m bench.staleness` (half an hour) staleness, and mutation holds `make
-# mutate`'s reading, by hand.
+# variants, `python -m bench.staleness` (half an hour) staleness, `python -m bench.pinned` (a
+# 16-core host) pinned, and mutation holds `make mutate`'s reading, by hand.
 # Any other docs/bench/*.md goes at the end: the page drops no section.
 PAGE = [
     *PARTS[: PARTS.index("actors") + 1],
@@ -44,6 +44,7 @@ PAGE = [
     *PARTS[PARTS.index("actors") + 1 : PARTS.index("system") + 1],
     "variants",
     "staleness",
+    "pinned",
     *PARTS[PARTS.index("system") + 1 :],
     "mutation",
 ]

@@ -51,9 +51,8 @@ def _median_ratio(outcomes: list[system.Outcome], reference: list[system.Outcome
     return f"{num / den:.2f}×"
 
 
-def section(
-    results: dict[str, list[system.Outcome]], reference: list[system.Outcome], command: str
-) -> str:
+def table(results: dict[str, list[system.Outcome]], reference: list[system.Outcome]) -> list[str]:
+    """Per seed, each column's time to the target; last row, each column's median over the loop's."""
     labels = list(results)
     seeds = [o.seed for o in reference]
     header = "| seed | " + " | ".join(labels) + " | reference loop |"
@@ -68,20 +67,28 @@ def section(
         + " | ".join(_median_ratio(results[label], reference) for label in labels)
         + " | 1.00× |"
     )
+    return [header, "|---|" + "---|" * (len(labels) + 1), *rows, ratios]
+
+
+TIME_TO_TARGET = (
+    "Time from launch to the target (20-step means of reward ≥ 0.95 and exact match ≥ 0.85); "
+    "a run that missed it shows the reward / exact match of its last 20 steps. samples/s: "
+    "completions trained per second after the first step."
+)
+
+
+def section(
+    results: dict[str, list[system.Outcome]], reference: list[system.Outcome], command: str
+) -> str:
     return "\n".join(
         [
             "## Variants of the demo preset vs the reference loop",
             "",
             f"{datetime.date.today()} · {system.machine()} · `{command}`",
             "",
-            "Time from launch to the target (20-step means of reward ≥ 0.95 and exact match ≥ 0.85), "
-            "each seed's runs back to back; a run that missed it shows the reward / exact match of "
-            "its last 20 steps. samples/s: completions trained per second after the first step.",
+            f"{TIME_TO_TARGET} Each seed's runs back to back.",
             "",
-            header,
-            "|---|" + "---|" * (len(labels) + 1),
-            *rows,
-            ratios,
+            *table(results, reference),
             "",
         ]
     )
