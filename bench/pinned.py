@@ -1,9 +1,11 @@
 """streamrl against the reference loop on a many-core host, every run on cores of its own.
 
     python -m bench.pinned --seeds 0,1,2,3 --cap-s 300
+    python -m bench.pinned --seeds 0,1 --actors 4 --cores-per-run 6 learner.ranks=2
 
-Per seed, all at the same time: the system of ``make run`` (learner + 2 actors on the seed's
-warmed policy, ``bench.system.run_streamrl``) on ``--cores-per-run`` cores of its own, and the
+Per seed, all at the same time: the system of ``make run`` (learner + ``--actors`` actors on the
+seed's warmed policy, config overrides after the options, ``bench.system.run_streamrl``) on
+``--cores-per-run`` cores of its own, and the
 reference loop at the preset's point (``bench.system.run_loop_outcome``) on one core of its own.
 CUDA is hidden from both, so both run on the CPU. It needs seeds × (cores per run + 1) cores: 16
 for four seeds. This is what a 2-core machine cannot measure: whether the system beats the loop
@@ -28,7 +30,6 @@ from bench.cli import command_line, publish
 from bench.variants import TIME_TO_TARGET, table
 
 SECTION = Path("docs/bench/pinned.md")
-ACTORS = 2
 STREAMRL = "streamrl"
 LOOP = "loop"
 
@@ -54,9 +55,9 @@ def outcome_path(kind: str, seed: int, cap_s: float) -> Path:
     return system.ROOT / "outcomes" / f"pinned-{kind}-s{seed}-cap{cap_s:g}.json"
 
 
-def run_child(kind: str, seed: int, cap_s: float) -> None:
+def run_child(kind: str, seed: int, cap_s: float, actors: int, overrides: list[str]) -> None:
     if kind == STREAMRL:
-        outcome = system.run_streamrl("pinned", seed, [], ACTORS, cap_s, True)
+        outcome = system.run_streamrl("pinned", seed, overrides, actors, cap_s, True)
     else:
         outcome = system.run_loop_outcome(system.REFERENCE, seed, system.preset_point(), cap_s)
     system.save_outcome(outcome, outcome_path(kind, seed, cap_s))
@@ -77,7 +78,11 @@ def learner_line(outcomes: list[system.Outcome]) -> str:
 
 
 def section(
-    results: list[system.Outcome], reference: list[system.Outcome], per_run: int, command: str
+    results: list[system.Outcome],
+    reference: list[system.Outcome],
+    per_run: int,
+    actors: int,
+    command: str,
 ) -> str:
     return "\n".join(
         [
@@ -85,7 +90,7 @@ def section(
             "",
             f"{datetime.date.today()} · {system.machine()} · `{command}`",
             "",
-            f"{TIME_TO_TARGET} All runs at once: streamrl (learner + {ACTORS} actors) on "
+            f"{TIME_TO_TARGET} All runs at once: streamrl (learner + {actors} actors) on "
             f"{per_run} cores of its own per seed, the loop on one core of its own per seed; "
             "CUDA hidden.",
             "",
@@ -101,11 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds")
     parser.add_argument("--cap-s", type=float, default=300.0, help="time cap of one run (seconds)")
+    parser.add_argument("--actors", type=int, default=2, help="actor processes of one streamrl run")
     parser.add_argument("--cores-per-run", type=int, default=3, help="cores of one streamrl run")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        run_child(args.child[0], int(args.child[1]), args.cap_s)
+        run_child(args.child[0], int(args.child[1]), args.cap_s, args.actors, args.overrides)
         return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     try:
@@ -125,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     procs = []
     for seed, streamrl_cores, loop_cores in plan:
         for kind, cores in ((STREAMRL, streamrl_cores), (LOOP, loop_cores)):
-            argv_child = ["--child", kind, str(seed), "--cap-s", f"{args.cap_s:g}"]
+            argv_child = [
+                *("--child", kind, str(seed), "--cap-s", f"{args.cap_s:g}"),
+                *("--actors", str(args.actors), *args.overrides),
+            ]
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "bench.pinned", *argv_child],
@@ -141,7 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     reference = [system.load_outcome(outcome_path(LOOP, s, args.cap_s)) for s in seeds]
     publish(
         SECTION,
-        section(results, reference, args.cores_per_run, command_line("bench.pinned", argv)),
+        section(
+            results,
+            reference,
+            args.cores_per_run,
+            args.actors,
+            command_line("bench.pinned", argv),
+        ),
     )
     return 0
 

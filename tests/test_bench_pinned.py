@@ -30,7 +30,7 @@ def _run(seed: int, at_target: int, step_s: float, wait_s: float) -> Outcome:
 def test_the_section_has_the_time_to_target_per_seed_the_median_ratio_and_the_learners_step():
     results = [_run(0, 12, 0.19, 0.004), _run(1, 32, 0.18, 0.005)]
     reference = [_run(0, 2, 0, 0), _run(1, 22, 0, 0)]
-    text = section(results, reference, 3, "python -m bench.pinned --seeds 0,1")
+    text = section(results, reference, 3, 2, "python -m bench.pinned --seeds 0,1")
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[0] == "| seed | streamrl (3 cores) | reference loop |"
     # a window of 20 steps clears 0.95 with at most 2 steps at 0.6 in it: k such steps -> at
@@ -38,4 +38,5 @@ def test_the_section_has_the_time_to_target_per_seed_the_median_ratio_and_the_le
     assert rows[1] == "| 0 | 300 s, 500 samples/s | 200 s, 500 samples/s |"
     assert rows[2] == "| 1 | 500 s, 500 samples/s | 400 s, 500 samples/s |"
     assert rows[3] == "| median / reference loop | 1.33× | 1.00× |"
+    assert "streamrl (learner + 2 actors) on 3 cores of its own per seed" in text
     assert "seed 0: step 0.190 s, wait 0.004 s; seed 1: step 0.180 s, wait 0.005 s." in text
