@@ -80,7 +80,10 @@ VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 # (module fixtures stay shared): 5 min instead of 8.5 on 2 cores.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) prometheus
+# The two venvs and Debian's packages install side by side (one pip or apt process each, mostly
+# unpacking and byte-compiling on one core), not one after the other.
+test:
+	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) prometheus
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 	$(MAKE) test-vllm
