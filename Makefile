@@ -63,7 +63,7 @@ RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
 RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(STAMP))
 
 run: $(RUN_STAMP)
-	$(RUN_BIN)/python -m launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
+	$(RUN_BIN)/python -m streamrl.launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
 # process of their own, after the rest, so nothing an earlier test left in the runner's process
@@ -116,18 +116,18 @@ chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --rounds $(ROUNDS)
 
 broker: $(STAMP)
-	$(BIN)/python -m broker --config $(CONFIG) $(ARGS)
+	$(BIN)/python -m streamrl.broker --config $(CONFIG) $(ARGS)
 
 # Add N actors to a running `make run` (they find Redis through the run directory).
 actors: $(STAMP)
-	$(BIN)/python -m actors --config $(CONFIG) --count $(N) $(ARGS)
+	$(BIN)/python -m streamrl.actors --config $(CONFIG) --count $(N) $(ARGS)
 
 # Change the number of supervised actors of a running `make run`.
 scale: $(STAMP)
-	$(BIN)/python -m launch.scale --config $(CONFIG) --actors $(ACTORS) $(ARGS)
+	$(BIN)/python -m streamrl.launch.scale --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 dashboard: $(STAMP) prometheus
-	$(BIN)/python -m launch.dashboard --config $(CONFIG) $(ARGS)
+	$(BIN)/python -m streamrl.launch.dashboard --config $(CONFIG) $(ARGS)
 
 # TensorBoard over every run's event files (<run.dir>/tensorboard), on http://127.0.0.1:6006
 tensorboard: $(STAMP)

@@ -1,4 +1,4 @@
-"""``python -m actors --config X [--count N] [--actor-id ID] [dotted.key=value ...]``
+"""``python -m streamrl.actors --config X [--count N] [--actor-id ID] [dotted.key=value ...]``
 
 Starts N actor processes (each its own OS process and actor id) that generate,
 score and publish until SIGTERM/SIGINT. With ``--count 1`` the actor runs in
@@ -16,11 +16,13 @@ import subprocess
 import sys
 import threading
 
-from configs import Config, config_from_cli
+from streamrl.configs import Config, config_from_cli
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
-    parser = argparse.ArgumentParser(prog="python -m actors", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m streamrl.actors", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--count", type=int, default=1, help="actor processes to start")
     parser.add_argument(
         "--actor-id", help="actor id (default host-pid; with --count N, ID-0 .. ID-N-1)"
@@ -32,7 +34,7 @@ def _spawn_children(args: argparse.Namespace) -> int:
     """Run ``--count`` single-actor children, forward SIGTERM/SIGINT to them, wait for all."""
     children = []
     for i in range(args.count):
-        cmd = [sys.executable, "-m", "actors", "--count", "1"]
+        cmd = [sys.executable, "-m", "streamrl.actors", "--count", "1"]
         if args.config:
             cmd += ["--config", args.config]
         if args.actor_id:
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.count > 1:
         return _spawn_children(args)
 
-    from actors.loop import default_actor_id, run_actor
-    from actors.prompts import PromptDataError
+    from streamrl.actors.loop import default_actor_id, run_actor
+    from streamrl.actors.prompts import PromptDataError
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

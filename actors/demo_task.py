@@ -6,7 +6,7 @@ format-only warm start that makes RL from a random init work (pure RL from a
 random init collapsed on every task tried), the generated prompt dataset and
 the verifiable rewards: ``reverse_digits`` (shaped, what is trained) and
 ``reverse_digits_exact`` (the exact-match rate, reported and used as the
-preset's target with weight 0). ``python -m actors.demo_task`` builds the
+preset's target with weight 0). ``python -m streamrl.actors.demo_task`` builds the
 policy and dataset folders if they are missing.
 """
 
@@ -19,7 +19,7 @@ import random
 import string
 from pathlib import Path
 
-from actors.rewards import completion_turn
+from streamrl.actors.rewards import completion_turn
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]

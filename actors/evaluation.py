@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.engines.base import Request, SamplingParams
-from actors.prompts import PromptDataset
-from actors.rewards import RewardInput, RewardPool
-from broker.audit import JsonlLog
-from configs.schema import Config
+from streamrl.actors.engines.base import Request, SamplingParams
+from streamrl.actors.prompts import PromptDataset
+from streamrl.actors.rewards import RewardInput, RewardPool
+from streamrl.broker.audit import JsonlLog
+from streamrl.configs.schema import Config
 
 PASS_TOLERANCE = 1e-6
 EVAL_LOG = "eval.jsonl"

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from actors import metrics
-from actors.engines.base import Engine, Output, Request, SamplingParams
-from actors.prompts import Prompt, PromptDataset, PromptSource
-from actors.rewards import RewardInput, RewardPool, Score
-from broker.audit import JsonlLog, published_path
-from broker.wire import Completion, RolloutGroup
-from configs.schema import Config
+from streamrl.actors import metrics
+from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
+from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
+from streamrl.actors.rewards import RewardInput, RewardPool, Score
+from streamrl.broker.audit import JsonlLog, published_path
+from streamrl.broker.wire import Completion, RolloutGroup
+from streamrl.configs.schema import Config
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> No
 
     The launcher calls it once before any child starts; a lone actor (``make actors``) calls it
     too, so it runs without a launcher. Later runs reuse what the first one built."""
-    from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
-    from weightsync.policy import wants_demo_policy
+    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.weightsync.policy import wants_demo_policy
 
     if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
         announce(f"building the demo policy at {cfg.model.path} (once)")
@@ -67,10 +67,10 @@ def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> No
 
 def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
     if cfg.actor.engine == "vllm":
-        from actors.engines.vllm import VLLMEngine
+        from streamrl.actors.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_config(cfg, weight_source=weight_source, seed=seed)
-    from actors.engines.hf import HFEngine
+    from streamrl.actors.engines.hf import HFEngine
 
     return HFEngine(model, tokenizer, cfg.actor.batch_slots, weight_source=weight_source, seed=seed)
 
@@ -136,7 +136,7 @@ class Actor:
 
     def load(self) -> None:
         """Everything that can fail on bad input, before touching Redis."""
-        from weightsync.policy import load_policy, load_tokenizer
+        from streamrl.weightsync.policy import load_policy, load_tokenizer
 
         cfg = self.cfg
         torch.set_num_threads(cfg.run.torch_threads)
@@ -146,7 +146,7 @@ class Actor:
         self.rewards = RewardPool(cfg.reward)
         self.reference = None
         if cfg.algo.actors_score_reference:
-            from actors.reference import ReferenceScorer
+            from streamrl.actors.reference import ReferenceScorer
 
             self.reference = ReferenceScorer(cfg)
         self.model = (
@@ -161,18 +161,18 @@ class Actor:
         self.evaluator = None
         self.evaluated = 0
         if cfg.data.eval_path and cfg.data.eval_every:
-            from actors.evaluation import Evaluator, eval_dataset
+            from streamrl.actors.evaluation import Evaluator, eval_dataset
 
             dataset = eval_dataset(cfg, self.tokenizer)
             self.evaluator = Evaluator(cfg, dataset, self.params, self._assistant_turn)
 
     def connect(self) -> None:
-        import weightsync
-        from broker.admission import Admission
-        from broker.client import connect_async
-        from broker.keys import Keys
-        from broker.liveness import Heartbeats
-        from broker.stream import RolloutProducer
+        from streamrl import weightsync
+        from streamrl.broker.admission import Admission
+        from streamrl.broker.client import connect_async
+        from streamrl.broker.keys import Keys
+        from streamrl.broker.liveness import Heartbeats
+        from streamrl.broker.stream import RolloutProducer
 
         cfg = self.cfg
         self.redis = connect_async(cfg)
@@ -204,7 +204,7 @@ class Actor:
         """What the subscriber stages into: the hf model's parameters, else the checkpoint's (vllm)."""
         if self.model is not None:
             return dict(self.model.named_parameters())
-        from weightsync.policy import parameter_template
+        from streamrl.weightsync.policy import parameter_template
 
         cfg = self.cfg
         return parameter_template(cfg.model.path, cfg.model.dtype, cfg.actor.device)
@@ -383,7 +383,7 @@ class Actor:
 
 def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
     """Load, connect, serve metrics, loop until ``stop`` is set, deregister."""
-    from broker.metrics import serve, unregister
+    from streamrl.broker.metrics import serve, unregister
 
     actor = Actor(cfg, actor_id, stop)
     actor.load()

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from configs.errors import StreamRLError
+from streamrl.configs.errors import StreamRLError
 
 _FILE_BUILDERS = {
     ".jsonl": "json",

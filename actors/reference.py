@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from configs.schema import Config
-from weightsync.policy import load_policy, sequence_logprobs
+from streamrl.configs.schema import Config
+from streamrl.weightsync.policy import load_policy, sequence_logprobs
 
 
 class ReferenceScorer:

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors import metrics
-from actors.sandbox import run_python
+from streamrl.actors import metrics
+from streamrl.actors.sandbox import run_python
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,8 @@ BUILTINS: dict[str, RewardFn] = {
 }
 # the CPU demo's rewards, built-in by name and imported only when a config names them
 DEMO_BUILTINS = {
-    "reverse_digits": "actors.demo_task:reverse_digits",
-    "reverse_digits_exact": "actors.demo_task:reverse_digits_exact",
+    "reverse_digits": "streamrl.actors.demo_task:reverse_digits",
+    "reverse_digits_exact": "streamrl.actors.demo_task:reverse_digits_exact",
 }
 
 

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from actors.demo_task import ensure_demo_policy, make_example
-from actors.engines.base import Request, SamplingParams
-from actors.engines.hf import HFEngine
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.actors.demo_task import ensure_demo_policy, make_example
+from streamrl.actors.engines.base import Request, SamplingParams
+from streamrl.actors.engines.hf import HFEngine
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 
 class _EveryNSteps:

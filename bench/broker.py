@@ -23,13 +23,13 @@ import uuid
 import numpy as np
 import redis.asyncio
 
-from broker.admission import Admission
-from broker.client import connect_async
-from broker.keys import Keys
-from broker.server import EmbeddedRedis
-from broker.stream import RolloutConsumer, RolloutProducer
-from broker.wire import Completion, RolloutGroup, decode_group, encode_group
-from configs import Config
+from streamrl.broker.admission import Admission
+from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import EmbeddedRedis
+from streamrl.broker.stream import RolloutConsumer, RolloutProducer
+from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_group
+from streamrl.configs import Config
 
 G, T, PROMPT, VOCAB = 16, 512, 128, 32_000
 # groups_per_step of the demo config

@@ -55,14 +55,14 @@ from pathlib import Path
 import psutil
 
 from bench import chaos_checks as checks
-from broker.audit import commits_path, published_path, read_jsonl
-from broker.cleanup import delete_run_keys, ephemeral_leftovers, run_keys
-from broker.wire import WireError, decode_group
-from configs import load_config
-from launch.status import read_steps
-from launch.supervisor import Supervisor
-from learner import checkpoint
-from weightsync.shm import SHM_DIR, segment_prefix
+from streamrl.broker.audit import commits_path, published_path, read_jsonl
+from streamrl.broker.cleanup import delete_run_keys, ephemeral_leftovers, run_keys
+from streamrl.broker.wire import WireError, decode_group
+from streamrl.configs import load_config
+from streamrl.launch.status import read_steps
+from streamrl.launch.supervisor import Supervisor
+from streamrl.learner import checkpoint
+from streamrl.weightsync.shm import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"
 FAULTS = ("kill_actor", "kill_learner", "stop_actor", "restart_redis")
@@ -515,7 +515,7 @@ def plan(rng: random.Random, quick: bool) -> tuple[list[str], bool]:
 def soak(
     rounds: int, seed: int, quick: bool = False, work: Path | None = None, echo=print
 ) -> list[RoundResult]:
-    from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
 
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="streamrl-chaos-") as tmp:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from broker.client import connect_sync
-from broker.keys import Keys
-from broker.server import EmbeddedRedis, free_port
-from configs import Config
-from launch.panels import queries, render
-from launch.prometheus import PrometheusServer
-from launch.scrape import sync_targets, write_prometheus_config
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import EmbeddedRedis, free_port
+from streamrl.configs import Config
+from streamrl.launch.panels import queries, render
+from streamrl.launch.prometheus import PrometheusServer
+from streamrl.launch.scrape import sync_targets, write_prometheus_config
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -57,10 +57,10 @@ def _close(server) -> None:
 
 def _all_streamrl_metrics_endpoint():
     """The default registry after importing every module that defines streamrl metrics."""
-    import actors.metrics  # noqa: F401
-    import broker.metrics  # noqa: F401
-    import learner.metrics  # noqa: F401
-    import weightsync.metrics  # noqa: F401
+    import streamrl.actors.metrics  # noqa: F401
+    import streamrl.broker.metrics  # noqa: F401
+    import streamrl.learner.metrics  # noqa: F401
+    import streamrl.weightsync.metrics  # noqa: F401
 
     return start_http_server(0, addr="127.0.0.1")[0]
 

@@ -41,7 +41,7 @@ def _ten_million(folder: Path) -> Path:
     """A random-init Qwen2 of ~10M parameters on the demo's character tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from actors.demo_task import build_tokenizer
+    from streamrl.actors.demo_task import build_tokenizer
 
     if (folder / "config.json").exists():
         return folder
@@ -59,7 +59,7 @@ def _ten_million(folder: Path) -> Path:
 
 
 def _config(url: str, policy: Path, engine: str):
-    from configs import Config
+    from streamrl.configs import Config
 
     return Config.model_validate(
         {
@@ -76,9 +76,9 @@ class _Side:
     """One engine, the publisher feeding it, its version counter and the processes it computes in."""
 
     def __init__(self, url: str, policy: Path, engine: str) -> None:
-        from actors.loop import build_engine
-        from weightsync import make_publisher, make_subscriber
-        from weightsync.policy import load_policy, load_tokenizer
+        from streamrl.actors.loop import build_engine
+        from streamrl.weightsync import make_publisher, make_subscriber
+        from streamrl.weightsync.policy import load_policy, load_tokenizer
 
         self.name = engine
         cfg = _config(url, policy, engine)
@@ -125,8 +125,8 @@ class _Side:
 
 
 def _requests(tokenizer, n: int, step: int):
-    from actors.demo_task import make_example
-    from actors.engines.base import Request
+    from streamrl.actors.demo_task import make_example
+    from streamrl.actors.engines.base import Request
 
     rng = random.Random(step)
     prompts = [tokenizer(make_example(rng)["prompt"])["input_ids"] for _ in range(n)]
@@ -134,7 +134,7 @@ def _requests(tokenizer, n: int, step: int):
 
 
 def _measure(url: str, policy: Path, steps: int) -> dict:
-    from actors.engines.base import SamplingParams
+    from streamrl.actors.engines.base import SamplingParams
 
     hf = _Side(url, policy, "hf")
     vllm = _Side(url, policy, "vllm")
@@ -164,10 +164,10 @@ def _measure(url: str, policy: Path, steps: int) -> dict:
 def run(quick: bool = False) -> str:
     import vllm
 
-    from actors.demo_task import ensure_demo_policy
     from bench.__main__ import machine
-    from broker.server import EmbeddedRedis
-    from configs import Config
+    from streamrl.actors.demo_task import ensure_demo_policy
+    from streamrl.broker.server import EmbeddedRedis
+    from streamrl.configs import Config
 
     torch.set_num_threads(1)
     steps = 2 if quick else 10

@@ -17,11 +17,11 @@ import time
 import numpy as np
 import torch
 
-from configs import Config
-from learner import algorithm
-from learner.batching import Sample, collate, plan_rank_micro_batches
-from learner.engine import build_engine, init_distributed, token_logprobs
-from learner.step import loss_normalizer, train_batch
+from streamrl.configs import Config
+from streamrl.learner import algorithm
+from streamrl.learner.batching import Sample, collate, plan_rank_micro_batches
+from streamrl.learner.engine import build_engine, init_distributed, token_logprobs
+from streamrl.learner.step import loss_normalizer, train_batch
 
 MODELS = {
     # name: (hidden, layers, heads, kv heads, intermediate, vocab)

@@ -50,8 +50,8 @@ PHASES = [
 def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random, with_ref: bool):
     """Demo-shaped groups: a reverse-3-digits prompt, 2-5 token completions, mixed rewards;
     ``with_ref``: with reference log-probs, as actors send them under ``algo.reference_on: actors``."""
-    from actors.demo_task import make_example
-    from broker.wire import Completion, RolloutGroup
+    from streamrl.actors.demo_task import make_example
+    from streamrl.broker.wire import Completion, RolloutGroup
 
     eos = tokenizer.eos_token_id
     digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -107,9 +107,9 @@ class _Timer:
 
 def _reference_learn(model, ref_model, optimizer, batch, cfg) -> None:
     """The synchronous loop's learn half: ref forward, then one AdamW update per disjoint half."""
-    from learner import algorithm
-    from learner.batching import collate
-    from learner.engine import token_logprobs
+    from streamrl.learner import algorithm
+    from streamrl.learner.batching import collate
+    from streamrl.learner.engine import token_logprobs
 
     a = cfg.algo
     order = torch.randperm(len(batch)).tolist()
@@ -133,16 +133,16 @@ def _reference_learn(model, ref_model, optimizer, batch, cfg) -> None:
 
 def measure(steps: int, overrides: list[str] = ()) -> dict:
     """Median per-step seconds of the learner (with its phase split) and of the reference learn."""
-    from actors.demo_task import ensure_demo_policy
     from bench.reference_loop import sample
-    from broker.client import connect_async
-    from broker.server import EmbeddedRedis
-    from broker.stream import RolloutProducer
-    from configs import load_config
-    from learner import step as learner_step
-    from learner.batching import samples_from_group
-    from learner.loop import Learner
-    from weightsync.policy import load_policy, load_tokenizer
+    from streamrl.actors.demo_task import ensure_demo_policy
+    from streamrl.broker.client import connect_async
+    from streamrl.broker.server import EmbeddedRedis
+    from streamrl.broker.stream import RolloutProducer
+    from streamrl.configs import load_config
+    from streamrl.learner import step as learner_step
+    from streamrl.learner.batching import samples_from_group
+    from streamrl.learner.loop import Learner
+    from streamrl.weightsync.policy import load_policy, load_tokenizer
 
     torch.set_num_threads(1)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -250,7 +250,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
 
 
 def _last_update_split(learner) -> tuple[float, float]:
-    from learner import metrics as m
+    from streamrl.learner import metrics as m
 
     fb = _histogram_sum(m.STEP_PHASE.labels("forward_backward"))
     opt = _histogram_sum(m.STEP_PHASE.labels("optimizer"))

@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from actors.demo_task import (
+from streamrl.actors.demo_task import (
     EXACT_PART,
     build_model,
     build_tokenizer,
@@ -61,9 +61,9 @@ from actors.demo_task import (
     format_warm_start,
     reverse_digits_reward,
 )
-from actors.engines.hf import cache_kwarg
-from actors.prompts import position
-from learner import target
+from streamrl.actors.engines.hf import cache_kwarg
+from streamrl.actors.prompts import position
+from streamrl.learner import target
 
 CONFIG = "configs/demo_cpu.yaml"
 EXACT_REWARD = 0.999
@@ -127,8 +127,8 @@ def run_reference(
     max_rollouts: int | None = None,
 ) -> dict:
     """Train until the preset's target, ``max_time_s`` or ``max_rollouts``; the per-rollout curve and throughput."""
-    from configs import load_config
-    from weightsync.policy import load_policy, load_tokenizer
+    from streamrl.configs import load_config
+    from streamrl.weightsync.policy import load_policy, load_tokenizer
 
     torch.set_num_threads(1)
     cfg = load_config(CONFIG, list(overrides), env={})
@@ -284,7 +284,7 @@ def markdown(results: list[dict], seeds: list[int], cap_s: float, command: str) 
     import os
     import platform
 
-    from configs import load_config
+    from streamrl.configs import load_config
 
     run = load_config(CONFIG, [], env={}).run
     rows = []

@@ -58,7 +58,7 @@ def run_grid(
     seeds: list[int], lags: list[int], max_rollouts: int, jobs: int, overrides: list[str], root
 ) -> list[dict]:
     """Every (seed, lag) run; each seed's warmed policy and prompts built once, before the runs."""
-    from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
 
     for seed in seeds:
         ensure_demo_dataset(Path(root) / f"seed{seed}" / "data" / "train.jsonl", seed=seed)

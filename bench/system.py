@@ -42,9 +42,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.demo_task import EXACT_PART
 from bench.cli import command_line, publish
-from learner import target as run_target
+from streamrl.actors.demo_task import EXACT_PART
+from streamrl.learner import target as run_target
 
 CONFIG = "configs/demo_cpu.yaml"
 ROOT = Path("runs/bench-system")
@@ -75,7 +75,7 @@ SWEEP = [
 
 def demo_target() -> tuple[float, float, int]:
     """(reward, exact, window) of the preset's ``run.target_*``, the one definition of the target."""
-    from configs import load_config
+    from streamrl.configs import load_config
 
     run = load_config(CONFIG, [], env={}).run
     return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
@@ -86,7 +86,7 @@ TARGET_BARS = {run_target.REWARD: TARGET_REWARD, EXACT_PART: TARGET_EXACT}
 
 
 def preset_point() -> tuple[float, float]:
-    from configs import load_config
+    from streamrl.configs import load_config
 
     cfg = load_config(CONFIG, [], env={})
     return cfg.learner.lr, cfg.algo.kl_coef
@@ -297,7 +297,7 @@ class Outcome:
 
 def seed_inputs(seed: int) -> tuple[Path, Path]:
     """The warmed policy and the prompts of one seed, built once and shared by streamrl and TRL."""
-    from actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
 
     folder = ROOT / f"seed{seed}"
     # TRL's run_trl looks for <workdir>/policy and <workdir>/data/train.jsonl: the same files.
@@ -354,9 +354,9 @@ def _launch_and_watch(
     cap_s: float,
     stop_at_target: bool,
 ) -> Outcome:
-    from configs import load_config
-    from launch.status import read_steps, time_to_target
-    from launch.supervisor import Supervisor
+    from streamrl.configs import load_config
+    from streamrl.launch.status import read_steps, time_to_target
+    from streamrl.launch.supervisor import Supervisor
 
     policy, data = seed_inputs(seed)
     overrides = [
@@ -487,7 +487,7 @@ def run_loop_outcome(
         result = run_trl(seed, cap_s, ROOT / f"seed{seed}", True, overrides)
     wall_s = time.monotonic() - started
     print(f"   -> {result['steps']} rollouts in {wall_s:.0f} s", flush=True)
-    from configs import load_config
+    from streamrl.configs import load_config
 
     cfg = load_config(CONFIG, overrides, env={})
     rollout = cfg.learner.groups_per_step * cfg.rollout.group_size

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.demo_task import ensure_demo_dataset, ensure_demo_policy, reverse_digits_reward
-from learner import target
+from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy, reverse_digits_reward
+from streamrl.learner import target
 
 DEMO_CONFIG = "configs/demo_cpu.yaml"
 EXACT_REWARD = 0.999
@@ -37,10 +37,10 @@ EXACT_REWARD = 0.999
 
 def demo_target(config_path: str = DEMO_CONFIG) -> tuple[float, float, int]:
     """(reward, exact match, window) of the preset's ``run.target_*``: the bar every system is timed to."""
-    from configs import load_config
+    from streamrl.configs import load_config
 
     run = load_config(config_path, [], env={}).run
-    from actors.demo_task import EXACT_PART
+    from streamrl.actors.demo_task import EXACT_PART
 
     return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
 
@@ -53,7 +53,7 @@ def grpo_config_kwargs(
     Everything with a TRL equivalent comes from streamrl's config, so the two
     run the same algorithm as far as TRL allows.
     """
-    from configs import load_config
+    from streamrl.configs import load_config
 
     cfg = load_config(config_path, list(overrides), env={})
     r, a, lrn = cfg.rollout, cfg.algo, cfg.learner
@@ -117,7 +117,7 @@ def time_to_target(
     curve: list[tuple[float, float, float]], reward: float, exact: float, window: int
 ) -> float | None:
     """Elapsed time of the first rollout whose last ``window`` means reach both bars (learner.target)."""
-    from actors.demo_task import EXACT_PART
+    from streamrl.actors.demo_task import EXACT_PART
 
     rows = [{target.REWARD: r, EXACT_PART: e} for _, r, e in curve]
     end = target.first_reached(rows, {target.REWARD: reward, EXACT_PART: exact}, window)

@@ -30,7 +30,7 @@ def _shapes(params: int) -> list[int]:
 
 
 def _cfg(url: str, run: str, transport: str, slots: int):
-    from configs.schema import Config
+    from streamrl.configs.schema import Config
 
     return Config.model_validate(
         {
@@ -75,7 +75,7 @@ def _emit(**event) -> None:
 
 
 def publisher_main(url: str, run: str, transport: str, slots: int, params: int) -> None:
-    from weightsync import make_publisher
+    from streamrl.weightsync import make_publisher
 
     pub = make_publisher(_cfg(url, run, transport, slots))
     weights = {
@@ -105,8 +105,8 @@ def publisher_main(url: str, run: str, transport: str, slots: int, params: int) 
 
 
 def subscriber_main(url: str, run: str, transport: str, slots: int, params: int) -> None:
-    from weightsync import make_subscriber
-    from weightsync.subscriber import swap_into_model
+    from streamrl.weightsync import make_subscriber
+    from streamrl.weightsync.subscriber import swap_into_model
 
     model = torch.nn.Module()
     for i, n in enumerate(_shapes(params)):
@@ -197,8 +197,8 @@ def _one_size(url: str, transport: str, params: int, slots: int = 3) -> dict:
 
 def run(quick: bool = False) -> str:
     from bench.__main__ import machine
-    from broker.server import EmbeddedRedis
-    from configs.schema import Config
+    from streamrl.broker.server import EmbeddedRedis
+    from streamrl.configs.schema import Config
 
     torch.set_num_threads(1)
     sizes = [10_000_000] if quick else [10_000_000, 100_000_000, 500_000_000]

@@ -1,4 +1,4 @@
-"""``python -m broker --config X [key=value ...]``: run the embedded Redis until SIGINT/SIGTERM.
+"""``python -m streamrl.broker --config X [key=value ...]``: run the embedded Redis until SIGINT/SIGTERM.
 
 Prints the URL (password masked) and writes it to ``<run.dir>/redis.url`` so
 the learner and actors of the run find it. With ``REDIS_URL`` (or
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import redis
 
-from broker.client import connect_sync, url_file
-from broker.server import EmbeddedRedis, RedisServerError
-from configs import config_from_cli
+from streamrl.broker.client import connect_sync, url_file
+from streamrl.broker.server import EmbeddedRedis, RedisServerError
+from streamrl.configs import config_from_cli
 
 
 def masked(url: str) -> str:
@@ -26,7 +26,9 @@ def masked(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m streamrl.broker", description=__doc__.splitlines()[0]
+    )
     _args, cfg = config_from_cli(parser, argv)
 
     if cfg.broker.redis_url:

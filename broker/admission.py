@@ -40,8 +40,8 @@ import uuid
 
 import redis.asyncio
 
-from broker.keys import Keys
-from configs.schema import Config
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import Config
 
 # KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
 # version, max_staleness, versions_per_batch, groups_per_step, heartbeat key prefix.

@@ -1,4 +1,4 @@
-"""Remove every Redis key of one run: ``python -m broker.cleanup --config X [key=value ...]``.
+"""Remove every Redis key of one run: ``python -m streamrl.broker.cleanup --config X [key=value ...]``.
 
 A run's keys all live under ``streamrl:{run.name}:`` (``broker.keys.Keys``),
 so SCAN + UNLINK on that prefix removes exactly this run's state and nothing
@@ -23,9 +23,9 @@ import sys
 
 import redis
 
-from broker.client import RedisNotConfigured, connect_sync
-from broker.keys import Keys
-from configs import ConfigError, load_config
+from streamrl.broker.client import RedisNotConfigured, connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.configs import ConfigError, load_config
 
 SCAN_COUNT = 1000
 
@@ -65,7 +65,7 @@ def ephemeral_leftovers(client: redis.Redis, keys: Keys) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m broker.cleanup", description=__doc__.splitlines()[0]
+        prog="python -m streamrl.broker.cleanup", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.name=demo")

@@ -16,8 +16,8 @@ import redis.asyncio.retry
 import redis.retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from configs.errors import StreamRLError
-from configs.schema import Config
+from streamrl.configs.errors import StreamRLError
+from streamrl.configs.schema import Config
 
 URL_FILE = "redis.url"
 _RETRY_ON = (redis.ConnectionError, redis.TimeoutError)
@@ -47,7 +47,7 @@ def redis_url(cfg: Config) -> str:
         url = path.read_text().strip()
     except FileNotFoundError:
         raise RedisNotConfigured(
-            f"no Redis: set REDIS_URL or broker.redis_url, or start the embedded one (python -m broker) so it writes {path}"
+            f"no Redis: set REDIS_URL or broker.redis_url, or start the embedded one (python -m streamrl.broker) so it writes {path}"
         ) from None
     if not url:
         raise RedisNotConfigured(f"{path} is empty")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from configs.schema import Config
+from streamrl.configs.schema import Config
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 

@@ -13,8 +13,8 @@ import time
 import redis
 import redis.asyncio
 
-from broker.keys import Keys
-from configs.schema import Config
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import Config
 
 
 class Heartbeats:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from broker.client import connect_sync
-from broker.keys import Keys
-from configs.schema import Config
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import Config
 
 STREAM_LENGTH = Gauge(
     "streamrl_stream_length", "Entries in the rollout stream (produced, not yet acked)."

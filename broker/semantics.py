@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.wire import RolloutGroup, WireError
-from configs.schema import Config
+from streamrl.broker.wire import RolloutGroup, WireError
+from streamrl.configs.schema import Config
 
 
 @dataclass(frozen=True)

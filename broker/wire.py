@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
-from configs.errors import StreamRLError
+from streamrl.configs.errors import StreamRLError
 
 SCHEMA_VERSION = 2
 FINISH_REASONS = ("stop", "length", "abort")

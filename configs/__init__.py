@@ -5,9 +5,9 @@ overrides (``load.py``) and the YAML presets beside them. Imports nothing from
 the other streamrl packages; every other package imports it.
 """
 
-from configs.errors import ConfigError, StreamRLError
-from configs.load import config_from_cli, load_config, parse_overrides
-from configs.schema import Config
+from streamrl.configs.errors import ConfigError, StreamRLError
+from streamrl.configs.load import config_from_cli, load_config, parse_overrides
+from streamrl.configs.schema import Config
 
 __all__ = [
     "Config",

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from configs.errors import ConfigError
-from configs.schema import Config
+from streamrl.configs.errors import ConfigError
+from streamrl.configs.schema import Config
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

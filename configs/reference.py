@@ -1,6 +1,6 @@
 """Render the schema as the configuration reference (docs/configuration.md).
 
-    python -m configs.reference > docs/configuration.md
+    python -m streamrl.configs.reference > docs/configuration.md
 
 A test keeps the committed file equal to this output, so the schema stays the
 one place a knob is documented.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from configs.schema import Config
+from streamrl.configs.schema import Config
 
 
 def _default(field) -> str:
@@ -29,7 +29,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `configs/schema.py` by `python -m configs.reference`; do not edit by hand.",
+        "Generated from `configs/schema.py` by `python -m streamrl.configs.reference`; do not edit by hand.",
         "Set keys in a YAML preset (`configs/*.yaml`) or on the command line as `section.key=value`.",
         "`REDIS_URL` in the environment overrides `broker.redis_url`.",
         "",

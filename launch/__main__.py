@@ -1,6 +1,6 @@
 """`make run`: Redis + learner + N actors on one machine, a live view, a summary at the end.
 
-python -m launch --config configs/demo_cpu.yaml --actors 2 [dotted.key=value ...]
+python -m streamrl.launch --config configs/demo_cpu.yaml --actors 2 [dotted.key=value ...]
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.live import Live
 
-from actors.prompts import PromptDataError
-from broker.server import RedisServerError
-from configs import config_from_cli
-from launch.scrape import sync_targets, write_prometheus_config
-from launch.status import Snapshot, read_steps, snapshot
-from launch.supervisor import Supervisor
-from launch.view import live_table, plain_line, summary
+from streamrl.actors.prompts import PromptDataError
+from streamrl.broker.server import RedisServerError
+from streamrl.configs import config_from_cli
+from streamrl.launch.scrape import sync_targets, write_prometheus_config
+from streamrl.launch.status import Snapshot, read_steps, snapshot
+from streamrl.launch.supervisor import Supervisor
+from streamrl.launch.view import live_table, plain_line, summary
 
 REFRESH_S = 1.0
 PLAIN_EVERY_S = 10.0

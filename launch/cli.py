@@ -14,12 +14,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "run": "launch.__main__",
-    "actors": "actors.__main__",
-    "scale": "launch.scale",
-    "export": "learner.export",
-    "inspect": "launch.inspect",
-    "dashboard": "launch.dashboard",
+    "run": "streamrl.launch.__main__",
+    "actors": "streamrl.actors.__main__",
+    "scale": "streamrl.launch.scale",
+    "export": "streamrl.learner.export",
+    "inspect": "streamrl.launch.inspect",
+    "dashboard": "streamrl.launch.dashboard",
 }
 
 

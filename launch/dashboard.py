@@ -1,4 +1,4 @@
-"""``python -m launch.dashboard [--run-dir runs/demo] [--port 9090]`` (``make dashboard``).
+"""``python -m streamrl.launch.dashboard [--run-dir runs/demo] [--port 9090]`` (``make dashboard``).
 
 Runs a real Prometheus that scrapes every process of a run, keeps its
 file-SD targets in sync with Redis while the run goes on, and serves the
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import redis
 
-from broker.client import RedisNotConfigured, connect_sync
-from configs import ConfigError, load_config
-from configs.schema import Config
-from launch.panels import DASHBOARD
-from launch.prometheus import PrometheusError, PrometheusServer
-from launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
+from streamrl.broker.client import RedisNotConfigured, connect_sync
+from streamrl.configs import ConfigError, load_config
+from streamrl.configs.schema import Config
+from streamrl.launch.panels import DASHBOARD
+from streamrl.launch.prometheus import PrometheusError, PrometheusServer
+from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 
 SYNC_EVERY_S = 2.0
 
@@ -97,7 +97,7 @@ class TargetSync:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m launch.dashboard", description=__doc__.splitlines()[0]
+        prog="python -m streamrl.launch.dashboard", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--config",

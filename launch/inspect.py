@@ -19,13 +19,13 @@ import sys
 import numpy as np
 import redis
 
-from broker.client import RedisNotConfigured, connect_sync
-from broker.keys import Keys
-from broker.wire import WireError, decode_group
-from configs import config_from_cli
-from configs.schema import Config
-from weightsync.announce import read_announcement
-from weightsync.shm import active_leases
+from streamrl.broker.client import RedisNotConfigured, connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.wire import WireError, decode_group
+from streamrl.configs import config_from_cli
+from streamrl.configs.schema import Config
+from streamrl.weightsync.announce import read_announcement
+from streamrl.weightsync.shm import active_leases
 
 
 def describe_payload(payload: bytes | None, max_bytes: int) -> dict:

@@ -17,8 +17,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from broker.server import free_port
-from configs.errors import StreamRLError
+from streamrl.broker.server import free_port
+from streamrl.configs.errors import StreamRLError
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0

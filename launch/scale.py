@@ -1,9 +1,9 @@
 """Change the number of actors of a running `make run` without restarting anything.
 
-    python -m launch.scale --config configs/demo_cpu.yaml --actors 4     (make scale ACTORS=4)
+    python -m streamrl.launch.scale --config configs/demo_cpu.yaml --actors 4     (make scale ACTORS=4)
 
 The supervisor reads the wanted count from a Redis list. Actors started by
-hand (`make actors N=2`, i.e. `python -m actors --count 2`) join the same run
+hand (`make actors N=2`, i.e. `python -m streamrl.actors --count 2`) join the same run
 through Redis and leave with Ctrl-C; they are not supervised.
 """
 
@@ -13,9 +13,9 @@ import argparse
 import json
 import sys
 
-from broker.client import connect_sync
-from broker.keys import Keys
-from configs import config_from_cli
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.configs import config_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:

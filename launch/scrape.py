@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from broker.client import as_str
-from broker.keys import Keys
-from configs.schema import Config
+from streamrl.broker.client import as_str
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import Config
 
 TARGETS_FILE = "targets.json"
 CONFIG_FILE = "prometheus.yml"

@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.audit import read_jsonl
-from broker.keys import Keys
-from broker.liveness import alive_actors
-from learner import target
+from streamrl.broker.audit import read_jsonl
+from streamrl.broker.keys import Keys
+from streamrl.broker.liveness import alive_actors
+from streamrl.learner import target
 
 
 @dataclass

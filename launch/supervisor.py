@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.client import connect_sync, url_file
-from broker.keys import Keys
-from broker.server import EmbeddedRedis, RedisServerError
-from configs import Config
+from streamrl.broker.client import connect_sync, url_file
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import EmbeddedRedis, RedisServerError
+from streamrl.configs import Config
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -119,7 +119,7 @@ class Supervisor:
 
     def _prepare_inputs(self) -> None:
         """Build the demo policy and dataset once (reused by later runs) before any child starts."""
-        from actors.loop import ensure_assets
+        from streamrl.actors.loop import ensure_assets
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -127,7 +127,7 @@ class Supervisor:
             and self.python == sys.executable
             and importlib.util.find_spec("vllm") is None
         ):
-            from actors.engines.vllm import VLLMUnavailable
+            from streamrl.actors.engines.vllm import VLLMUnavailable
 
             raise VLLMUnavailable(
                 f"a vLLM actor needs vLLM in this interpreter ({self.python}): "
@@ -135,8 +135,8 @@ class Supervisor:
             )
         ensure_assets(self.cfg, announce=self.event)
         # A broken dataset fails here, naming file and row, before Redis or any child starts.
-        from actors.prompts import PromptDataset
-        from weightsync.policy import load_tokenizer
+        from streamrl.actors.prompts import PromptDataset
+        from streamrl.weightsync.policy import load_tokenizer
 
         PromptDataset.from_config(self.cfg.data, load_tokenizer(self.cfg.model.path))
 
@@ -169,7 +169,7 @@ class Supervisor:
     def _learner_argv(self) -> list[str]:
         ranks = self.cfg.learner.ranks
         if ranks == 1:
-            return self._argv("learner")
+            return self._argv("streamrl.learner")
         # torchrun restarts nothing here (--max-restarts 0): a dead rank ends the job, the supervisor restarts it
         launcher = [
             self.python,
@@ -179,7 +179,7 @@ class Supervisor:
             f"--nproc_per_node={ranks}",
             "--max-restarts=0",
         ]
-        return launcher + self._argv("learner")[1:]
+        return launcher + self._argv("streamrl.learner")[1:]
 
     def _env(self) -> dict[str, str]:
         # A rendezvous inherited from the launching shell (a torchrun/SLURM job, or a process that
@@ -210,7 +210,7 @@ class Supervisor:
         index = self._next_actor
         ident = f"a{index}"
         self._next_actor += 1
-        argv = self._argv("actors", "--count", "1", "--actor-id", ident)
+        argv = self._argv("streamrl.actors", "--count", "1", "--actor-id", ident)
         if self.cfg.actor.engines:
             # last, so it wins over the run's own overrides
             argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
@@ -275,7 +275,7 @@ class Supervisor:
             self.event(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
 
     def _apply_control(self) -> None:
-        """``python -m launch.scale`` pushes the wanted actor count onto a Redis list."""
+        """``python -m streamrl.launch.scale`` pushes the wanted actor count onto a Redis list."""
         # Not while the embedded server is down: the call's retries would hold the tick, and with
         # it the server's restart, for as long as the children's own retries last.
         server = self.redis_server
@@ -370,7 +370,7 @@ class Supervisor:
 
     def _remove_shared_memory(self) -> None:
         """A learner killed mid-publish cannot unlink its segments; the run's names are known."""
-        from weightsync.shm import cleanup_stale_segments
+        from streamrl.weightsync.shm import cleanup_stale_segments
 
         removed = cleanup_stale_segments(self.cfg.run.name)
         if removed:

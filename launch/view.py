@@ -6,8 +6,8 @@ import statistics
 
 from rich.table import Table
 
-from launch.status import Snapshot, time_to_target
-from learner import target
+from streamrl.launch.status import Snapshot, time_to_target
+from streamrl.learner import target
 
 
 def _fmt(value, spec: str = ".3f") -> str:

@@ -1,4 +1,4 @@
-"""The learner process: ``python -m learner --config configs/demo_cpu.yaml [key=value ...]``.
+"""The learner process: ``python -m streamrl.learner --config configs/demo_cpu.yaml [key=value ...]``.
 
 One rank with plain ``python``; several with ``torchrun --nproc_per_node N -m learner ...``
 (or the ``deepspeed`` launcher, hence ``--local_rank``). SIGTERM/SIGINT stop it
@@ -14,11 +14,13 @@ import sys
 
 import torch
 
-from configs import config_from_cli
+from streamrl.configs import config_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m learner", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m streamrl.learner", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
     torch.set_num_threads(cfg.run.torch_threads)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
 
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     learner = Learner(cfg, should_stop=lambda: stop["requested"])
     progress = learner.run(echo=lambda line: print(line, flush=True))

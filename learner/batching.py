@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from broker.wire import RolloutGroup
+from streamrl.broker.wire import RolloutGroup
 
 
 @dataclass

@@ -15,10 +15,10 @@ from datetime import timedelta
 import torch
 from torch import Tensor
 
-from broker.server import free_port
-from configs.schema import Config
-from learner.batching import MicroBatch
-from weightsync.policy import sequence_logprobs
+from streamrl.broker.server import free_port
+from streamrl.configs.schema import Config
+from streamrl.learner.batching import MicroBatch
+from streamrl.weightsync.policy import sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
 
@@ -47,7 +47,7 @@ def skip_shm_comm_build() -> None:
 
 
 def init_distributed() -> tuple[int, int]:
-    """Join (or, for plain ``python -m learner``, create) the process group; returns (rank, world size).
+    """Join (or, for plain ``python -m streamrl.learner``, create) the process group; returns (rank, world size).
 
     torchrun/deepspeed launchers set RANK etc.; without them DeepSpeed would go
     looking for MPI, so a single process fills in a world of one.

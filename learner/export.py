@@ -1,6 +1,6 @@
 """Export the trained policy as a Hugging Face folder that transformers and vLLM load.
 
-    python -m learner.export --config configs/demo_cpu.yaml [--checkpoint DIR] [--out DIR]
+    python -m streamrl.learner.export --config configs/demo_cpu.yaml [--checkpoint DIR] [--out DIR]
 
 Reads the newest checkpoint under ``<run.dir>/checkpoints`` (or ``--checkpoint``), puts
 its weights into the model of ``model.path`` and writes ``config.json``, the weights as
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from configs import config_from_cli
-from configs.schema import Config
+from streamrl.configs import config_from_cli
+from streamrl.configs.schema import Config
 
 EXPORT_DIR = "policy"
 INFO_FILE = "streamrl_export.json"
@@ -56,7 +56,7 @@ def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
 
 def checkpoint_weights(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     """The module weights and client state of one checkpoint folder (``.../step-N``)."""
-    from learner.checkpoint import TAG
+    from streamrl.learner.checkpoint import TAG
 
     path = Path(folder) / TAG / MODEL_STATES
     if not path.exists():
@@ -68,8 +68,8 @@ def checkpoint_weights(folder: str | os.PathLike) -> tuple[dict[str, torch.Tenso
 
 
 def export_checkpoint(cfg: Config, checkpoint: str | os.PathLike | None, out: Path) -> Path:
-    from learner import checkpoint as ckpt
-    from weightsync.policy import load_policy, load_tokenizer
+    from streamrl.learner import checkpoint as ckpt
+    from streamrl.weightsync.policy import load_policy, load_tokenizer
 
     folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(cfg.run.dir) / "checkpoints")
     if folder is None:
@@ -90,7 +90,7 @@ def export_at_end(cfg: Config, model, step: int, version: int) -> Path | None:
     """The learner's end-of-run export of its live weights (rank 0), when ``run.export_at_end``."""
     if not cfg.run.export_at_end or step == 0:
         return None
-    from weightsync.policy import load_tokenizer
+    from streamrl.weightsync.policy import load_tokenizer
 
     info = {"step": step, "version": version, "source": cfg.model.path}
     return export_policy(model, load_tokenizer(cfg.model.path), default_out(cfg), info)
@@ -98,7 +98,7 @@ def export_at_end(cfg: Config, model, step: int, version: int) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m learner.export", description=__doc__.strip().splitlines()[0]
+        prog="python -m streamrl.learner.export", description=__doc__.strip().splitlines()[0]
     )
     parser.add_argument("--checkpoint", help="checkpoint folder (default: the run's latest)")
     parser.add_argument("--out", help="output folder (default: <run.dir>/policy)")

@@ -34,24 +34,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from configs.schema import Config
-from learner import checkpoint, target
-from learner import metrics as m
-from learner.engine import build_engine, device, init_distributed
-from learner.export import export_at_end
-from learner.prepare import Batch
-from learner.rollout_io import Progress, RolloutIO
-from learner.step import UpdateStats, first_pass_tokens, train_batch
+from streamrl.configs.schema import Config
+from streamrl.learner import checkpoint, target
+from streamrl.learner import metrics as m
+from streamrl.learner.engine import build_engine, device, init_distributed
+from streamrl.learner.export import export_at_end
+from streamrl.learner.prepare import Batch
+from streamrl.learner.rollout_io import Progress, RolloutIO
+from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
 
 
 class Learner:
     """The learner of one rank: engine, resumed progress, and (rank 0) the Redis side.
 
-    ``python -m learner`` calls ``run``; tests drive ``train_next`` step by step.
+    ``python -m streamrl.learner`` calls ``run``; tests drive ``train_next`` step by step.
     """
 
     def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):
-        from weightsync.policy import load_policy
+        from streamrl.weightsync.policy import load_policy
 
         self.cfg = cfg
         self.started = time.monotonic()

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from configs.schema import Config
-from learner import algorithm
-from learner import metrics as m
-from learner.batching import Sample, samples_from_group
+from streamrl.configs.schema import Config
+from streamrl.learner import algorithm
+from streamrl.learner import metrics as m
+from streamrl.learner.batching import Sample, samples_from_group
 
 
 @dataclass

@@ -28,19 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker import metrics as broker_metrics
-from broker.admission import Admission
-from broker.audit import JsonlLog, commits_path
-from broker.client import connect_async, connect_sync
-from broker.keys import Keys
-from broker.liveness import alive_actors
-from broker.stream import Delivery, RolloutConsumer
-from configs.schema import Config
-from learner import lineage
-from learner import metrics as m
-from learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
-from learner.step import UpdateStats, first_pass_tokens
-from learner.tracking import Tracker
+from streamrl.broker import metrics as broker_metrics
+from streamrl.broker.admission import Admission
+from streamrl.broker.audit import JsonlLog, commits_path
+from streamrl.broker.client import connect_async, connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.liveness import alive_actors
+from streamrl.broker.stream import Delivery, RolloutConsumer
+from streamrl.configs.schema import Config
+from streamrl.learner import lineage
+from streamrl.learner import metrics as m
+from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
+from streamrl.learner.step import UpdateStats, first_pass_tokens
+from streamrl.learner.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class RolloutIO:
         self.alive_checked = 0.0
         self.publisher = None
         if cfg.weightsync.transport != "none":
-            from weightsync import make_publisher
+            from streamrl.weightsync import make_publisher
 
             self.publisher = make_publisher(cfg)
         self.metrics_port = broker_metrics.serve(cfg, "learner", "0", cfg.learner.metrics_port)

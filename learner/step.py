@@ -27,10 +27,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from configs.schema import Config
-from learner import algorithm
-from learner.batching import MicroBatch, Sample, collate, masked_out, plan_rank_micro_batches
-from learner.engine import mark_micro_batch, set_micro_batches, token_logprobs
+from streamrl.configs.schema import Config
+from streamrl.learner import algorithm
+from streamrl.learner.batching import (
+    MicroBatch,
+    Sample,
+    collate,
+    masked_out,
+    plan_rank_micro_batches,
+)
+from streamrl.learner.engine import mark_micro_batch, set_micro_batches, token_logprobs
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from configs.schema import Config
+from streamrl.configs.schema import Config
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -82,7 +82,7 @@ class Tracker:
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from weightsync.policy import load_tokenizer
+            from streamrl.weightsync.policy import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.cfg.model.path)
         return self._tokenizer

@@ -6,7 +6,7 @@ import zlib
 
 import numpy as np
 
-from broker.wire import Completion, RolloutGroup
+from streamrl.broker.wire import Completion, RolloutGroup
 
 VOCAB = 50
 

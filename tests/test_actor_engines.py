@@ -9,12 +9,12 @@ import shutil
 import pytest
 import torch
 
-from configs import load_config
-from weightsync.publisher import transfer_dtype
+from streamrl.configs import load_config
+from streamrl.weightsync.publisher import transfer_dtype
 
 
 def test_actor_i_runs_engines_i_mod_len_and_the_actor_reads_it_as_actor_engine(tmp_path):
-    from launch.supervisor import Supervisor
+    from streamrl.launch.supervisor import Supervisor
 
     overrides = [f"run.dir={tmp_path / 'run'}", "actor.engines=[vllm, hf]", "actor.engine=hf"]
     cfg = load_config(None, overrides, env={})
@@ -27,7 +27,7 @@ def test_actor_i_runs_engines_i_mod_len_and_the_actor_reads_it_as_actor_engine(t
         child.proc.wait(timeout=10)
     engines = []
     for child in sup.actors:
-        # what `python -m actors` parses: everything after --actor-id ID
+        # what `python -m streamrl.actors` parses: everything after --actor-id ID
         actor_overrides = child.argv[child.argv.index("--actor-id") + 2 :]
         engines.append(load_config(None, actor_overrides, env={}).actor.engine)
     assert engines == ["vllm", "hf", "vllm"]
@@ -40,7 +40,7 @@ def test_without_engines_every_actor_keeps_actor_engine(tmp_path):
 
 
 def test_an_empty_engines_list_is_refused():
-    from configs import ConfigError
+    from streamrl.configs import ConfigError
 
     with pytest.raises(ConfigError, match="actor.engines"):
         load_config(None, ["actor.engines=[]"], env={})
@@ -69,8 +69,8 @@ def test_the_published_dtype_suits_every_engine_of_the_run(overrides, dtype, mon
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_a_run_with_a_vllm_actor_refuses_to_start_without_vllm(tmp_path):
-    from actors.engines.vllm import VLLMUnavailable
-    from launch.supervisor import Supervisor
+    from streamrl.actors.engines.vllm import VLLMUnavailable
+    from streamrl.launch.supervisor import Supervisor
 
     overrides = [f"run.dir={tmp_path / 'run'}", "actor.engines=[hf, vllm]"]
     sup = Supervisor(load_config(None, overrides, env={}), None, overrides, actors=2)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.engines.base import Request, SamplingParams
-from actors.engines.hf import HFEngine
-from actors.engines.sampling import processed_logprobs
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.actors.engines.base import Request, SamplingParams
+from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.sampling import processed_logprobs
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "abcdefgh>", "70>"]
 

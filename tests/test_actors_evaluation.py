@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.engines.base import SamplingParams
-from actors.evaluation import EVAL_LOG, Evaluator, eval_dataset, summarize
-from actors.rewards import RewardPool
-from configs import Config
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.actors.engines.base import SamplingParams
+from streamrl.actors.evaluation import EVAL_LOG, Evaluator, eval_dataset, summarize
+from streamrl.actors.rewards import RewardPool
+from streamrl.configs import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 
 def test_pass_at_1_counts_samples_that_reach_the_full_reward():
@@ -24,7 +24,7 @@ def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
 ):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from actors.engines.hf import HFEngine
+    from streamrl.actors.engines.hf import HFEngine
 
     cfg = Config.model_validate(
         {
@@ -73,8 +73,8 @@ def test_in_a_running_system_each_eval_version_is_evaluated_by_one_actor(
     evaluate it, and its row reaches the run's eval log."""
     import uuid
 
-    from configs import load_config
-    from launch.supervisor import Supervisor
+    from streamrl.configs import load_config
+    from streamrl.launch.supervisor import Supervisor
 
     config = "configs/demo_cpu.yaml"
     overrides = [

@@ -25,9 +25,9 @@ import pytest
 import redis
 import torch
 
-from broker.keys import Keys
-from broker.wire import decode_group
-from configs import Config
+from streamrl.broker.keys import Keys
+from streamrl.broker.wire import decode_group
+from streamrl.configs import Config
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def _start_actor(actor_id: str, overrides: list[str], log_dir: Path) -> subproce
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", OMP_NUM_THREADS="1")
     log = open(log_dir / f"{actor_id}.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [sys.executable, "-m", "actors", "--actor-id", actor_id, *overrides],
+        [sys.executable, "-m", "streamrl.actors", "--actor-id", actor_id, *overrides],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -77,7 +77,7 @@ def _running_version(client: redis.Redis, keys: Keys, *actor_ids: str) -> list[i
 
 
 def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
-    from weightsync.policy import load_policy
+    from streamrl.weightsync.policy import load_policy
 
     model = load_policy(policy_path)
     generator = torch.Generator().manual_seed(seed)
@@ -89,10 +89,10 @@ def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def scenario(redis_server, demo_policy, tmp_path_factory):
-    from broker.admission import Admission
-    from broker.client import connect_async
-    from broker.liveness import alive_actors
-    from weightsync import make_publisher
+    from streamrl.broker.admission import Admission
+    from streamrl.broker.client import connect_async
+    from streamrl.broker.liveness import alive_actors
+    from streamrl.weightsync import make_publisher
 
     tmp = tmp_path_factory.mktemp("actors-loop")
     data = tmp / "train.jsonl"

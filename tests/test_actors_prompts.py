@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from actors.demo_task import build_tokenizer
-from actors.prompts import PromptDataError, PromptDataset, position
+from streamrl.actors.demo_task import build_tokenizer
+from streamrl.actors.prompts import PromptDataError, PromptDataset, position
 
 ROWS = [
     {"prompt": "314>", "answer": "413"},
@@ -183,9 +183,9 @@ configs:
 
 HUB_CHILD = """
 import json, sys
-from actors.demo_task import build_tokenizer
-from actors.prompts import PromptDataError, PromptDataset
-from configs.schema import DataConfig
+from streamrl.actors.demo_task import build_tokenizer
+from streamrl.actors.prompts import PromptDataError, PromptDataset
+from streamrl.configs.schema import DataConfig
 tokenizer = build_tokenizer()
 out = {}
 for config, split in (("easy", "train"), ("easy", "test"), ("hard", "train")):

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
-from actors.reference import ReferenceScorer
-from configs import Config
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.actors.reference import ReferenceScorer
+from streamrl.configs import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 TEMPERATURE = 0.7
 
@@ -61,7 +61,7 @@ def test_the_actors_reference_logprobs_equal_one_forward_pass_per_sequence(
 def test_a_learner_on_the_actors_reference_logprobs_trains_as_with_its_own_reference_pass(
     redis_cfg, demo_policy
 ):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     steps, groups_per_step, group_size = 3, 4, 8
     model = load_policy(demo_policy)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from actors import metrics
-from actors.rewards import RewardPool, resolve, score_sample
-from configs.schema import RewardConfig, RewardSpec
+from streamrl.actors import metrics
+from streamrl.actors.rewards import RewardPool, resolve, score_sample
+from streamrl.configs.schema import RewardConfig, RewardSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +49,8 @@ def test_the_demo_exact_match_is_one_only_where_the_shaped_reward_is_and_weighs_
 
 def test_the_core_rewards_do_not_import_the_demo_task_until_a_config_names_it():
     code = (
-        "import sys, actors.rewards as r; assert 'actors.demo_task' not in sys.modules; "
-        "r.resolve('reverse_digits_exact'); assert 'actors.demo_task' in sys.modules"
+        "import sys, streamrl.actors.rewards as r; assert 'streamrl.actors.demo_task' not in sys.modules; "
+        "r.resolve('reverse_digits_exact'); assert 'streamrl.actors.demo_task' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from accounts import system_user_uid
 
-from actors import sandbox
-from actors.sandbox import SandboxResult, layers, run_python
+from streamrl.actors import sandbox
+from streamrl.actors.sandbox import SandboxResult, layers, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_USER = "streamrl-sandbox-test"
@@ -30,7 +30,7 @@ AS = [pytest.param("actor", id="as_actor"), pytest.param("user", id="as_user")]
 _AS_USER = (
     "import json, sys\n"
     "from dataclasses import asdict\n"
-    "from actors.sandbox import run_python, layers\n"
+    "from streamrl.actors.sandbox import run_python, layers\n"
     "kw = json.loads(sys.argv[1])\n"
     "result = run_python(**kw) if kw else None\n"
     "print(json.dumps({'result': result and asdict(result), 'layers': asdict(layers())}))\n"

@@ -22,8 +22,8 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from actors.engines.base import SamplingParams
-from actors.engines.vllm import (
+from streamrl.actors.engines.base import SamplingParams
+from streamrl.actors.engines.vllm import (
     VLLMEngine,
     VLLMUnavailable,
     engine_args,
@@ -32,11 +32,11 @@ from actors.engines.vllm import (
     to_output,
     weight_transfer_backend,
 )
-from configs import Config
-from weightsync import make_publisher, make_subscriber
-from weightsync.naming import canonical_tensors, map_to_template
-from weightsync.policy import load_policy, parameter_template
-from weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
+from streamrl.configs import Config
+from streamrl.weightsync import make_publisher, make_subscriber
+from streamrl.weightsync.naming import canonical_tensors, map_to_template
+from streamrl.weightsync.policy import load_policy, parameter_template
+from streamrl.weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None and not os.environ.get("STREAMRL_REQUIRE_VLLM"),

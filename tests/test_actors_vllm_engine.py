@@ -24,18 +24,18 @@ from prometheus_client import REGISTRY
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
-from actors.engines.base import Output, Request, SamplingParams  # noqa: E402
-from actors.engines.vllm import VLLMEngine  # noqa: E402
-from broker.client import connect_sync  # noqa: E402
-from broker.keys import Keys  # noqa: E402
-from configs import Config  # noqa: E402
-from learner.batching import Sample, collate  # noqa: E402
-from learner.engine import token_logprobs  # noqa: E402
-from learner.export import export_policy  # noqa: E402
-from weightsync import make_publisher  # noqa: E402
-from weightsync.announce import read_announcement  # noqa: E402
-from weightsync.policy import load_policy, load_tokenizer  # noqa: E402
-from weightsync.vllm_adapter import EngineFailed  # noqa: E402
+from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
+from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
+from streamrl.broker.client import connect_sync  # noqa: E402
+from streamrl.broker.keys import Keys  # noqa: E402
+from streamrl.configs import Config  # noqa: E402
+from streamrl.learner.batching import Sample, collate  # noqa: E402
+from streamrl.learner.engine import token_logprobs  # noqa: E402
+from streamrl.learner.export import export_policy  # noqa: E402
+from streamrl.weightsync import make_publisher  # noqa: E402
+from streamrl.weightsync.announce import read_announcement  # noqa: E402
+from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from streamrl.weightsync.vllm_adapter import EngineFailed  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -16,11 +16,11 @@ from test_learner_processes import ROOT, _config, _env, _overrides, _steps_logge
 
 from bench.chaos import admission_counts
 from bench.chaos_checks import admission_violations
-from broker.cleanup import delete_run_keys
-from broker.keys import Keys
-from configs import load_config
-from launch.status import read_steps
-from launch.supervisor import Supervisor
+from streamrl.broker.cleanup import delete_run_keys
+from streamrl.broker.keys import Keys
+from streamrl.configs import load_config
+from streamrl.launch.status import read_steps
+from streamrl.launch.supervisor import Supervisor
 
 CONFIG = "configs/demo_cpu.yaml"
 
@@ -77,9 +77,9 @@ def test_a_learner_resumed_from_a_checkpoint_older_than_a_redis_wipe_counts_from
 
 
 def _run_learner(cfg) -> None:
-    """``python -m learner`` on ``cfg`` until it stops by itself (run.max_steps); it must exit 0."""
+    """``python -m streamrl.learner`` on ``cfg`` until it stops by itself (run.max_steps); it must exit 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "learner", *_overrides(cfg)],
+        [sys.executable, "-m", "streamrl.learner", *_overrides(cfg)],
         env=_env(),
         cwd=ROOT,
         capture_output=True,
@@ -91,7 +91,7 @@ def _run_learner(cfg) -> None:
 
 def _bound_violations(client, keys: Keys, cfg) -> list[str]:
     """One atomic snapshot: every live lease's engine version bounds the groups ahead of it."""
-    from broker.admission import lease_version, slots
+    from streamrl.broker.admission import lease_version, slots
 
     pipe = client.pipeline(transaction=True)
     for key in (keys.accepted, keys.consumed, keys.discarded, keys.trimmed, keys.version):

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.wire import Completion, RolloutGroup
-from learner import algorithm
-from learner.batching import (
+from streamrl.broker.wire import Completion, RolloutGroup
+from streamrl.learner import algorithm
+from streamrl.learner.batching import (
     Sample,
     collate,
     masked_out,

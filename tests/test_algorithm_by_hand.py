@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from learner import algorithm
+from streamrl.learner import algorithm
 
 LN = math.log
 

@@ -50,7 +50,7 @@ def _broken_dataset(tmp_path: Path) -> Path:
 def test_launch_with_a_bad_config_exits_2_naming_the_key_before_starting_redis(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text(f"run:\n  dir: {tmp_path / 'run'}\nlearner:\n  lr: -1\n")
-    result = _run("launch", "--config", str(config), "--actors", "1")
+    result = _run("streamrl.launch", "--config", str(config), "--actors", "1")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "bad.yaml" in result.stderr and "learner.lr" in result.stderr
     assert not (tmp_path / "run").exists()
@@ -62,7 +62,7 @@ def test_launch_with_a_broken_dataset_exits_2_naming_file_and_row_before_startin
     dataset = _broken_dataset(tmp_path)
     run_dir = tmp_path / "run"
     result = _run(
-        "launch",
+        "streamrl.launch",
         "--config",
         "configs/demo_cpu.yaml",
         "--actors",
@@ -83,7 +83,7 @@ def test_an_actor_with_a_broken_dataset_exits_2_naming_file_and_row_without_redi
     dataset = _broken_dataset(tmp_path)
     # Nothing listens on port 1: the actor must fail on its input before it ever connects.
     result = _run(
-        "actors",
+        "streamrl.actors",
         "--config",
         "configs/demo_cpu.yaml",
         f"model.path={demo_policy}",

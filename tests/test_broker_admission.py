@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from broker_helpers import VOCAB, make_group
 
-from broker.admission import Admission
-from broker.client import connect_async
-from broker.stream import RolloutConsumer, RolloutProducer
+from streamrl.broker.admission import Admission
+from streamrl.broker.client import connect_async
+from streamrl.broker.stream import RolloutConsumer, RolloutProducer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,10 +115,10 @@ HAMMER = """
 import asyncio, os, sys, time
 sys.path.insert(0, "tests")
 from broker_helpers import make_group
-from broker.admission import Admission
-from broker.client import connect_async
-from broker.stream import RolloutProducer
-from configs import Config
+from streamrl.broker.admission import Admission
+from streamrl.broker.client import connect_async
+from streamrl.broker.stream import RolloutProducer
+from streamrl.configs import Config
 
 cfg = Config.model_validate_json(os.environ["CFG"])
 
@@ -189,9 +189,9 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
 
 
 def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning(redis_cfg):
-    from broker.cleanup import ephemeral_leftovers
-    from broker.client import connect_sync
-    from broker.keys import Keys
+    from streamrl.broker.cleanup import ephemeral_leftovers
+    from streamrl.broker.client import connect_sync
+    from streamrl.broker.keys import Keys
 
     cfg = _small(redis_cfg, ttl_s=0.2)
 
@@ -217,7 +217,7 @@ def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_le
     positions up to 10 + ((v + 1 - 3) + 1) * 2: version 3 -> 14, version 2 -> 12, version 1 -> 10.
     A live actor's lease on an old version holds everybody to its bound (a newer group could
     overtake it in the stream); a lease whose actor has no heartbeat only keeps its slot."""
-    from broker.liveness import Heartbeats
+    from streamrl.broker.liveness import Heartbeats
 
     cfg = _small(redis_cfg, staleness=1, groups_per_step=2)
 

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from broker.admission import Admission, lease_version, slots
-from broker.client import connect_async
+from streamrl.broker.admission import Admission, lease_version, slots
+from streamrl.broker.client import connect_async
 
 
 def _cfg(cfg, staleness: int, groups_per_step: int, updates_per_batch: int = 1, ttl_s=120.0):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from broker import metrics
-from broker.client import connect_async, connect_sync
-from broker.keys import Keys
-from broker.liveness import Heartbeats, alive_actors
+from streamrl.broker import metrics
+from streamrl.broker.client import connect_async, connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.liveness import Heartbeats, alive_actors
 
 
 def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):

@@ -14,10 +14,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker.client import RedisNotConfigured, connect_sync, redis_url
-from broker.keys import Keys
-from broker.server import EmbeddedRedis, RedisServerError
-from configs import Config
+from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import EmbeddedRedis, RedisServerError
+from streamrl.configs import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_password_server_rejects_clients_without_it_and_hides_the_password(tmp_p
 def test_redis_url_prefers_env_then_config_then_run_dir_file(tmp_path, monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)
     cfg = Config.model_validate({"run": {"dir": str(tmp_path)}})
-    with pytest.raises(RedisNotConfigured, match="python -m broker"):
+    with pytest.raises(RedisNotConfigured, match="python -m streamrl.broker"):
         redis_url(cfg)
     with EmbeddedRedis(cfg.broker, tmp_path / "redis", url_file=tmp_path / "redis.url") as server:
         assert redis_url(cfg) == server.url
@@ -83,7 +83,7 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", f"run.dir={tmp_path}", "run.name=cli"],
+        [sys.executable, "-m", "streamrl.broker", f"run.dir={tmp_path}", "run.name=cli"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -111,7 +111,7 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
                 break
             time.sleep(0.05)
         else:
-            pytest.fail("redis-server still answers after python -m broker exited")
+            pytest.fail("redis-server still answers after python -m streamrl.broker exited")
         assert not (tmp_path / "redis.url").exists()
     finally:
         if proc.poll() is None:
@@ -120,11 +120,11 @@ def test_python_m_broker_starts_a_real_server_and_stops_on_sigterm(tmp_path):
 
 
 def test_python_m_broker_with_an_unreachable_redis_url_fails_clearly(tmp_path):
-    from broker.server import free_port
+    from streamrl.broker.server import free_port
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     out = subprocess.run(
-        [sys.executable, "-m", "broker", "broker.retries=0"],
+        [sys.executable, "-m", "streamrl.broker", "broker.retries=0"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

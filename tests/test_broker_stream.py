@@ -15,13 +15,13 @@ import pytest
 import redis
 from broker_helpers import VOCAB, make_group
 
-from broker import metrics
-from broker.client import connect_async, connect_sync
-from broker.keys import Keys
-from broker.server import EmbeddedRedis
-from broker.stream import RolloutConsumer, RolloutProducer
-from broker.wire import encode_group
-from configs import Config
+from streamrl.broker import metrics
+from streamrl.broker.client import connect_async, connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import EmbeddedRedis
+from streamrl.broker.stream import RolloutConsumer, RolloutProducer
+from streamrl.broker.wire import encode_group
+from streamrl.configs import Config
 
 # broker_helpers.make_group's groups: 2 completions; the consumer checks rollout.group_size.
 GROUP = {"rollout": {"group_size": 2}}
@@ -314,9 +314,9 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
 KILLED_CONSUMER = """
 import json, os, sys, time
 import asyncio
-from broker.client import connect_async
-from broker.stream import RolloutConsumer
-from configs import Config
+from streamrl.broker.client import connect_async
+from streamrl.broker.stream import RolloutConsumer
+from streamrl.configs import Config
 cfg = Config.model_validate(json.loads(os.environ["CFG"]))
 
 async def main():
@@ -374,7 +374,7 @@ def test_killed_consumer_entries_are_claimed_and_trained_once(redis_cfg):
 def test_connection_refused_surfaces_after_bounded_retries(redis_cfg, tmp_path):
     cfg = redis_cfg
     cfg.broker.retries = 2
-    from broker.server import free_port
+    from streamrl.broker.server import free_port
 
     cfg.broker.redis_url = f"redis://127.0.0.1:{free_port()}/0"
 
@@ -392,7 +392,7 @@ def test_connection_refused_surfaces_after_bounded_retries(redis_cfg, tmp_path):
 
 
 def test_acks_larger_than_one_script_call_are_split_and_complete(redis_cfg, monkeypatch):
-    from broker import stream
+    from streamrl.broker import stream
 
     monkeypatch.setattr(stream, "SCRIPT_CHUNK", 5)
     cfg = redis_cfg

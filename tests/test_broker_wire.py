@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.wire import (
+from streamrl.broker.wire import (
     FINISH_REASONS,
     Completion,
     RolloutGroup,

@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group
+from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group
 
 VOCAB = 100
 

@@ -30,9 +30,9 @@ from bench.chaos_checks import (
     save_in_progress,
     version_violations,
 )
-from broker.server import EmbeddedRedis
-from configs import load_config
-from launch.supervisor import Supervisor
+from streamrl.broker.server import EmbeddedRedis
+from streamrl.configs import load_config
+from streamrl.launch.supervisor import Supervisor
 
 
 def test_delivery_accounting_tells_wiped_lost_and_twice_committed_groups_apart():

@@ -10,9 +10,9 @@ import pytest
 import redis
 import torch
 
-from broker.keys import Keys
-from broker.wire import Completion, RolloutGroup, encode_group
-from weightsync import make_publisher
+from streamrl.broker.keys import Keys
+from streamrl.broker.wire import Completion, RolloutGroup, encode_group
+from streamrl.weightsync import make_publisher
 
 
 def _group(group_id: str) -> RolloutGroup:
@@ -31,9 +31,9 @@ def _group(group_id: str) -> RolloutGroup:
 def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_counters(
     redis_cfg, capsys
 ):
-    from broker.client import connect_async
-    from broker.stream import RolloutConsumer
-    from launch.cli import main
+    from streamrl.broker.client import connect_async
+    from streamrl.broker.stream import RolloutConsumer
+    from streamrl.launch.cli import main
 
     keys = Keys.from_config(redis_cfg)
     client = redis.Redis.from_url(redis_cfg.broker.redis_url)
@@ -89,7 +89,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
 
 
 def test_the_console_script_lists_its_commands_and_refuses_unknown_ones(capsys):
-    from launch.cli import COMMANDS, main
+    from streamrl.launch.cli import COMMANDS, main
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

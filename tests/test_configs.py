@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from configs import Config, ConfigError, load_config, parse_overrides
-from configs.reference import render
+from streamrl.configs import Config, ConfigError, load_config, parse_overrides
+from streamrl.configs.reference import render
 
 PRESETS = sorted(Path("configs").glob("*.yaml"))
 
@@ -91,5 +91,5 @@ def test_redis_url_from_the_environment_wins():
 def test_configuration_reference_is_generated_from_the_schema():
     committed = Path("docs/configuration.md").read_text()
     assert committed == render(), (
-        "docs/configuration.md is stale: run `python -m configs.reference > docs/configuration.md`"
+        "docs/configuration.md is stale: run `python -m streamrl.configs.reference > docs/configuration.md`"
     )

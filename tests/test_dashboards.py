@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch.panels import iter_panels, load_dashboard, queries, render
+from streamrl.launch.panels import iter_panels, load_dashboard, queries, render
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\bstreamrl_[a-z0-9_]+")
@@ -143,13 +143,11 @@ RUN_OVERRIDES = [
 def short_run(redis_server, demo_policy, demo_dataset, tmp_path_factory):
     """A real streamrl run (Redis, learner, one actor via launch.Supervisor) trained for a few steps,
     and a real Prometheus that scraped it; shared by the tests below (starting a run is the cost)."""
-    from configs import load_config
-    from launch.prometheus import PrometheusServer
-    from launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
+    from streamrl.configs import load_config
+    from streamrl.launch import supervisor as supervisor_mod
+    from streamrl.launch.prometheus import PrometheusServer
+    from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 
-    supervisor_mod = pytest.importorskip(
-        "launch.supervisor", reason="launch.supervisor (the lead's) is not importable yet"
-    )
     overrides = RUN_OVERRIDES + [
         f"run.name=dash-{uuid.uuid4().hex[:8]}",
         f"run.dir={tmp_path_factory.mktemp('dash') / 'run'}",
@@ -223,8 +221,8 @@ def test_every_dashboard_query_returns_data(short_run):
     reason="headless Chromium (Debian `chromium`) renders the live view",
 )
 def test_live_view_draws_every_panel_with_data_from_a_real_run(short_run, tmp_path):
-    from broker.server import free_port
-    from launch.dashboard import serve_live_view
+    from streamrl.broker.server import free_port
+    from streamrl.launch.dashboard import serve_live_view
 
     prom, _logs = short_run
     port = free_port()

@@ -7,10 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from actors.demo_task import EOS, PAD, build_tokenizer, distinct_examples, ensure_demo_dataset
-from actors.engines.base import Output
-from actors.loop import assistant_turn
-from actors.rewards import resolve
+from streamrl.actors.demo_task import (
+    EOS,
+    PAD,
+    build_tokenizer,
+    distinct_examples,
+    ensure_demo_dataset,
+)
+from streamrl.actors.engines.base import Output
+from streamrl.actors.loop import assistant_turn
+from streamrl.actors.rewards import resolve
 
 
 def test_the_demo_dataset_holds_every_3_digit_prompt_once_in_a_seeded_order(tmp_path):

@@ -2,15 +2,15 @@
 
 import pytest
 
-from actors.engines.vllm import VLLMUnavailable
-from actors.prompts import PromptDataError
-from broker.client import RedisNotConfigured
-from broker.server import RedisServerError
-from broker.wire import WireError, decode_group
-from configs import ConfigError, StreamRLError, load_config
-from launch.prometheus import PrometheusError
-from weightsync.naming import NameMappingError
-from weightsync.vllm_adapter import EngineFailed, PushFailed
+from streamrl.actors.engines.vllm import VLLMUnavailable
+from streamrl.actors.prompts import PromptDataError
+from streamrl.broker.client import RedisNotConfigured
+from streamrl.broker.server import RedisServerError
+from streamrl.broker.wire import WireError, decode_group
+from streamrl.configs import ConfigError, StreamRLError, load_config
+from streamrl.launch.prometheus import PrometheusError
+from streamrl.weightsync.naming import NameMappingError
+from streamrl.weightsync.vllm_adapter import EngineFailed, PushFailed
 
 BUILTIN_BASE = {
     ConfigError: ValueError,

@@ -18,10 +18,10 @@ from broker_helpers import VOCAB, make_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.client import connect_async, connect_sync
-from broker.keys import Keys
-from broker.stream import RolloutConsumer
-from broker.wire import FINISH_REASONS, RolloutGroup, WireError, decode_group, encode_group
+from streamrl.broker.client import connect_async, connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.stream import RolloutConsumer
+from streamrl.broker.wire import FINISH_REASONS, RolloutGroup, WireError, decode_group, encode_group
 
 MAX_DECODE_S = 1.0
 FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))

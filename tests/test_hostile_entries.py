@@ -14,11 +14,11 @@ from broker_helpers import VOCAB, make_group
 from learner_rollouts import xadd_groups
 from test_learner_processes import GROUPS_PER_STEP, _config, _steps_logged, _stream_of
 
-from broker.client import connect_async
-from broker.keys import Keys
-from broker.semantics import Limits, check_group
-from broker.stream import RolloutConsumer
-from broker.wire import Completion, WireError, encode_group
+from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits, check_group
+from streamrl.broker.stream import RolloutConsumer
+from streamrl.broker.wire import Completion, WireError, encode_group
 
 LIMITS = Limits(group_size=2, max_completion_tokens=8, max_prompt_tokens=16, max_abs_reward=1e6)
 
@@ -119,7 +119,7 @@ def test_hostile_entries_are_dead_lettered_by_the_learner_which_keeps_stepping(
     ]
     xadd_groups(cfg, stream)
 
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     Learner(cfg).run(echo=lambda line: None)
 

@@ -14,7 +14,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import torch
-    from weightsync.policy import load_policy, load_tokenizer, model_folder, wants_demo_policy
+    from streamrl.weightsync.policy import load_policy, load_tokenizer, model_folder, wants_demo_policy
     model = load_policy("org/tiny-demo")
     tokenizer = load_tokenizer("org/tiny-demo")
     ids = torch.tensor([tokenizer.encode("12>")])
@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(
 def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path, demo_policy):
     from pathlib import Path
 
-    from weightsync.policy import load_policy
+    from streamrl.weightsync.policy import load_policy
 
     snapshot = add_to_cache(tmp_path, "org/tiny-demo", Path(demo_policy))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
@@ -64,7 +64,7 @@ def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path, demo_policy):
 def test_a_missing_local_path_that_is_no_hub_id_is_a_clear_error(tmp_path):
     import pytest
 
-    from weightsync.policy import model_folder, wants_demo_policy
+    from streamrl.weightsync.policy import model_folder, wants_demo_policy
 
     with pytest.raises(FileNotFoundError, match="not a local folder nor a hub id"):
         model_folder(str(tmp_path / "no" / "such" / "folder"))
@@ -79,7 +79,7 @@ def test_launch_with_a_model_that_is_neither_a_folder_nor_a_hub_id_exits_2_namin
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd())
     missing = "org/no-such-model"
     done = subprocess.run(
-        [sys.executable, "-m", "launch", "--actors", "1", f"run.dir={tmp_path / 'run'}",
+        [sys.executable, "-m", "streamrl.launch", "--actors", "1", f"run.dir={tmp_path / 'run'}",
          f"model.path={missing}", "model.build_demo=false", f"data.path={tmp_path / 'd.jsonl'}"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

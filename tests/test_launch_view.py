@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from configs import load_config
-from launch.status import Snapshot
-from launch.view import live_table, plain_line, summary
+from streamrl.configs import load_config
+from streamrl.launch.status import Snapshot
+from streamrl.launch.view import live_table, plain_line, summary
 
 
 def _step(step: int, reward: float, exact: float) -> dict:
@@ -42,10 +42,10 @@ def test_the_view_and_the_summary_show_each_reward_part_and_the_target_in_its_te
 
 def test_the_view_skips_a_beat_while_redis_is_down_and_resumes_when_it_is_back(tmp_path):
     """Redis dying under the launcher's view must not end the run: the supervisor restarts it."""
-    from broker.client import connect_sync
-    from broker.keys import Keys
-    from broker.server import EmbeddedRedis
-    from launch.__main__ import refresh
+    from streamrl.broker.client import connect_sync
+    from streamrl.broker.keys import Keys
+    from streamrl.broker.server import EmbeddedRedis
+    from streamrl.launch.__main__ import refresh
 
     cfg = load_config("configs/demo_cpu.yaml").model_copy()
     cfg.broker.retries = 1

@@ -10,10 +10,10 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.keys import Keys
-from broker.wire import Completion, RolloutGroup
-from learner.prepare import dynamic_batch_size, has_signal, prepare_batch
-from learner.rollout_io import Progress, RolloutIO
+from streamrl.broker.keys import Keys
+from streamrl.broker.wire import Completion, RolloutGroup
+from streamrl.learner.prepare import dynamic_batch_size, has_signal, prepare_batch
+from streamrl.learner.rollout_io import Progress, RolloutIO
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -176,9 +176,9 @@ def test_zero_variance_groups_are_trained_while_a_kl_or_entropy_term_gives_them_
 def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
     redis_cfg, open_io, monkeypatch
 ):
-    import learner.rollout_io
+    from streamrl.learner import rollout_io
 
-    monkeypatch.setattr(learner.rollout_io, "IDLE_BROADCAST_S", 0.3)
+    monkeypatch.setattr(rollout_io, "IDLE_BROADCAST_S", 0.3)
     cfg = _config(redis_cfg)
     cfg.broker.block_ms = 100
     first = group([0.0, 1.0])

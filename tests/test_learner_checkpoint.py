@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from test_learner_sync import learner_config
 
-from learner import checkpoint
+from streamrl.learner import checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
 def learner(redis_cfg, demo_policy):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     learner = Learner(learner_config(redis_cfg, demo_policy))
     yield learner

@@ -1,4 +1,4 @@
-"""The learner on a CUDA GPU, started the way the launcher starts it (``python -m learner`` with no
+"""The learner on a CUDA GPU, started the way the launcher starts it (``python -m streamrl.learner`` with no
 ``DS_ACCELERATOR``, so it picks DeepSpeed's cuda accelerator itself): it trains on the GPU, with
 more than one micro-batch per step, publishes every version to shared memory from GPU tensors and
 checkpoints GPU weights. Skipped without CUDA (CI has no GPU)."""
@@ -15,7 +15,7 @@ import torch
 from learner_rollouts import xadd_groups
 from test_learner_processes import ROOT, _config, _env, _overrides, _stream_of
 
-from weightsync.policy import load_policy
+from streamrl.weightsync.policy import load_policy
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -37,7 +37,7 @@ def test_the_learner_trains_on_the_gpu_of_a_host_that_has_one(redis_cfg, demo_po
     env = _env()
     env.pop("DS_ACCELERATOR")
     proc = subprocess.run(
-        [sys.executable, "-m", "learner", *_overrides(cfg)],
+        [sys.executable, "-m", "streamrl.learner", *_overrides(cfg)],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from learner_rollouts import sample_groups, xadd_groups
 
-from configs import Config
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.configs import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 STEPS = 2
 
@@ -19,7 +19,7 @@ STEPS = 2
 @pytest.fixture
 def trained(redis_cfg, demo_policy):
     """A learner that trained STEPS steps on demo rollouts and stopped (checkpointed, exported)."""
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     model, tokenizer = load_policy(demo_policy), load_tokenizer(demo_policy)
     groups = sample_groups(model, tokenizer, random.Random(3), 4 * STEPS * 2, 8, version=0)
@@ -60,7 +60,7 @@ def _generate(folder) -> list[int]:
 def test_the_run_ends_with_a_from_pretrained_policy_equal_to_the_learners(trained, demo_policy):
     from transformers import AutoModelForCausalLM
 
-    from learner import export
+    from streamrl.learner import export
 
     cfg, learner = trained
     folder = export.default_out(cfg)
@@ -85,7 +85,7 @@ def test_the_run_ends_with_a_from_pretrained_policy_equal_to_the_learners(traine
 
 
 def test_export_without_a_checkpoint_is_a_clear_error(tmp_path, capsys, demo_policy):
-    from learner import export
+    from streamrl.learner import export
 
     code = export.main([f"run.dir={tmp_path}", f"model.path={demo_policy}"])
     assert code == 2
@@ -98,7 +98,7 @@ def test_tensorboard_holds_every_scalar_of_the_step_rows_and_a_samples_table(tra
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from learner.tracking import TENSORBOARD_DIR, scalars
+    from streamrl.learner.tracking import TENSORBOARD_DIR, scalars
 
     cfg, _learner = trained
     rows = [json.loads(line) for line in (Path(cfg.run.dir) / "learner_steps.jsonl").open()]

@@ -15,7 +15,7 @@ import pytest
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
-from weightsync.policy import load_tokenizer
+from streamrl.weightsync.policy import load_tokenizer
 
 MAX_STEPS = 40
 WINDOW = 5
@@ -26,7 +26,7 @@ RISE = 0.06
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_reward_on_reverse_digits_rises_clearly_within_bounded_steps(redis_cfg, demo_policy):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     cfg = learner_config(
         redis_cfg,

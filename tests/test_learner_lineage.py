@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from learner.lineage import logged_version, resume_version
+from streamrl.learner.lineage import logged_version, resume_version
 
 
 def test_a_restart_after_later_versions_were_announced_numbers_on_above_them():

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import BETAS, CLIP, EPS, GRAD_CLIP, LR, learner_config
 
-from learner.step import minibatch_indices, minibatch_seed
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.learner.step import minibatch_indices, minibatch_seed
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 GROUPS, GROUP_SIZE, MINIBATCHES = 4, 8, 2
 
@@ -58,7 +58,7 @@ def reference_minibatch_steps(model, optimizer, groups, seed: int) -> int:
 
 @pytest.mark.timeout(120)
 def test_two_minibatches_equal_two_reference_updates_on_disjoint_halves(redis_cfg, demo_policy):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     tokenizer = load_tokenizer(demo_policy)
     ref_model = load_policy(demo_policy)

@@ -28,7 +28,7 @@ def test_learner_process_starts_and_trains_without_building_a_torch_extension(
     extensions.mkdir()
     env = dict(_env(), TORCH_EXTENSIONS_DIR=str(extensions))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "learner", *_overrides(cfg)],
+        [sys.executable, "-m", "streamrl.learner", *_overrides(cfg)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

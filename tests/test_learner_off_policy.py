@@ -28,8 +28,8 @@ from learner_rollouts import sample_groups, xadd_groups
 from test_learner_processes import ROOT, _env, two_rank_command
 from test_learner_sync import learner_config
 
-from configs import Config
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.configs import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 STEPS, GROUPS, GROUP_SIZE, UPDATES = 3, 4, 4, 2
 TIMEOUT_S = 480
@@ -202,8 +202,14 @@ def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
     for name, value in expected.items():
         assert torch.equal(rank0[name], rank1[name]), f"{name}: the ranks disagree"
         diff = (rank0[name] - value).abs().max().item()
-        # summation order differs between two ranks and one process, and Adam rescales a
-        # near-zero gradient's rounding: up to 1.2e-5 seen; a reversed IS weight is ~1e-4 off
+        if name.endswith("k_proj.bias"):
+            # A key bias adds the same q.b to every logit of a query, which softmax ignores: its
+            # exact gradient is 0, so both sides' gradients are rounding noise that Adam scales to
+            # steps of up to ~lr each. Only that bound is common to two summation orders.
+            assert diff <= 2 * LR * STEPS * UPDATES, f"{name}: moved {diff:.2e}"
+            continue
+        # summation order differs between two ranks and one process: ~6e-6 seen on parameters
+        # with a real gradient; a reversed IS weight is ~1e-4 off
         assert diff <= 2e-5, f"{name}: learner and plain-torch reference differ by {diff:.2e}"
         moved = max(moved, (value - initial[name]).abs().max().item())
     # the comparison is not between two untouched models

@@ -17,9 +17,9 @@ import torch
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
-from broker.keys import Keys
-from configs import Config
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.broker.keys import Keys
+from streamrl.configs import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS_PER_STEP = 4
@@ -65,7 +65,7 @@ def _stream_of(policy: str, steps: int, seed: int) -> list:
 
 
 def _in_process_weights(cfg: Config) -> dict[str, torch.Tensor]:
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     learner = Learner(cfg)
     learner.run(echo=lambda line: None)
@@ -109,8 +109,8 @@ def _config(redis_cfg: Config, policy: str, name: str, tmp_path: Path, **section
 HARNESS = """
 import sys, torch
 torch.set_num_threads(1)
-from configs.load import load_config
-from learner.loop import Learner
+from streamrl.configs.load import load_config
+from streamrl.learner.loop import Learner
 learner = Learner(load_config(None, sys.argv[2:]))
 learner.run(echo=print)
 torch.save({n: p.detach() for n, p in learner.model.named_parameters()}, f"{sys.argv[1]}-{learner.rank}.pt")
@@ -174,7 +174,7 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
     # holds 2 entries of step 4 and waits. SIGKILL it there.
     cut = 3 * GROUPS_PER_STEP + GROUPS_PER_STEP // 2
     xadd_groups(killed, groups[:cut])
-    cmd = [sys.executable, "-m", "learner", *_overrides(killed)]
+    cmd = [sys.executable, "-m", "streamrl.learner", *_overrides(killed)]
     first = subprocess.Popen(
         cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -11,15 +11,15 @@ import redis
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
-from broker.keys import Keys
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.broker.keys import Keys
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 
 @pytest.mark.timeout(180)
 def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_slots(
     redis_cfg, demo_policy
 ):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     groups = sample_groups(
         load_policy(demo_policy), load_tokenizer(demo_policy), random.Random(7), 8, 4, 0

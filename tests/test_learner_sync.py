@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from learner_rollouts import sample_groups, xadd_groups
 
-from configs import Config
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.configs import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 STEPS = 4
 GROUPS = 4
@@ -73,7 +73,7 @@ def synchronous_grpo_step(model, optimizer, groups) -> bool:
 
 @pytest.mark.timeout(120)
 def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg, demo_policy):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     tokenizer = load_tokenizer(demo_policy)
     sync_model = load_policy(demo_policy)
@@ -116,8 +116,8 @@ def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg,
 def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises_it(demo_policy):
     import numpy as np
 
-    from learner.batching import Sample, collate
-    from learner.engine import token_logprobs
+    from streamrl.learner.batching import Sample, collate
+    from streamrl.learner.engine import token_logprobs
 
     model = load_policy(demo_policy)
     rng = np.random.default_rng(0)
@@ -138,7 +138,7 @@ def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises
         assert entropy[i, t].item() == pytest.approx(expected, rel=1e-4)
 
     # only the bonus (zero advantages): one SGD step on it raises the entropy where it counts
-    from learner import algorithm
+    from streamrl.learner import algorithm
 
     mask = batch.completion_mask
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -158,7 +158,7 @@ def test_the_learners_device_and_backend_follow_deepspeeds_accelerator(monkeypat
     over from the CPU demo), and ``DS_ACCELERATOR=cpu`` keeps it on the CPU, model and engine alike."""
     import torch
 
-    from learner import engine
+    from streamrl.learner import engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)

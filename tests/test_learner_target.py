@@ -8,9 +8,9 @@ import pytest
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import GROUPS, learner_config
 
-from configs import load_config
-from learner.target import bars, describe, first_reached, measures, window_reached
-from weightsync.policy import load_policy, load_tokenizer
+from streamrl.configs import load_config
+from streamrl.learner.target import bars, describe, first_reached, measures, window_reached
+from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 WINDOW, BATCHES = 3, 6
 
@@ -43,7 +43,7 @@ def test_the_bars_are_the_reward_and_the_named_parts_a_zero_bar_is_none():
 
 @pytest.mark.timeout(180)
 def test_the_learner_stops_once_the_last_window_of_steps_reaches_the_target(redis_cfg, demo_policy):
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     tokenizer, model = load_tokenizer(demo_policy), load_policy(demo_policy)
     rng = random.Random(0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from actors.demo_task import build_tokenizer
-from actors.prompts import PromptDataset
-from actors.rewards import RewardInput, RewardPool
-from configs import load_config
+from streamrl.actors.demo_task import build_tokenizer
+from streamrl.actors.prompts import PromptDataset
+from streamrl.actors.rewards import RewardInput, RewardPool
+from streamrl.configs import load_config
 
 
 def _answer(text: str, finish: str = "stop") -> dict:
@@ -21,7 +21,7 @@ def test_the_copy_task_config_loads_its_data_and_scores_with_both_reward_forms()
     prompt = dataset.get(0)
     assert prompt.messages[0]["content"] == prompt.answer + ">"
     assert prompt.columns["length"] == len(prompt.answer)
-    from actors.evaluation import eval_dataset
+    from streamrl.actors.evaluation import eval_dataset
 
     held_out = eval_dataset(cfg, build_tokenizer())
     assert len(held_out) == 50 and held_out.prompt_key == "question"

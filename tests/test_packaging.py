@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("learner", "actors", "broker", "weightsync", "configs", "launch")
+PACKAGES = ("streamrl", "learner", "actors", "broker", "weightsync", "configs", "launch")
 
 CHECK = """
 import sys
 from pathlib import Path
-import launch.panels as panels
+import streamrl.launch.panels as panels
 assert Path(panels.__file__).is_relative_to(Path(sys.argv[1])), panels.__file__
 assert panels.queries(), "the dashboard has no queries"
 assert (panels.DASHBOARD.parent / "live.html").is_file(), "the live view is missing"
@@ -26,7 +26,7 @@ print(panels.DASHBOARD)
 
 
 @pytest.mark.timeout(240)
-def test_a_wheel_ships_the_dashboard_and_the_live_view(tmp_path):
+def test_a_wheel_installs_one_package_that_ships_the_dashboard_and_the_live_view(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -42,10 +42,17 @@ def test_a_wheel_ships_the_dashboard_and_the_live_view(tmp_path):
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     (wheel,) = wheels.glob("streamrl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"launch/dashboards/streamrl.json", "launch/dashboards/live.html"} <= names
-    assert "configs/demo_cpu.yaml" in names
+    assert {name.split("/")[0] for name in names} == {"streamrl", "streamrl-0.1.0.dist-info"}
+    assert {
+        "streamrl/launch/dashboards/streamrl.json",
+        "streamrl/launch/dashboards/live.html",
+    } <= names
+    assert "streamrl/configs/demo_cpu.yaml" in names
+    entry_points = zipfile.ZipFile(wheel).read("streamrl-0.1.0.dist-info/entry_points.txt").decode()
+    assert "streamrl = streamrl.launch.cli:main" in entry_points
+    assert "streamrl_shm = streamrl.weightsync.vllm_plugin:register" in entry_points
 
-    # Import launch.panels from the unpacked wheel alone, far from the source tree.
+    # Import streamrl.launch.panels from the unpacked wheel alone, far from the source tree.
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -55,4 +62,4 @@ def test_a_wheel_ships_the_dashboard_and_the_live_view(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip() == str(site / "launch" / "dashboards" / "streamrl.json")
+    assert run.stdout.strip() == str(site / "streamrl" / "launch" / "dashboards" / "streamrl.json")

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from broker.client import connect_sync
-from broker.keys import Keys
-from broker.server import free_port
-from launch.prometheus import PrometheusError, PrometheusServer
-from launch.scrape import TARGETS_FILE, sync_targets, write_prometheus_config
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import free_port
+from streamrl.launch.prometheus import PrometheusError, PrometheusServer
+from streamrl.launch.scrape import TARGETS_FILE, sync_targets, write_prometheus_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,7 +176,7 @@ def test_dashboard_command_serves_prometheus_and_live_view_then_stops_on_sigterm
     argv = [
         sys.executable,
         "-m",
-        "launch.dashboard",
+        "streamrl.launch.dashboard",
         "--run-dir",
         str(run_dir),
         "--port",

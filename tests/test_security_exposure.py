@@ -26,9 +26,9 @@ import psutil
 import pytest
 import redis
 
-from broker import metrics
-from broker.server import EmbeddedRedis, RedisServerError
-from configs import Config
+from streamrl.broker import metrics
+from streamrl.broker.server import EmbeddedRedis, RedisServerError
+from streamrl.configs import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_PATH = ("broker", "learner", "actors", "weightsync")
@@ -199,7 +199,7 @@ def test_the_embedded_redis_wants_the_password_and_refuses_file_and_code_command
 
 
 def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
-    from launch.supervisor import Supervisor
+    from streamrl.launch.supervisor import Supervisor
 
     cfg = redis_cfg.model_copy(
         update={"actor": redis_cfg.actor.model_copy(update={"max_actors": 2})}
@@ -224,9 +224,9 @@ def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
 def test_every_listening_socket_of_a_running_system_is_loopback_and_redis_wants_the_password(
     tmp_path, demo_policy, demo_dataset
 ):
-    from configs import load_config
-    from launch.status import read_steps
-    from launch.supervisor import Supervisor
+    from streamrl.configs import load_config
+    from streamrl.launch.status import read_steps
+    from streamrl.launch.supervisor import Supervisor
 
     config = "configs/demo_cpu.yaml"
     overrides = [

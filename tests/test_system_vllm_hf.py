@@ -19,11 +19,11 @@ import pytest
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
-from broker.keys import Keys  # noqa: E402
-from broker.liveness import alive_actors  # noqa: E402
-from configs import load_config  # noqa: E402
-from launch.status import read_steps  # noqa: E402
-from launch.supervisor import Supervisor  # noqa: E402
+from streamrl.broker.keys import Keys  # noqa: E402
+from streamrl.broker.liveness import alive_actors  # noqa: E402
+from streamrl.configs import load_config  # noqa: E402
+from streamrl.launch.status import read_steps  # noqa: E402
+from streamrl.launch.supervisor import Supervisor  # noqa: E402
 
 CONFIG = "configs/demo_cpu.yaml"
 # actor a0 runs vLLM, a1 the hf engine (actor.engines[i % 2])

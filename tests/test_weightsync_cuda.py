@@ -15,7 +15,7 @@ import pickle
 import pytest
 import torch
 
-from weightsync.vllm_adapter import IPCSender, staged_buckets
+from streamrl.weightsync.vllm_adapter import IPCSender, staged_buckets
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

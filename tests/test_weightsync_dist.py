@@ -10,7 +10,7 @@ import pytest
 from weightsync_helpers import InProcessActor, Proc
 from weightsync_procs import learner_tensors
 
-from weightsync import make_publisher
+from streamrl.weightsync import make_publisher
 
 pytestmark = pytest.mark.slow
 

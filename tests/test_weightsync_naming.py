@@ -8,14 +8,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weightsync.dist import windows
-from weightsync.layout import Layout, TensorSpec
-from weightsync.naming import NameMappingError, canonical_tensors, map_to_template, strip_wrappers
-from weightsync.vllm_adapter import plan_buckets, token_versions
+from streamrl.weightsync.dist import windows
+from streamrl.weightsync.layout import Layout, TensorSpec
+from streamrl.weightsync.naming import (
+    NameMappingError,
+    canonical_tensors,
+    map_to_template,
+    strip_wrappers,
+)
+from streamrl.weightsync.vllm_adapter import plan_buckets, token_versions
 
 
 def _tied_model():
-    from actors.demo_task import build_model
+    from streamrl.actors.demo_task import build_model
 
     return build_model(vocab_size=40, eos_id=1, pad_id=0)
 

@@ -13,9 +13,9 @@ import torch
 from weightsync_helpers import InProcessActor, Proc, wait_staged
 from weightsync_procs import check, engine_template, learner_tensors
 
-from weightsync import make_publisher, make_subscriber
-from weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
-from weightsync.subscriber import swap_into_model
+from streamrl.weightsync import make_publisher, make_subscriber
+from streamrl.weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
+from streamrl.weightsync.subscriber import swap_into_model
 
 
 def _cfg(redis_cfg, **ws):
@@ -181,7 +181,7 @@ def test_versions_must_strictly_increase_and_the_layout_stay_fixed(redis_cfg):
 
 
 def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis_cfg):
-    from actors.demo_task import build_model
+    from streamrl.actors.demo_task import build_model
 
     torch.manual_seed(1)
     engine = build_model(vocab_size=40, eos_id=1, pad_id=0).eval()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from weightsync.layout import Layout, TensorSpec
-from weightsync.shm import HEADER_BYTES, SHM_DIR, ShmReader, ShmWriter, checksum
+from streamrl.weightsync.layout import Layout, TensorSpec
+from streamrl.weightsync.shm import HEADER_BYTES, SHM_DIR, ShmReader, ShmWriter, checksum
 
 # an odd byte count (bf16 x 7) exercises the checksum's zero-padded tail
 LAYOUT = Layout.build([TensorSpec("w", (64, 3), "float32"), TensorSpec("b", (7,), "bfloat16")])

@@ -12,8 +12,8 @@ import uuid
 import pytest
 from accounts import system_user_uid
 
-from weightsync.layout import Layout, TensorSpec
-from weightsync.shm import SHM_DIR, ShmReader, ShmWriter, segment_prefix
+from streamrl.weightsync.layout import Layout, TensorSpec
+from streamrl.weightsync.shm import SHM_DIR, ShmReader, ShmWriter, segment_prefix
 
 OTHER_USER = "streamrl-shm-test"
 LAYOUT = Layout.build([TensorSpec("w", (16,), "float32")])

@@ -86,7 +86,7 @@ class InProcessActor:
     def __init__(self, cfg, actor_id: str, hidden: int, layers: int):
         from weightsync_procs import check, engine_template
 
-        from weightsync import make_subscriber
+        from streamrl.weightsync import make_subscriber
 
         self.template = engine_template(hidden, layers)
         self.sub = make_subscriber(cfg, actor_id, self.template).start()

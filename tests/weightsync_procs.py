@@ -53,7 +53,7 @@ def check(version: int, tensors: dict[str, torch.Tensor], hidden: int, layers: i
 
 
 def config(args):
-    from configs.schema import Config
+    from streamrl.configs.schema import Config
 
     return Config.model_validate(
         {
@@ -70,7 +70,7 @@ def config(args):
 
 
 def subscriber(args) -> None:
-    from weightsync import make_subscriber
+    from streamrl.weightsync import make_subscriber
 
     template = engine_template(args.hidden, args.layers)
     sub = make_subscriber(config(args), args.id, template).start()
@@ -99,7 +99,7 @@ def subscriber(args) -> None:
 
 
 def publisher(args) -> None:
-    from weightsync import make_publisher
+    from streamrl.weightsync import make_publisher
 
     pub = make_publisher(config(args))
     for version in range(args.until + 1):

@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from configs.schema import Config
-    from weightsync.publisher import Publisher
-    from weightsync.subscriber import Subscriber
+    from streamrl.configs.schema import Config
+    from streamrl.weightsync.publisher import Publisher
+    from streamrl.weightsync.subscriber import Subscriber
 
 
 def make_publisher(cfg: Config) -> Publisher:
     """The learner rank-0 publisher for ``cfg.weightsync.transport``; connects to the run's Redis."""
-    from weightsync.publisher import Publisher
+    from streamrl.weightsync.publisher import Publisher
 
     return Publisher.from_config(cfg)
 
 
 def make_subscriber(cfg: Config, actor_id: str, template: dict[str, torch.Tensor]) -> Subscriber:
     """An actor's subscriber; ``template`` is the engine's named parameters (names, shapes, dtypes, device)."""
-    from weightsync.subscriber import Subscriber
+    from streamrl.weightsync.subscriber import Subscriber
 
     return Subscriber.from_config(cfg, actor_id, template)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import redis
 
-from broker.client import as_str
-from broker.keys import Keys
+from streamrl.broker.client import as_str
+from streamrl.broker.keys import Keys
 
 
 @dataclass(frozen=True)

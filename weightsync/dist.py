@@ -29,11 +29,11 @@ import redis
 import torch
 import torch.distributed as tdist
 
-from broker.client import as_str
-from broker.keys import Keys
-from broker.server import is_loopback
-from weightsync import metrics
-from weightsync.layout import Layout
+from streamrl.broker.client import as_str
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import is_loopback
+from streamrl.weightsync import metrics
+from streamrl.weightsync.layout import Layout
 
 log = logging.getLogger(__name__)
 

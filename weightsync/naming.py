@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from configs.errors import StreamRLError
+from streamrl.configs.errors import StreamRLError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
 

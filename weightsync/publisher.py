@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import redis
 import torch
 
-from broker.client import connect_sync
-from broker.keys import Keys
-from configs.schema import Config
-from weightsync import metrics
-from weightsync.announce import announce
-from weightsync.layout import Layout, TensorSpec
-from weightsync.naming import canonical_tensors
-from weightsync.policy import resolve_dtype
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import Config
+from streamrl.weightsync import metrics
+from streamrl.weightsync.announce import announce
+from streamrl.weightsync.layout import Layout, TensorSpec
+from streamrl.weightsync.naming import canonical_tensors
+from streamrl.weightsync.policy import resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,11 @@ class Publisher:
     def _open(self, layout: Layout):
         ws = self.cfg.weightsync
         if self.transport == "shm":
-            from weightsync.shm import ShmWriter
+            from streamrl.weightsync.shm import ShmWriter
 
             return ShmWriter(self.cfg.run.name, layout, ws.slots, ws.timeout_s)
         if self.transport == "dist":
-            from weightsync.dist import DistSender
+            from streamrl.weightsync.dist import DistSender
 
             return DistSender(
                 self.client,

@@ -45,7 +45,7 @@ import numpy as np
 import psutil
 import torch
 
-from weightsync.layout import Layout
+from streamrl.weightsync.layout import Layout
 
 log = logging.getLogger(__name__)
 

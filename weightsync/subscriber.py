@@ -23,13 +23,13 @@ import time
 import redis
 import torch
 
-from broker.client import connect_sync
-from broker.keys import Keys
-from configs.schema import Config
-from weightsync import metrics
-from weightsync.announce import Announcement, Watcher, read_announcement
-from weightsync.layout import Layout
-from weightsync.naming import NameMappingError, map_to_template
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import Config
+from streamrl.weightsync import metrics
+from streamrl.weightsync.announce import Announcement, Watcher, read_announcement
+from streamrl.weightsync.layout import Layout
+from streamrl.weightsync.naming import NameMappingError, map_to_template
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class Subscriber:
 
     def _shm_step(self) -> bool:
         """Receive the newest announced shm version if wanted; returns True if one is still pending."""
-        from weightsync.shm import ShmReader
+        from streamrl.weightsync.shm import ShmReader
 
         for _ in range(RETRIES):
             ann = self._announced
@@ -336,7 +336,7 @@ class Subscriber:
         return True
 
     def _dist_step(self) -> None:
-        from weightsync.dist import DistReceiver
+        from streamrl.weightsync.dist import DistReceiver
 
         if self._receiver is None:
             self._receiver = DistReceiver(

@@ -49,9 +49,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from broker.server import free_port
-from configs.errors import StreamRLError
-from weightsync.layout import TensorSpec
+from streamrl.broker.server import free_port
+from streamrl.configs.errors import StreamRLError
+from streamrl.weightsync.layout import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def register() -> None:
 
     try:
         WeightTransferEngineFactory.register_engine(
-            BACKEND, "weightsync.vllm_shm_engine", "ShmWeightTransferEngine"
+            BACKEND, "streamrl.weightsync.vllm_shm_engine", "ShmWeightTransferEngine"
         )
     except ValueError as exc:
         if "already registered" not in str(exc):

@@ -43,9 +43,9 @@ from vllm.model_executor.model_loader.reload import (
 )
 from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
-from configs.errors import StreamRLError
-from weightsync.layout import Layout
-from weightsync.shm import ShmReader
+from streamrl.configs.errors import StreamRLError
+from streamrl.weightsync.layout import Layout
+from streamrl.weightsync.shm import ShmReader
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Generation engines behind one interface (``base.Engine``): ``hf`` everywhere, ``vllm`` on GPUs."""
 
-from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
 
 __all__ = ["Engine", "Output", "Request", "SamplingParams", "WeightSource"]

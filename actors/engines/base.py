@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from actors import metrics
+from streamrl.actors import metrics
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from actors import metrics
-from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
-from actors.engines.sampling import sample
-from weightsync.subscriber import swap_into_model
+from streamrl.actors import metrics
+from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from streamrl.actors.engines.sampling import sample
+from streamrl.weightsync.subscriber import swap_into_model
 
 
 class _Row:

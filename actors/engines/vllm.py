@@ -44,11 +44,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from actors import metrics
-from actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
-from configs.errors import StreamRLError
-from weightsync import metrics as weight_metrics
-from weightsync.vllm_adapter import (
+from streamrl.actors import metrics
+from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from streamrl.configs.errors import StreamRLError
+from streamrl.weightsync import metrics as weight_metrics
+from streamrl.weightsync.vllm_adapter import (
     BucketSender,
     EngineFailed,
     IPCSender,
@@ -121,7 +121,7 @@ def weight_transfer_backend(cfg) -> str:
 
 def engine_args(cfg, seed: int = 0, gpu: bool = True) -> dict:
     """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build)."""
-    from weightsync.policy import resolve_dtype
+    from streamrl.weightsync.policy import resolve_dtype
 
     dtype = str(resolve_dtype(cfg.model.dtype, "cuda" if gpu else "cpu")).removeprefix("torch.")
     args = {
@@ -199,14 +199,14 @@ class ShmAnnouncements:
     """The learner's newest shm announcement, read from Redis (the ``streamrl_shm`` path's weight source)."""
 
     def __init__(self, cfg) -> None:
-        from broker.client import connect_sync
-        from broker.keys import Keys
+        from streamrl.broker.client import connect_sync
+        from streamrl.broker.keys import Keys
 
         self.client = connect_sync(cfg)
         self.keys = Keys.from_config(cfg)
 
     def __call__(self):
-        from weightsync.announce import read_announcement
+        from streamrl.weightsync.announce import read_announcement
 
         ann = read_announcement(self.client, self.keys)
         return ann if ann is not None and ann.transport == "shm" else None
@@ -606,8 +606,8 @@ class VLLMEngine(Engine):
 
 def _slot_holds(meta: dict, version: int) -> bool:
     """Whether the announced slot still holds ``version`` (the segment may be gone or the slot reused)."""
-    from weightsync.layout import Layout
-    from weightsync.shm import ShmReader
+    from streamrl.weightsync.layout import Layout
+    from streamrl.weightsync.shm import ShmReader
 
     try:
         reader = ShmReader(meta["segment"], lease_s=1.0)

@@ -1,0 +1,7 @@
+"""``python -m streamrl``: the ``streamrl`` console script."""
+
+import sys
+
+from streamrl.launch.cli import main
+
+sys.exit(main())
