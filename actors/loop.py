@@ -148,7 +148,9 @@ class Actor:
         if cfg.algo.actors_score_reference:
             from streamrl.actors.reference import ReferenceScorer
 
-            self.reference = ReferenceScorer(cfg)
+            self.reference = ReferenceScorer(
+                cfg.model, cfg.actor.device, cfg.rollout.temperature, cfg.learner.micro_batch_tokens
+            )
         self.model = (
             None
             if cfg.actor.engine == "vllm"
@@ -161,10 +163,11 @@ class Actor:
         self.evaluator = None
         self.evaluated = 0
         if cfg.data.eval_path and cfg.data.eval_every:
-            from streamrl.actors.evaluation import Evaluator, eval_dataset
+            from streamrl.actors.evaluation import Evaluator
 
-            dataset = eval_dataset(cfg, self.tokenizer)
-            self.evaluator = Evaluator(cfg, dataset, self.params, self._assistant_turn)
+            self.evaluator = Evaluator(
+                cfg.data, cfg.run, self.tokenizer, self.params, self._assistant_turn
+            )
 
     def connect(self) -> None:
         from streamrl import weightsync
