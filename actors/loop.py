@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -76,6 +77,14 @@ def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> No
         and not os.path.exists(cfg.data.path)
     ):
         ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
+
+
+def sampling_seed(run_seed: int, actor_id: str) -> int:
+    """The seed of an actor's engine: the same in every process for the same run seed and actor id
+    (``zlib.crc32``, not ``hash()``, which Python salts per process), different for other ids.
+
+    Below 2**32: vLLM seeds numpy with it, which refuses larger seeds."""
+    return (run_seed * 1_000_003 + zlib.crc32(actor_id.encode())) % (1 << 32)
 
 
 def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
@@ -188,7 +197,7 @@ class Actor:
             self.subscriber = weightsync.make_subscriber(
                 cfg, self.actor_id, self._weight_template()
             )
-        seed = cfg.run.seed * 1_000_003 + (hash(self.actor_id) & 0xFFFF)
+        seed = sampling_seed(cfg.run.seed, self.actor_id)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
         if self.subscriber is not None:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
