@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 
+from streamrl.actors.prompts import PromptDataError
 from streamrl.configs import Config, config_from_cli
 
 
@@ -61,15 +62,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.count > 1:
         return _spawn_children(args)
+    return _run_here(cfg, args.actor_id)
 
+
+def _run_here(cfg: Config, actor_id: str | None) -> int:
+    """Be the actor: load, connect, loop until SIGTERM/SIGINT, shut down (``loop.run_actor``)."""
+    # here, not at the top: a parent of --count N children never loads torch and transformers
     from streamrl.actors.loop import default_actor_id, run_actor
-    from streamrl.actors.prompts import PromptDataError
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        run_actor(cfg, args.actor_id or default_actor_id(), stop)
+        run_actor(cfg, actor_id or default_actor_id(), stop)
     # raised while loading, before Redis
     except (PromptDataError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)

@@ -22,23 +22,22 @@ from streamrl.actors.engines.base import Request, SamplingParams
 from streamrl.actors.prompts import PromptDataset
 from streamrl.actors.rewards import RewardInput, RewardPool
 from streamrl.broker.audit import JsonlLog
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import DataConfig, RunConfig
 
 PASS_TOLERANCE = 1e-6
 EVAL_LOG = "eval.jsonl"
 
 
-def eval_dataset(cfg: Config, tokenizer) -> PromptDataset:
-    d = cfg.data
+def eval_dataset(data_cfg: DataConfig, tokenizer) -> PromptDataset:
     return PromptDataset(
-        d.eval_path,
+        data_cfg.eval_path,
         tokenizer,
-        d.format,
-        d.eval_split or d.split,
-        d.apply_chat_template,
-        d.prompt_key,
-        d.answer_key,
-        d.config,
+        data_cfg.format,
+        data_cfg.eval_split or data_cfg.split,
+        data_cfg.apply_chat_template,
+        data_cfg.prompt_key,
+        data_cfg.answer_key,
+        data_cfg.config,
     )
 
 
@@ -49,19 +48,22 @@ def summarize(totals: list[float]) -> tuple[float, float]:
 
 
 class Evaluator:
-    def __init__(self, cfg: Config, dataset: PromptDataset, params: SamplingParams, decode):
-        self.cfg = cfg
-        self.prompts = [dataset.get(i) for i in range(min(len(dataset), cfg.data.eval_size))]
+    def __init__(
+        self, data_cfg: DataConfig, run_cfg: RunConfig, tokenizer, params: SamplingParams, decode
+    ):
+        dataset = eval_dataset(data_cfg, tokenizer)
+        self.prompts = [dataset.get(i) for i in range(min(len(dataset), data_cfg.eval_size))]
         self.conversational = dataset.format == "messages"
         self.sampled = params
         self.greedy = dataclasses.replace(params, top_k=1, top_p=1.0)
         self.decode = decode
-        self.log = JsonlLog(Path(cfg.run.dir) / EVAL_LOG)
+        self.log = JsonlLog(Path(run_cfg.dir) / EVAL_LOG)
         self.tb = None
-        if "tensorboard" in cfg.run.report_to:
+        if "tensorboard" in run_cfg.report_to:
+            # slow to import (tensorboard and its protobufs): only a run that reports to it pays
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(Path(cfg.run.dir) / "tensorboard" / "eval"))
+            self.tb = SummaryWriter(log_dir=str(Path(run_cfg.dir) / "tensorboard" / "eval"))
 
     def run(self, engine, rewards: RewardPool, version: int, should_abort=None) -> dict:
         """Generate, score and log one evaluation of the engine's current weights (blocking)."""

@@ -1,10 +1,11 @@
 """One actor process: admission -> prompt -> generate G completions -> score -> publish, until stopped.
 
-The story of an actor, top to bottom (``run_actor``): load config-driven parts
-(tokenizer, prompts, rewards, policy, engine, weight subscriber), connect to
-Redis, serve metrics, beat a heartbeat, then loop. Generation and reward
-scoring are blocking, so they run in a worker thread while the event loop keeps
-the heartbeat and the admission leases alive.
+The story of an actor, top to bottom (``run_actor``): build the ``Actor``, which
+loads the config-driven parts (tokenizer, prompts, rewards, policy), connects to
+Redis and starts its engine and weight subscriber; serve metrics, beat a
+heartbeat, then loop. Generation and reward scoring are blocking, so they run in
+a worker thread while the event loop keeps the heartbeat and the admission
+leases alive.
 
 Waiting (counted in ``streamrl_actor_admission_wait_seconds_total``): while
 admission control refuses a new group, and while the engine's weights are more
@@ -23,19 +24,32 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from streamrl import weightsync
 from streamrl.actors import metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
+from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.vllm import VLLMEngine
+from streamrl.actors.evaluation import Evaluator
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
+from streamrl.actors.reference import ReferenceScorer
 from streamrl.actors.rewards import RewardInput, RewardPool, Score
+from streamrl.broker.admission import Admission
 from streamrl.broker.audit import JsonlLog, published_path
+from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
+from streamrl.broker.liveness import Heartbeats
+from streamrl.broker.metrics import serve, unregister
+from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
+from streamrl.weightsync.policy import load_policy, load_tokenizer, parameter_template
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +79,17 @@ def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> No
         ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
 
 
+def sampling_seed(run_seed: int, actor_id: str) -> int:
+    """The seed of an actor's engine: the same in every process for the same run seed and actor id
+    (``zlib.crc32``, not ``hash()``, which Python salts per process), different for other ids.
+
+    Below 2**32: vLLM seeds numpy with it, which refuses larger seeds."""
+    return (run_seed * 1_000_003 + zlib.crc32(actor_id.encode())) % (1 << 32)
+
+
 def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
     if cfg.actor.engine == "vllm":
-        from streamrl.actors.engines.vllm import VLLMEngine
-
         return VLLMEngine.from_config(cfg, weight_source=weight_source, seed=seed)
-    from streamrl.actors.engines.hf import HFEngine
-
     return HFEngine(model, tokenizer, cfg.actor.batch_slots, weight_source=weight_source, seed=seed)
 
 
@@ -124,6 +142,9 @@ def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score])
 
 
 class Actor:
+    """An actor ready to loop: built, it has loaded its task (the parts that fail on bad input,
+    before touching Redis), connected to Redis and started its engine and weight subscriber."""
+
     def __init__(self, cfg: Config, actor_id: str, stop: threading.Event) -> None:
         self.cfg = cfg
         self.actor_id = actor_id
@@ -132,23 +153,17 @@ class Actor:
         self.leases: set[str] = set()
         self.tokens_per_s = 0.0
 
-    # -- setup -------------------------------------------------------------------------------
-
-    def load(self) -> None:
-        """Everything that can fail on bad input, before touching Redis."""
-        from streamrl.weightsync.policy import load_policy, load_tokenizer
-
-        cfg = self.cfg
+        # -- load: everything that can fail on bad input, before touching Redis ----------------
         torch.set_num_threads(cfg.run.torch_threads)
         ensure_assets(cfg)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
         self.rewards = RewardPool(cfg.reward)
-        self.reference = None
+        self.reference: ReferenceScorer | None = None
         if cfg.algo.actors_score_reference:
-            from streamrl.actors.reference import ReferenceScorer
-
-            self.reference = ReferenceScorer(cfg)
+            self.reference = ReferenceScorer(
+                cfg.model, cfg.actor.device, cfg.rollout.temperature, cfg.learner.micro_batch_tokens
+            )
         self.model = (
             None
             if cfg.actor.engine == "vllm"
@@ -158,23 +173,15 @@ class Actor:
         self.params = SamplingParams.from_config(
             cfg.rollout, stop_token_ids(self.tokenizer, config)
         )
-        self.evaluator = None
+        self.evaluator: Evaluator | None = None
+        # the engine version of the last evaluation this actor considered
         self.evaluated = 0
         if cfg.data.eval_path and cfg.data.eval_every:
-            from streamrl.actors.evaluation import Evaluator, eval_dataset
+            self.evaluator = Evaluator(
+                cfg.data, cfg.run, self.tokenizer, self.params, self._assistant_turn
+            )
 
-            dataset = eval_dataset(cfg, self.tokenizer)
-            self.evaluator = Evaluator(cfg, dataset, self.params, self._assistant_turn)
-
-    def connect(self) -> None:
-        from streamrl import weightsync
-        from streamrl.broker.admission import Admission
-        from streamrl.broker.client import connect_async
-        from streamrl.broker.keys import Keys
-        from streamrl.broker.liveness import Heartbeats
-        from streamrl.broker.stream import RolloutProducer
-
-        cfg = self.cfg
+        # -- connect: Redis, the weight subscriber and the engine -------------------------------
         self.redis = connect_async(cfg)
         self.keys = Keys.from_config(cfg)
         self.admission = Admission(self.redis, cfg)
@@ -190,7 +197,7 @@ class Actor:
             self.subscriber = weightsync.make_subscriber(
                 cfg, self.actor_id, self._weight_template()
             )
-        seed = cfg.run.seed * 1_000_003 + (hash(self.actor_id) & 0xFFFF)
+        seed = sampling_seed(cfg.run.seed, self.actor_id)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
         if self.subscriber is not None:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
@@ -204,8 +211,6 @@ class Actor:
         """What the subscriber stages into: the hf model's parameters, else the checkpoint's (vllm)."""
         if self.model is not None:
             return dict(self.model.named_parameters())
-        from streamrl.weightsync.policy import parameter_template
-
         cfg = self.cfg
         return parameter_template(cfg.model.path, cfg.model.dtype, cfg.actor.device)
 
@@ -256,9 +261,7 @@ class Actor:
 
     def engine_version_tick(self, learner_version: int) -> None:
         """Outside generation the engine is idle: swap in staged weights here too."""
-        swap = getattr(self.engine, "maybe_swap_weights", None)
-        if swap is not None:
-            swap()
+        self.engine.maybe_swap_weights()
         metrics.VERSION_LAG.set(max(0, learner_version - self.engine.version))
 
     async def _generate_score_publish(self, batch: list[_Pending]) -> None:
@@ -382,15 +385,13 @@ class Actor:
 
 
 def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
-    """Load, connect, serve metrics, loop until ``stop`` is set, deregister."""
-    from streamrl.broker.metrics import serve, unregister
-
+    """Load, connect, serve metrics, loop until ``stop`` is set, shut down and deregister."""
+    # loads (bad input fails here, before Redis), then connects
     actor = Actor(cfg, actor_id, stop)
-    actor.load()
-    actor.connect()
     port = serve(cfg, "actor", actor_id, cfg.actor.metrics_port)
     log.info("actor %s started (metrics port %d)", actor_id, port)
     try:
+        # returns once ``stop`` is set and the actor has shut down (leases released, engine closed)
         asyncio.run(actor.run())
     finally:
         if port:

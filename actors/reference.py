@@ -15,18 +15,22 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import ModelConfig
 from streamrl.weightsync.policy import load_policy, sequence_logprobs
 
 
 class ReferenceScorer:
-    def __init__(self, cfg: Config) -> None:
-        self.model = load_policy(cfg.model.path, cfg.model.dtype, cfg.actor.device)
+    def __init__(
+        self, model_cfg: ModelConfig, device: str, temperature: float, token_budget: int
+    ) -> None:
+        """``temperature``: the sampling temperature (``rollout.temperature``); ``token_budget``:
+        rows x padded length per forward pass, as the learner's micro-batches
+        (``learner.micro_batch_tokens``): the logits ([rows, length, vocabulary] floats) are
+        what grows."""
+        self.model = load_policy(model_cfg.path, model_cfg.dtype, device)
         self.model.requires_grad_(False)
-        self.temperature = cfg.rollout.temperature
-        # rows x padded length per forward pass, as the learner's micro-batches: the logits
-        # ([rows, length, vocabulary] floats) are what grows
-        self.token_budget = cfg.learner.micro_batch_tokens
+        self.temperature = temperature
+        self.token_budget = token_budget
 
     @torch.no_grad()
     def logprobs(

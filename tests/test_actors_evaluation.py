@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.actors.engines.base import SamplingParams
-from streamrl.actors.evaluation import EVAL_LOG, Evaluator, eval_dataset, summarize
+from streamrl.actors.evaluation import EVAL_LOG, Evaluator, summarize
 from streamrl.actors.rewards import RewardPool
 from streamrl.configs import Config
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -42,7 +42,7 @@ def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
         text = tokenizer.decode(output.token_ids.tolist(), skip_special_tokens=True)
         return {"role": "assistant", "content": text, "finish_reason": output.finish_reason}
 
-    evaluator = Evaluator(cfg, eval_dataset(cfg, tokenizer), params, decode)
+    evaluator = Evaluator(cfg.data, cfg.run, tokenizer, params, decode)
     with RewardPool(cfg.reward) as rewards:
         first = evaluator.run(engine, rewards, version=3)
         second = evaluator.run(engine, rewards, version=4)

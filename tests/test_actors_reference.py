@@ -14,21 +14,14 @@ from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
 from streamrl.actors.reference import ReferenceScorer
-from streamrl.configs import Config
+from streamrl.configs.schema import ModelConfig
 from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 TEMPERATURE = 0.7
 
 
-def _scorer_config(policy: str, token_budget: int, temperature: float = TEMPERATURE) -> Config:
-    return Config.model_validate(
-        {
-            "model": {"path": policy},
-            "rollout": {"temperature": temperature},
-            "learner": {"micro_batch_tokens": token_budget},
-            "algo": {"kl_coef": 0.1, "reference_on": "actors"},
-        }
-    )
+def _scorer(policy: str, token_budget: int, temperature: float = TEMPERATURE) -> ReferenceScorer:
+    return ReferenceScorer(ModelConfig(path=policy), "cpu", temperature, token_budget)
 
 
 @torch.no_grad()
@@ -44,7 +37,7 @@ def _one_by_one(model, prompt: list[int], completion: list[int]) -> torch.Tensor
 def test_the_actors_reference_logprobs_equal_one_forward_pass_per_sequence(
     demo_policy, token_budget
 ):
-    scorer = ReferenceScorer(_scorer_config(demo_policy, token_budget))
+    scorer = _scorer(demo_policy, token_budget)
     model = load_policy(demo_policy)
     rng = random.Random(3)
     vocab = model.config.vocab_size
@@ -66,7 +59,7 @@ def test_a_learner_on_the_actors_reference_logprobs_trains_as_with_its_own_refer
     steps, groups_per_step, group_size = 3, 4, 8
     model = load_policy(demo_policy)
     tokenizer = load_tokenizer(demo_policy)
-    scorer = ReferenceScorer(_scorer_config(demo_policy, 4096, temperature=1.0))
+    scorer = _scorer(demo_policy, 4096, temperature=1.0)
     rng = random.Random(5)
     # all sampled from the initial policy: the policy moves away from it after the first step,
     # so the KL term has a gradient in the later ones

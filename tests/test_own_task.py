@@ -23,7 +23,7 @@ def test_the_copy_task_config_loads_its_data_and_scores_with_both_reward_forms()
     assert prompt.columns["length"] == len(prompt.answer)
     from streamrl.actors.evaluation import eval_dataset
 
-    held_out = eval_dataset(cfg, build_tokenizer())
+    held_out = eval_dataset(cfg.data, build_tokenizer())
     assert len(held_out) == 50 and held_out.prompt_key == "question"
     right = RewardInput(
         prompt.messages + [_answer(prompt.answer)], prompt.answer, prompt.columns, False

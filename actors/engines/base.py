@@ -95,6 +95,17 @@ class Engine(ABC):
         """Complete every request (in request order). ``should_abort`` is polled between steps;
         once it returns True the unfinished requests end with finish reason ``abort``."""
 
+    @abstractmethod
+    def maybe_swap_weights(self) -> None:
+        """Bring newer weights into the engine if its weight source has them; otherwise nothing.
+
+        The actor calls it between batches, while the engine is idle, so a version published
+        between two batches serves the next one. It never waits for weights: an engine with
+        no weight source, or nothing newer, returns at once. After a swap ``version`` is the
+        version that samples every new token. It raises when the engine can no longer take
+        weights (a dead vLLM engine), so the actor ends and its supervisor restarts it.
+        """
+
     def _serve(self, version: int) -> None:
         """Record that the weights of ``version`` now sample every new token."""
         self.version = version

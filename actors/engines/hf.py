@@ -71,19 +71,18 @@ class HFEngine(Engine):
                 f"hf engine: sliding-window attention (window {window}) is not supported by the decode loop; use the vllm engine"
             )
 
-    def maybe_swap_weights(self) -> bool:
-        """Apply the newest staged weights, if any. Called between decode steps."""
+    def maybe_swap_weights(self) -> None:
+        """Apply the newest staged weights, if any: between batches and between decode steps."""
         if self.weight_source is None:
-            return False
+            return
         staged = self.weight_source.take_staged()
         if staged is None:
-            return False
+            return
         version, tensors = staged
         seconds, replaced = swap_into_model(self.model, tensors)
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
         self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
-        return True
 
     # -- generation ----------------------------------------------------------------------------
 
