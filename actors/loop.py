@@ -175,7 +175,7 @@ class Actor:
         from streamrl.broker.stream import RolloutProducer
 
         cfg = self.cfg
-        self.redis = connect_async(cfg)
+        self.redis = connect_async(cfg.broker, cfg.run.dir)
         self.keys = Keys.from_config(cfg)
         self.admission = Admission(self.redis, cfg)
         self.producer = RolloutProducer(self.redis, cfg)

@@ -47,7 +47,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     )
 
     async def read():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         try:
             return await RolloutConsumer(r, cfg, "learner-0").read(2, 100)
         finally:
