@@ -4,7 +4,11 @@ never through their command line."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import stat
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -47,6 +51,23 @@ def test_overrides_as_a_mapping_equal_the_same_overrides_as_command_line_strings
     )
     assert as_mapping == as_strings
     assert as_mapping.run.max_steps == 2
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="needs an interpreter without vLLM"
+)
+def test_the_cli_reports_a_streamrl_error_in_one_line_and_exits_2(tmp_path):
+    """A vLLM actor asked for where vLLM is missing: a VLLMUnavailable, not a traceback."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("REDIS_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamrl", "run", "--config", "demo_cpu", "--actors", "1",
+         "actor.engine=vllm", f"run.dir={tmp_path / 'run'}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("streamrl run: a vLLM actor needs vLLM"), line
 
 
 def _secret_cfg(tmp_path: Path, demo_policy: str, demo_dataset: str, secret: str):
