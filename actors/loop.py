@@ -182,7 +182,7 @@ class Actor:
             )
 
         # -- connect: Redis, the weight subscriber and the engine -------------------------------
-        self.redis = connect_async(cfg)
+        self.redis = connect_async(cfg.broker, cfg.run.dir)
         self.keys = Keys.from_config(cfg)
         self.admission = Admission(self.redis, cfg)
         self.producer = RolloutProducer(self.redis, cfg)

@@ -90,7 +90,7 @@ def producer_process(url: str, run_name: str, mode: str, n: int, ready, go, cpu)
     payloads = [encode_group(g) for g in groups]
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         producer = RolloutProducer(r, cfg)
         await r.ping()
         ready.set()
@@ -143,7 +143,7 @@ def end_to_end(url: str, server_pid: int, mode: str, n: int) -> tuple[float, flo
     child.start()
 
     async def main() -> tuple[float, float]:
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(r, cfg, "c", VOCAB)
         raw_stream = f"raw-{run_name}"
         await r.xgroup_create(raw_stream, "g", id="0", mkstream=True)
@@ -192,7 +192,7 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
     cfg = run_cfg(url)
     # capacity 48 groups
     cfg.algo.max_staleness, cfg.learner.groups_per_step = 2, 16
-    r = connect_async(cfg)
+    r = connect_async(cfg.broker, cfg.run.dir)
     adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
     keys = Keys.from_config(cfg)
     before = (await r.info("memory"))["used_memory"]
@@ -233,7 +233,8 @@ def measure(url: str, server_pid: int, quick: bool) -> dict:
     payload = encode_group(make_group(np.random.default_rng(2)))
 
     async def rest():
-        r = connect_async(run_cfg(url))
+        cfg = run_cfg(url)
+        r = connect_async(cfg.broker, cfg.run.dir)
         mem = await memory_per_group(r, payload, 50 if quick else 200)
         await r.aclose()
         return (

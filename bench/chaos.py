@@ -406,7 +406,7 @@ class ChaosRound:
     # ----- the round -------------------------------------------------------------------------
     def run(self) -> RoundResult:
         started = time.monotonic()
-        self.sup = Supervisor(self.cfg, CONFIG, self.overrides, actors=2)
+        self.sup = Supervisor(self.cfg, actors=2)
         try:
             self.sup.start()
             if not self.wait(lambda: len(self.steps()) >= 3, START_TIMEOUT_S):

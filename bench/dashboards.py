@@ -77,7 +77,7 @@ def run(quick: bool = False) -> str:
                 "broker": {"redis_url": server.url},
             }
         )
-        client = connect_sync(cfg)
+        client = connect_sync(cfg.broker, cfg.run.dir)
         key = Keys.from_config(cfg).metrics_targets
         endpoints = _endpoints(live)
         for i, srv in enumerate(endpoints):

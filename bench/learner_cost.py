@@ -180,7 +180,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
         ]
 
         async def fill():
-            r = connect_async(cfg)
+            r = connect_async(cfg.broker, cfg.run.dir)
             producer = RolloutProducer(r, cfg)
             for batch in batches:
                 for g in batch:

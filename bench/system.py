@@ -369,7 +369,7 @@ def _launch_and_watch(
         *extra,
     ]
     cfg = load_config(CONFIG, overrides, env={})
-    sup = Supervisor(cfg, CONFIG, overrides, actors=actors)
+    sup = Supervisor(cfg, actors=actors)
     scrapes: list[Scrape] = []
     started, started_unix = time.monotonic(), time.time()
     last_scrape = started

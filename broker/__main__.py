@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     _args, cfg = config_from_cli(parser, argv)
 
     if cfg.broker.redis_url:
-        client = connect_sync(cfg, cfg.broker.redis_url)
+        client = connect_sync(cfg.broker, cfg.run.dir)
         try:
             client.ping()
         except redis.RedisError as exc:
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         server = EmbeddedRedis(
-            cfg.broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg)
+            cfg.broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg.run.dir)
         ).start()
     except RedisServerError as exc:
         print(f"broker: {exc}", file=sys.stderr)
         return 1
-    print(f"redis ready at {masked(server.url)} (url in {url_file(cfg)})", flush=True)
+    print(f"redis ready at {masked(server.url)} (url in {url_file(cfg.run.dir)})", flush=True)
     try:
         while not stop.wait(0.5):
             if server.proc.poll() is not None:

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        client = connect_sync(cfg)
+        client = connect_sync(cfg.broker, cfg.run.dir)
     except (ConfigError, RedisNotConfigured) as exc:
         print(exc, file=sys.stderr)
         return 2

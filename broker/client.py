@@ -17,14 +17,14 @@ import redis.retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from streamrl.configs.errors import StreamRLError
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import BrokerConfig
 
 URL_FILE = "redis.url"
 _RETRY_ON = (redis.ConnectionError, redis.TimeoutError)
 
 
 class RedisNotConfigured(StreamRLError, RuntimeError):
-    """No Redis to talk to: neither REDIS_URL, broker.redis_url nor a running embedded server."""
+    """No Redis to talk to: neither broker.redis_url (or REDIS_URL) nor a running embedded server."""
 
 
 def as_str(value: bytes | str) -> str:
@@ -32,17 +32,17 @@ def as_str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def url_file(cfg: Config) -> Path:
-    """Where the embedded server of this run writes its URL."""
-    return Path(cfg.run.dir) / URL_FILE
+def url_file(run_dir: str | os.PathLike) -> Path:
+    """Where the embedded server of the run in ``run_dir`` writes its URL."""
+    return Path(run_dir) / URL_FILE
 
 
-def redis_url(cfg: Config) -> str:
-    """REDIS_URL, else ``broker.redis_url``, else the URL the run's embedded server wrote."""
-    url = os.environ.get("REDIS_URL") or cfg.broker.redis_url
-    if url:
-        return url
-    path = url_file(cfg)
+def redis_url(broker: BrokerConfig, run_dir: str | os.PathLike) -> str:
+    """``broker.redis_url`` (where the config loader puts REDIS_URL), else the URL the embedded
+    server of the run in ``run_dir`` wrote."""
+    if broker.redis_url:
+        return broker.redis_url
+    path = url_file(run_dir)
     try:
         url = path.read_text().strip()
     except FileNotFoundError:
@@ -54,8 +54,7 @@ def redis_url(cfg: Config) -> str:
     return url
 
 
-def _options(cfg: Config) -> dict:
-    b = cfg.broker
+def _options(b: BrokerConfig) -> dict:
     return {
         "socket_timeout": b.socket_timeout_s,
         "socket_connect_timeout": min(b.socket_timeout_s, 5.0),
@@ -68,13 +67,14 @@ def _backoff() -> ExponentialWithJitterBackoff:
     return ExponentialWithJitterBackoff(cap=1.0, base=0.02)
 
 
-def connect_async(cfg: Config, url: str | None = None) -> redis.asyncio.Redis:
-    """Async client (bytes responses). Failed commands are retried ``broker.retries`` times with jittered backoff."""
-    retry = redis.asyncio.retry.Retry(_backoff(), cfg.broker.retries, supported_errors=_RETRY_ON)
-    return redis.asyncio.Redis.from_url(url or redis_url(cfg), retry=retry, **_options(cfg))
+def connect_async(broker: BrokerConfig, run_dir: str | os.PathLike) -> redis.asyncio.Redis:
+    """Async client (bytes responses) of the Redis ``redis_url`` finds. Failed commands are
+    retried ``broker.retries`` times with jittered backoff."""
+    retry = redis.asyncio.retry.Retry(_backoff(), broker.retries, supported_errors=_RETRY_ON)
+    return redis.asyncio.Redis.from_url(redis_url(broker, run_dir), retry=retry, **_options(broker))
 
 
-def connect_sync(cfg: Config, url: str | None = None) -> redis.Redis:
+def connect_sync(broker: BrokerConfig, run_dir: str | os.PathLike) -> redis.Redis:
     """Sync client with the same policy as ``connect_async``."""
-    retry = redis.retry.Retry(_backoff(), cfg.broker.retries, supported_errors=_RETRY_ON)
-    return redis.Redis.from_url(url or redis_url(cfg), retry=retry, **_options(cfg))
+    retry = redis.retry.Retry(_backoff(), broker.retries, supported_errors=_RETRY_ON)
+    return redis.Redis.from_url(redis_url(broker, run_dir), retry=retry, **_options(broker))

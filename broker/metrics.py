@@ -53,7 +53,7 @@ def serve(cfg: Config, role: str, ident: str, port: int = 0) -> int:
     server, _thread = start_http_server(port, addr=cfg.metrics.host)
     bound = server.server_address[1]
     _servers[bound] = server
-    client = connect_sync(cfg)
+    client = connect_sync(cfg.broker, cfg.run.dir)
     try:
         client.hset(
             Keys.from_config(cfg).metrics_targets, f"{role}:{ident}", f"{cfg.metrics.host}:{bound}"
@@ -69,7 +69,7 @@ def unregister(cfg: Config, role: str, ident: str, port: int) -> None:
     if server is not None:
         server.shutdown()
         server.server_close()
-    client = connect_sync(cfg)
+    client = connect_sync(cfg.broker, cfg.run.dir)
     try:
         client.hdel(Keys.from_config(cfg).metrics_targets, f"{role}:{ident}")
     finally:

@@ -6,7 +6,13 @@ the other streamrl packages; every other package imports it.
 """
 
 from streamrl.configs.errors import ConfigError, StreamRLError
-from streamrl.configs.load import config_from_cli, load_config, parse_overrides
+from streamrl.configs.load import (
+    config_from_cli,
+    load_config,
+    parse_overrides,
+    presets,
+    write_config,
+)
 from streamrl.configs.schema import Config
 
 __all__ = [
@@ -15,5 +21,7 @@ __all__ = [
     "config_from_cli",
     "load_config",
     "parse_overrides",
+    "presets",
     "StreamRLError",
+    "write_config",
 ]

@@ -70,7 +70,7 @@ class TargetSync:
     def tick(self) -> None:
         try:
             if self.client is None:
-                self.client = connect_sync(self.cfg)
+                self.client = connect_sync(self.cfg.broker, self.cfg.run.dir)
             groups = sync_targets(self.cfg, self.client)
         except (RedisNotConfigured, redis.RedisError) as exc:
             self.client = None

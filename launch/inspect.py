@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args, cfg = config_from_cli(parser, argv)
     try:
-        client = connect_sync(cfg)
+        client = connect_sync(cfg.broker, cfg.run.dir)
         report = collect(client, cfg, args.count)
     except (RedisNotConfigured, redis.RedisError) as exc:
         print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)

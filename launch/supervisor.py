@@ -31,12 +31,14 @@ from pathlib import Path
 from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
-from streamrl.configs import Config
+from streamrl.configs import Config, write_config
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
+# the resolved config every child loads (the run's overrides and REDIS_URL applied; mode 0600)
+CONFIG_FILE = "config.yaml"
 # the rendezvous variables a learner of one must not inherit (see Supervisor._env)
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _PR_SET_PDEATHSIG = 1
@@ -69,25 +71,22 @@ class Child:
 
 
 class Supervisor:
-    """``Supervisor(cfg, config_path, overrides, actors=2).start()``; call ``tick()`` periodically; ``stop()``."""
+    """``Supervisor(cfg, actors=2).start()``; call ``tick()`` periodically; ``stop()``."""
 
     def __init__(
         self,
         cfg: Config,
-        config_path: str | None,
-        overrides: list[str] = (),
         actors: int = 2,
         resume: bool = False,
         python: str = sys.executable,
     ):
         self.cfg = cfg
-        self.config_path = config_path
-        self.overrides = list(overrides)
         self.want_actors = actors
         self.resume = resume
         self.python = python
         self.run_dir = Path(cfg.run.dir)
         self.log_dir = self.run_dir / "logs"
+        self.config_file = self.run_dir / CONFIG_FILE
         self.keys = Keys.from_config(cfg)
         self.redis_server: EmbeddedRedis | None = None
         self.redis_url: str | None = None
@@ -106,9 +105,12 @@ class Supervisor:
         if not self.resume and self.run_dir.exists():
             shutil.rmtree(self.run_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Children load this file, not the launcher's argv: a config made in Python has no file
+        # of its own, and argv would show a password given as an override to every local user.
+        write_config(self.cfg, self.config_file)
         self._prepare_inputs()
         self._start_redis()
-        self.redis = connect_sync(self.cfg, self.redis_url)
+        self.redis = connect_sync(self.cfg.broker, self.run_dir)
         self._write_run_file()
         self.learner = self._spawn(
             Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
@@ -141,12 +143,11 @@ class Supervisor:
         PromptDataset.from_config(self.cfg.data, load_tokenizer(self.cfg.model.path))
 
     def _start_redis(self) -> None:
-        url = os.environ.get("REDIS_URL") or self.cfg.broker.redis_url
-        if url:
-            self.redis_url = url
+        if self.cfg.broker.redis_url:
+            self.redis_url = self.cfg.broker.redis_url
             return
         self.redis_server = EmbeddedRedis(
-            self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.cfg)
+            self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.run_dir)
         ).start()
         self.redis_url = self.redis_server.url
         self.event(f"redis-server on {self.redis_server.cfg.host}:{self.redis_server.port}")
@@ -155,16 +156,12 @@ class Supervisor:
         info = {
             "run": self.cfg.run.name,
             "supervisor_pid": os.getpid(),
-            "config": self.config_path,
-            "overrides": self.overrides,
+            "config": str(self.config_file),
         }
         (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
     def _argv(self, module: str, *extra: str) -> list[str]:
-        argv = [self.python, "-m", module]
-        if self.config_path:
-            argv += ["--config", self.config_path]
-        return argv + list(extra) + self.overrides
+        return [self.python, "-m", module, "--config", str(self.config_file), *extra]
 
     def _learner_argv(self) -> list[str]:
         ranks = self.cfg.learner.ranks
@@ -212,7 +209,7 @@ class Supervisor:
         self._next_actor += 1
         argv = self._argv("streamrl.actors", "--count", "1", "--actor-id", ident)
         if self.cfg.actor.engines:
-            # last, so it wins over the run's own overrides
+            # the one setting that differs between the actors of a run
             argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
         child = self._spawn(Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log"))
         self.actors.append(child)

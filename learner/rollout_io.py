@@ -87,11 +87,11 @@ class RolloutIO:
             target=self._loop.run_forever, name="rollout-io", daemon=True
         )
         self._thread.start()
-        self.redis = connect_async(cfg)
+        self.redis = connect_async(cfg.broker, cfg.run.dir)
         self.consumer = RolloutConsumer(self.redis, cfg, "learner-0", vocab_size)
         self.admission = Admission(self.redis, cfg)
         # the live-actor count reads heartbeats with the tools' sync helper, on this thread
-        self._heartbeats = connect_sync(cfg)
+        self._heartbeats = connect_sync(cfg.broker, cfg.run.dir)
         self.keys = Keys.from_config(cfg)
         self.alive_checked = 0.0
         self.publisher = None

@@ -19,7 +19,7 @@ def test_actor_i_runs_engines_i_mod_len_and_the_actor_reads_it_as_actor_engine(t
     overrides = [f"run.dir={tmp_path / 'run'}", "actor.engines=[vllm, hf]", "actor.engine=hf"]
     cfg = load_config(None, overrides, env={})
     # `true` stands in for the actor program: what is checked is the command each actor gets
-    sup = Supervisor(cfg, None, overrides, actors=0, python=shutil.which("true"))
+    sup = Supervisor(cfg, actors=0, python=shutil.which("true"))
     sup.log_dir.mkdir(parents=True)
     for _ in range(3):
         sup._add_actor()
@@ -73,7 +73,7 @@ def test_a_run_with_a_vllm_actor_refuses_to_start_without_vllm(tmp_path):
     from streamrl.launch.supervisor import Supervisor
 
     overrides = [f"run.dir={tmp_path / 'run'}", "actor.engines=[hf, vllm]"]
-    sup = Supervisor(load_config(None, overrides, env={}), None, overrides, actors=2)
+    sup = Supervisor(load_config(None, overrides, env={}), actors=2)
     with pytest.raises(VLLMUnavailable, match=".venv-vllm"):
         sup.start()
     assert sup.learner is None and not sup.actors

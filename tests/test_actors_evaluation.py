@@ -94,7 +94,7 @@ def test_in_a_running_system_each_eval_version_is_evaluated_by_one_actor(
     def rows() -> list[dict]:
         return [json.loads(line) for line in log.open()] if log.exists() else []
 
-    sup = Supervisor(cfg, config, overrides, actors=2)
+    sup = Supervisor(cfg, actors=2)
     try:
         sup.start()
         assert sup.wait_until(lambda: len(rows()) >= 3, timeout=240)

@@ -137,7 +137,7 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         """Run one Admission call (the learner's side of admission) with a client of its own."""
 
         async def run():
-            r = connect_async(cfg)
+            r = connect_async(cfg.broker, cfg.run.dir)
             try:
                 return await call(Admission(r, cfg))
             finally:

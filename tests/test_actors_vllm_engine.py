@@ -228,7 +228,7 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
     side = make_publisher(other)
     try:
         side.publish(live + 1, {"module." + n: t for n, t in rig.versioned(live + 1).items()})
-        ann = read_announcement(connect_sync(other), Keys.from_config(other))
+        ann = read_announcement(connect_sync(other.broker, other.run.dir), Keys.from_config(other))
         layout = [list(spec) for spec in ann.meta["layout"]]
         names = [spec[0] for spec in layout]
         layout[names.index("model.layers.0.self_attn.v_proj.weight")][0] = "model.no_such.weight"

@@ -131,7 +131,7 @@ def test_a_running_system_starts_no_group_beyond_the_bound_and_trains_no_stale_t
     assert cfg.learner.versions_per_batch == 1
     keys = Keys.from_config(cfg)
     run_dir = Path(cfg.run.dir)
-    sup = Supervisor(cfg, CONFIG, overrides, actors=2)
+    sup = Supervisor(cfg, actors=2)
     violations, snapshots, tokens = [], 0, (0.0, 0.0)
     try:
         sup.start()

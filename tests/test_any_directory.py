@@ -3,7 +3,7 @@
 Every process streamrl starts puts its working directory first on ``sys.path``; an ML repository
 often has packages called ``configs``, ``learner``, ``actors`` or ``launch`` of its own. Here each
 of those raises on import, so any streamrl module still importing a bare top-level name fails the
-run.
+run. The run starts as a user starts it: the console script, the preset by name.
 """
 
 from __future__ import annotations
@@ -33,11 +33,17 @@ def test_a_run_started_in_a_directory_with_its_own_configs_learner_and_actors_tr
             f"raise ImportError('the user project\\'s own {name} package was imported')\n"
         )
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REDIS_URL")}
+    # Only the `streamrl` of the checkout under test is importable, not its top-level folders:
+    # ROOT on sys.path would let a bare `import configs` find the real one.
+    importable = tmp_path / "importable"
+    importable.mkdir()
+    (importable / "streamrl").symlink_to(ROOT / "streamrl")
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["PYTHONPATH"] = str(importable)
     result = subprocess.run(
         [
-            sys.executable, "-m", "streamrl", "run",
-            "--config", str(ROOT / "configs" / "demo_cpu.yaml"),
+            str(Path(sys.executable).parent / "streamrl"), "run",
+            "--config", "demo_cpu",
             "--actors", "1",
             f"run.dir={run_dir}",
             f"model.path={demo_policy}",

@@ -34,7 +34,7 @@ def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
     cfg = _small(redis_cfg)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
         leases = [await adm.try_start("a0", 0) for _ in range(8)]
         assert sum(lease is not None for lease in leases) == 6 and leases[6:] == [None, None]
@@ -53,7 +53,7 @@ def test_publish_counts_the_group_once_and_only_a_completed_step_reopens_slots(r
     cfg = _small(redis_cfg, staleness=0, groups_per_step=2)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         for i in range(2):
@@ -81,7 +81,7 @@ def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
     cfg = _small(redis_cfg, staleness=0, groups_per_step=2, ttl_s=0.2)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
         killed, live = await adm.try_start("killed", 0), await adm.try_start("live", 0)
         assert killed and live and await adm.try_start("a1", 0) is None
@@ -101,7 +101,7 @@ def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
 
 def test_version_is_shared_through_redis(redis_cfg):
     async def main():
-        r = connect_async(redis_cfg)
+        r = connect_async(redis_cfg.broker, redis_cfg.run.dir)
         adm = Admission(r, redis_cfg)
         assert await adm.version() == 0
         await adm.set_version(7)
@@ -136,7 +136,7 @@ async def worker(adm, producer, name, stop_at):
             await producer.publish(make_group(f"{name}-{n}"), lease)
 
 async def main():
-    r = connect_async(cfg)
+    r = connect_async(cfg.broker, cfg.run.dir)
     adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
     stop_at = time.monotonic() + float(sys.argv[2])
     await asyncio.gather(*(worker(adm, producer, f"{sys.argv[1]}.{t}", stop_at) for t in range(4)))
@@ -157,7 +157,7 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
     ]
 
     async def watch():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         samples, trained = [], 0
@@ -196,13 +196,13 @@ def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning
     cfg = _small(redis_cfg, ttl_s=0.2)
 
     async def lease(actor_id: str) -> str:
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         try:
             return await Admission(r, cfg).try_start(actor_id, 0)
         finally:
             await r.aclose()
 
-    client, keys = connect_sync(cfg), Keys.from_config(cfg)
+    client, keys = connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg)
     killed = asyncio.run(lease("killed"))
     assert ephemeral_leftovers(client, keys) == {"admission leases": [killed]}
     # expired; no try_start since, so it is still in the zset
@@ -222,7 +222,7 @@ def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_le
     cfg = _small(redis_cfg, staleness=1, groups_per_step=2)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm, beats = Admission(r, cfg), Heartbeats(r, cfg)
         await r.set(adm.keys.accepted, 10)
         await adm.set_consumed(10)
@@ -258,7 +258,7 @@ def test_updates_per_batch_counts_batches_not_versions(redis_cfg):
     cfg.learner.updates_per_batch = 2
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
         await adm.set_version(4)
         await adm.set_consumed(4)

@@ -87,7 +87,7 @@ def test_a_lease_names_its_actor_and_engine_version(redis_cfg):
     cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         lease = await Admission(r, cfg).try_start("actor-7", 3)
         await r.aclose()
         return lease
@@ -104,7 +104,7 @@ def test_counts_report_each_counter_and_the_capacity(redis_cfg):
     cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
         fresh = await adm.counts()
         k = adm.keys
@@ -138,7 +138,7 @@ def test_set_consumed_never_lowers_and_reset_does(redis_cfg):
     cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
         seen = [await adm.set_consumed(4, version=2)]
         seen.append(await adm.version())
@@ -163,7 +163,7 @@ def test_a_lease_expires_one_ttl_after_it_is_taken_on_redis_clock(redis_cfg):
     cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3, ttl_s=100.0)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         adm = Admission(r, cfg)
 
         async def now_ms() -> int:
@@ -192,7 +192,7 @@ def test_counts_read_all_counters_in_one_transaction(redis_cfg):
     cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
 
         async def execs() -> int:
             return (await r.info("commandstats")).get("cmdstat_exec", {}).get("calls", 0)

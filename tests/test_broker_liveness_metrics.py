@@ -16,10 +16,10 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
     # dead after 3 missed beats = 150 ms
     cfg.actor.heartbeat_s = 0.05
 
-    sync = connect_sync(cfg)
+    sync = connect_sync(cfg.broker, cfg.run.dir)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         hb = Heartbeats(r, cfg)
         await hb.beat("a0", version=3, tokens_per_s=120.5)
         await hb.beat("a1")
@@ -44,7 +44,9 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
     cfg = redis_cfg
     port = metrics.serve(cfg, "learner", "0")
     try:
-        target = connect_sync(cfg).hget(Keys.from_config(cfg).metrics_targets, "learner:0")
+        target = connect_sync(cfg.broker, cfg.run.dir).hget(
+            Keys.from_config(cfg).metrics_targets, "learner:0"
+        )
         assert target == f"127.0.0.1:{port}".encode()
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         for name in (
@@ -55,7 +57,12 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
             assert name in body
     finally:
         metrics.unregister(cfg, "learner", "0", port)
-    assert connect_sync(cfg).hget(Keys.from_config(cfg).metrics_targets, "learner:0") is None
+    assert (
+        connect_sync(cfg.broker, cfg.run.dir).hget(
+            Keys.from_config(cfg).metrics_targets, "learner:0"
+        )
+        is None
+    )
 
 
 def test_disabled_metrics_serve_nothing(redis_cfg):

@@ -44,18 +44,20 @@ def test_password_server_rejects_clients_without_it_and_hides_the_password(tmp_p
     assert server.proc is None
 
 
-def test_redis_url_prefers_env_then_config_then_run_dir_file(tmp_path, monkeypatch):
-    monkeypatch.delenv("REDIS_URL", raising=False)
+def test_redis_url_is_the_configs_then_the_run_dir_file_and_never_the_environment(
+    tmp_path, monkeypatch
+):
+    """REDIS_URL is read once, by the config loader, into broker.redis_url; the client reads only
+    the config section it is handed."""
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:2/0")
     cfg = Config.model_validate({"run": {"dir": str(tmp_path)}})
     with pytest.raises(RedisNotConfigured, match="python -m streamrl.broker"):
-        redis_url(cfg)
+        redis_url(cfg.broker, cfg.run.dir)
     with EmbeddedRedis(cfg.broker, tmp_path / "redis", url_file=tmp_path / "redis.url") as server:
-        assert redis_url(cfg) == server.url
-        assert connect_sync(cfg).ping()
+        assert redis_url(cfg.broker, cfg.run.dir) == server.url
+        assert connect_sync(cfg.broker, cfg.run.dir).ping()
         cfg.broker.redis_url = "redis://127.0.0.1:1/0"
-        assert redis_url(cfg) == "redis://127.0.0.1:1/0"
-        monkeypatch.setenv("REDIS_URL", server.url)
-        assert redis_url(cfg) == server.url
+        assert redis_url(cfg.broker, cfg.run.dir) == "redis://127.0.0.1:1/0"
     assert not (tmp_path / "redis.url").exists()
 
 

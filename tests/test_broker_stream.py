@@ -42,7 +42,7 @@ def run(coro):
 
 
 async def _publish(cfg, ids):
-    r = connect_async(cfg)
+    r = connect_async(cfg.broker, cfg.run.dir)
     producer = RolloutProducer(r, cfg)
     out = [await producer.publish(make_group(i)) for i in ids]
     await r.aclose()
@@ -56,11 +56,11 @@ def _counter(metric) -> float:
 def test_published_groups_are_delivered_in_order_and_acked_entries_leave_the_stream(redis_cfg):
     cfg = redis_cfg
     keys = Keys.from_config(cfg)
-    sync = connect_sync(cfg)
+    sync = connect_sync(cfg.broker, cfg.run.dir)
 
     async def main():
         await _publish(cfg, [f"g{i}" for i in range(5)])
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         got = await consumer.read(10, block_ms=100)
         assert [d.group.group_id for d in got] == [f"g{i}" for i in range(5)]
@@ -87,7 +87,7 @@ def test_unacked_entries_are_redelivered_first_to_a_restarted_consumer_and_count
 
     async def main():
         await _publish(cfg, ["a", "b", "c", "d"])
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         first = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(3, block_ms=100)
         assert [d.group.group_id for d in first] == ["a", "b", "c"]
         # same name, state lost with the process
@@ -114,7 +114,7 @@ def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
     async def main():
         # a retried XADD duplicates an entry
         await _publish(cfg, ["x", "x", "y"])
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         got = await consumer.read(10, block_ms=100)
         assert [d.group.group_id for d in got] == ["x", "y"]
@@ -138,7 +138,7 @@ def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
 def test_undecodable_entries_go_to_the_dead_letter_stream_with_their_reason(redis_cfg):
     cfg = redis_cfg
     keys = Keys.from_config(cfg)
-    sync = connect_sync(cfg)
+    sync = connect_sync(cfg.broker, cfg.run.dir)
     out_of_vocab = make_group("bad-vocab")
     out_of_vocab.completions[0].token_ids[0] = VOCAB + 7
     garbage_id = sync.xadd(keys.stream, {"g": b"\xc1 not msgpack"}).decode()
@@ -148,7 +148,7 @@ def test_undecodable_entries_go_to_the_dead_letter_stream_with_their_reason(redi
 
     async def main():
         await _publish(cfg, ["good"])
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(10, block_ms=100)
         await r.aclose()
         return got
@@ -172,7 +172,7 @@ def test_held_entries_are_not_claimed_by_a_peer_but_idle_ones_are(redis_cfg):
 
     async def main():
         await _publish(cfg, ["h1", "h2", "i1"])
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         holder = RolloutConsumer(r, cfg, "rank0", VOCAB)
         held = await holder.read(2, block_ms=100)
         idle = await RolloutConsumer(r, cfg, "rank-dead", VOCAB).read(1, block_ms=100)
@@ -197,7 +197,7 @@ def test_maxlen_trims_are_counted_and_release_their_admission_slots(redis_cfg):
     keys = Keys.from_config(cfg)
     before = _counter(metrics.STREAM_TRIMMED)
     run(_publish(cfg, [f"t{i}" for i in range(250)]))
-    sync = connect_sync(cfg)
+    sync = connect_sync(cfg.broker, cfg.run.dir)
     trimmed = _counter(metrics.STREAM_TRIMMED) - before
     assert trimmed > 0 and sync.xlen(keys.stream) == 250 - trimmed
     assert int(sync.get(keys.trimmed)) == trimmed
@@ -212,7 +212,7 @@ def test_a_trim_counts_only_unread_entries_the_learner_counts_those_it_read(redi
 
     async def main():
         await _publish(cfg, ["r0", "r1", "r2", "r3"])
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(2, block_ms=100)
         assert [d.group.group_id for d in got] == ["r0", "r1"]
         # trims r0, r1 (read) and r2 (unread)
@@ -230,7 +230,7 @@ def test_discarding_an_entry_twice_dead_letters_and_counts_it_once(redis_cfg):
     keys = Keys.from_config(cfg)
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         entry = await r.xadd(keys.stream, {"g": b"not msgpack"})
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         await consumer.ensure_group()
@@ -264,7 +264,7 @@ def test_redis_restart_with_aof_loses_no_entry_and_keeps_pending(tmp_path):
 
         async def main():
             await _publish(cfg, [f"r{i}" for i in range(12)])
-            r = connect_async(cfg)
+            r = connect_async(cfg.broker, cfg.run.dir)
             consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
             acked = await consumer.read(4, block_ms=100)
             await consumer.ack([d.entry_id for d in acked], [d.group.group_id for d in acked])
@@ -290,7 +290,7 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
     try:
 
         async def main():
-            r = connect_async(cfg)
+            r = connect_async(cfg.broker, cfg.run.dir)
             producer = RolloutProducer(r, cfg)
             consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
             await producer.publish(make_group("before"))
@@ -320,7 +320,7 @@ from streamrl.configs import Config
 cfg = Config.model_validate(json.loads(os.environ["CFG"]))
 
 async def main():
-    consumer = RolloutConsumer(connect_async(cfg), cfg, "doomed", 1000)
+    consumer = RolloutConsumer(connect_async(cfg.broker, cfg.run.dir), cfg, "doomed", 1000)
     got = await consumer.read(int(sys.argv[1]), block_ms=2000)
     print(json.dumps([d.group.group_id for d in got]), flush=True)
     # SIGKILLed here, before any ack
@@ -347,11 +347,11 @@ def test_killed_consumer_entries_are_claimed_and_trained_once(redis_cfg):
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert taken == ids[:6]
-    sync = connect_sync(cfg)
+    sync = connect_sync(cfg.broker, cfg.run.dir)
     assert sync.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 6
 
     async def survivor():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(r, cfg, "rank1", VOCAB)
         trained: list[str] = []
         redelivered = []
@@ -379,7 +379,7 @@ def test_connection_refused_surfaces_after_bounded_retries(redis_cfg, tmp_path):
     cfg.broker.redis_url = f"redis://127.0.0.1:{free_port()}/0"
 
     async def main():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         try:
             start = time.monotonic()
             with pytest.raises(redis.ConnectionError):
@@ -401,7 +401,7 @@ def test_acks_larger_than_one_script_call_are_split_and_complete(redis_cfg, monk
 
     async def main():
         await _publish(cfg, ids)
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         got = await consumer.read(20, block_ms=100)
         assert [d.group.group_id for d in got] == ids
@@ -429,7 +429,7 @@ def test_entries_acknowledged_to_producers_survive_a_sigkilled_redis_with_aof(tm
         server.restart()
 
         async def main():
-            r = connect_async(cfg)
+            r = connect_async(cfg.broker, cfg.run.dir)
             got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(50, block_ms=100)
             await r.aclose()
             return [d.group.group_id for d in got]

@@ -125,7 +125,7 @@ def test_the_aimed_windows_are_told_from_their_neighbours():
 
 def test_the_supervisor_brings_a_sigkilled_embedded_redis_back_with_its_aof(tmp_path):
     overrides = [f"run.dir={tmp_path}", "run.name=redis-watch", "broker.appendonly=true"]
-    sup = Supervisor(load_config(CONFIG, overrides, env={}), CONFIG, overrides)
+    sup = Supervisor(load_config(CONFIG, overrides, env={}))
     sup.log_dir.mkdir(parents=True)
     sup.redis_server = EmbeddedRedis(sup.cfg.broker, tmp_path / "redis").start()
     try:

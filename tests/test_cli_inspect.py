@@ -47,7 +47,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     )
 
     async def read():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         try:
             return await RolloutConsumer(r, cfg, "learner-0").read(2, 100)
         finally:
@@ -95,6 +95,9 @@ def test_the_console_script_lists_its_commands_and_refuses_unknown_ones(capsys):
     out = capsys.readouterr().out
     assert all(f"streamrl {name}" in out for name in COMMANDS)
     assert main(["frobnicate"]) == 2
+    assert "streamrl: error: unknown command 'frobnicate'" in capsys.readouterr().err
+    assert main([]) == 2
+    assert "streamrl: error: no command given" in capsys.readouterr().err
     with pytest.raises(SystemExit) as done:
         main(["export", "--help"])
     assert done.value.code == 0 and "--checkpoint" in capsys.readouterr().out

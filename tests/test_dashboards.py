@@ -157,7 +157,7 @@ def short_run(redis_server, demo_policy, demo_dataset, tmp_path_factory):
     ]
     config_path = str(ROOT / "configs" / "demo_cpu.yaml")
     cfg = load_config(config_path, overrides)
-    supervisor = supervisor_mod.Supervisor(cfg, config_path, overrides, actors=1).start()
+    supervisor = supervisor_mod.Supervisor(cfg, actors=1).start()
     prom = None
     try:
         out = prometheus_dir(cfg)

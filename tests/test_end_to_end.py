@@ -67,7 +67,7 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(
     cfg = load_config(CONFIG, overrides, env={})
     keys = Keys.from_config(cfg)
     run_dir = Path(cfg.run.dir)
-    sup = Supervisor(cfg, CONFIG, overrides, actors=2)
+    sup = Supervisor(cfg, actors=2)
     pids: list[int] = []
     try:
         sup.start()

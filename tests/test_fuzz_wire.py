@@ -191,7 +191,7 @@ def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_on
     cfg.rollout.group_size = 2
     cfg.run.name = f"{cfg.run.name}-{time.monotonic_ns()}"
     keys = Keys.from_config(cfg)
-    sync = connect_sync(cfg)
+    sync = connect_sync(cfg.broker, cfg.run.dir)
     good, dead_ids = [], []
     for i, payload in enumerate(bad):
         dead_ids.append(sync.xadd(keys.stream, {"g": payload}).decode())
@@ -200,7 +200,7 @@ def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_on
             sync.xadd(keys.stream, {"g": encode_group(make_group(good[-1]))})
 
     async def drain():
-        r = connect_async(cfg)
+        r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
         got = []
         for _ in range(50):

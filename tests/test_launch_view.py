@@ -45,13 +45,14 @@ def test_the_view_skips_a_beat_while_redis_is_down_and_resumes_when_it_is_back(t
     from streamrl.broker.client import connect_sync
     from streamrl.broker.keys import Keys
     from streamrl.broker.server import EmbeddedRedis
-    from streamrl.launch.__main__ import refresh
+    from streamrl.launch.run import refresh
 
     cfg = load_config("configs/demo_cpu.yaml").model_copy()
     cfg.broker.retries = 1
     server = EmbeddedRedis(cfg.broker, tmp_path / "redis").start()
     try:
-        client = connect_sync(cfg, server.url)
+        cfg.broker.redis_url = server.url
+        client = connect_sync(cfg.broker, cfg.run.dir)
         keys = Keys(cfg.run.name)
         prom = tmp_path / "prom"
         assert refresh(cfg, client, keys, tmp_path, prom) is not None

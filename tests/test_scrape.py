@@ -53,7 +53,7 @@ def endpoints():
 
 @pytest.fixture
 def redis_client(redis_cfg):
-    client = connect_sync(redis_cfg)
+    client = connect_sync(redis_cfg.broker, redis_cfg.run.dir)
     yield client
     client.close()
 

@@ -205,7 +205,7 @@ def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
         update={"actor": redis_cfg.actor.model_copy(update={"max_actors": 2})}
     )
     # `true` stands in for the actor program only: what is bounded is how many the supervisor starts.
-    sup = Supervisor(cfg, None, actors=0, python=shutil.which("true"))
+    sup = Supervisor(cfg, actors=0, python=shutil.which("true"))
     sup.log_dir.mkdir(parents=True)
     sup.redis = redis.Redis.from_url(cfg.broker.redis_url, socket_timeout=2)
     try:
@@ -240,7 +240,7 @@ def test_every_listening_socket_of_a_running_system_is_loopback_and_redis_wants_
     cfg = load_config(config, overrides, env={})
     # children an earlier test of this pytest process left behind are not this system's
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    sup = Supervisor(cfg, config, overrides, actors=1)
+    sup = Supervisor(cfg, actors=1)
     try:
         sup.start()
         assert sup.wait_until(lambda: len(read_steps(Path(cfg.run.dir))) >= 2, timeout=180)

@@ -85,7 +85,7 @@ def test_a_vllm_actor_and_an_hf_actor_both_train_the_policy(tmp_path, demo_polic
             and _reward_rise(steps) > 0.05
         )
 
-    sup = Supervisor(cfg, CONFIG, overrides, actors=1)
+    sup = Supervisor(cfg, actors=1)
     try:
         sup.start()
         # the hf actor joins once the vLLM engine stands: its start is then not competing with

@@ -59,7 +59,7 @@ class Publisher:
     def __init__(self, cfg: Config, client: redis.Redis | None = None):
         self.cfg = cfg
         self.keys = Keys.from_config(cfg)
-        self.client = client or connect_sync(cfg)
+        self.client = client or connect_sync(cfg.broker, cfg.run.dir)
         self.transport = cfg.weightsync.transport
         self.dtype = transfer_dtype(cfg)
         self.id = uuid.uuid4().hex[:12]

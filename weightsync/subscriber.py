@@ -92,7 +92,7 @@ class Subscriber:
         self.cfg = cfg
         self.actor_id = actor_id
         self.keys = Keys.from_config(cfg)
-        self.client = client or connect_sync(cfg)
+        self.client = client or connect_sync(cfg.broker, cfg.run.dir)
         self.template = dict(template)
         self.transport = cfg.weightsync.transport
         self.timeout_s = cfg.weightsync.timeout_s

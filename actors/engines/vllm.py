@@ -202,7 +202,7 @@ class ShmAnnouncements:
         from streamrl.broker.client import connect_sync
         from streamrl.broker.keys import Keys
 
-        self.client = connect_sync(cfg)
+        self.client = connect_sync(cfg.broker, cfg.run.dir)
         self.keys = Keys.from_config(cfg)
 
     def __call__(self):

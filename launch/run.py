@@ -1,0 +1,142 @@
+"""``streamrl.run(cfg)``: Redis + learner + N actors on one machine until the learner stops.
+
+The one implementation behind ``streamrl run`` (``make run``) and the Python API: it starts the
+supervisor, shows a live view (a table on a terminal, a line every 10 s elsewhere), stops
+everything in order and returns what the run did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rich.console import Console
+from rich.live import Live
+
+from streamrl.configs import Config
+from streamrl.launch.scrape import sync_targets, write_prometheus_config
+from streamrl.launch.status import Snapshot, read_steps, snapshot
+from streamrl.launch.supervisor import Supervisor
+from streamrl.launch.view import live_table, plain_line, summary
+
+REFRESH_S = 1.0
+PLAIN_EVERY_S = 10.0
+# past run.max_time_s, how long the learner gets to stop by itself before the launcher stops it
+TIME_LIMIT_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a finished run did: learner steps, the last step's mean reward (None without a
+    step), why it stopped, where its files are, and its wall time."""
+
+    steps: int
+    final_reward: float | None
+    reason: str
+    run_dir: Path
+    elapsed_s: float
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, _frame):
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _set_handlers(handler) -> dict | None:
+    """Install ``handler`` for SIGTERM and SIGINT; returns the handlers it replaced, or None off
+    the main thread, which cannot install any (the caller's own handling then stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def refresh(cfg: Config, redis_client, keys, run_dir, prom_dir) -> Snapshot | None:
+    """The live view's snapshot, with the Prometheus targets brought up to date; None while Redis
+    is unreachable: the supervisor's next tick restarts an embedded server that died, so the view
+    skips a beat instead of ending the run."""
+    try:
+        snap = snapshot(redis_client, keys, run_dir, cfg.broker.consumer_group)
+        sync_targets(cfg, redis_client, prom_dir)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        print(f"live view: Redis unreachable ({exc}); retrying", file=sys.stderr, flush=True)
+        return None
+    return snap
+
+
+def _watch(sup: Supervisor, cfg: Config, console: Console, started: float) -> str:
+    """Tick the supervisor and show the live view until the learner stops; returns why it ended."""
+    prom_dir = sup.run_dir / "prometheus"
+    write_prometheus_config(prom_dir)
+    console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
+    last_plain = 0.0
+    with (
+        Live(console=console, refresh_per_second=2, transient=False)
+        if console.is_terminal
+        else contextlib.nullcontext() as live
+    ):
+        while not sup.learner_finished:
+            sup.tick()
+            elapsed = time.monotonic() - started
+            if cfg.run.max_time_s and elapsed > cfg.run.max_time_s + TIME_LIMIT_GRACE_S:
+                return "time limit"
+            snap = refresh(cfg, sup.redis, sup.keys, sup.run_dir, prom_dir)
+            if snap is None:
+                time.sleep(REFRESH_S)
+                continue
+            if console.is_terminal:
+                live.update(live_table(snap, elapsed, sup.events))
+            elif elapsed - last_plain >= PLAIN_EVERY_S:
+                last_plain = elapsed
+                print(plain_line(snap, elapsed), flush=True)
+            time.sleep(REFRESH_S)
+    return "learner finished"
+
+
+def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
+    """Run ``cfg`` (from ``streamrl.load_config``) with ``actors`` actor processes until the
+    learner stops (``run.max_steps``, ``run.max_time_s``, its target) or SIGINT/SIGTERM; prints
+    the live view and the end-of-run summary. ``resume`` keeps the run directory, so the learner
+    continues from its checkpoint.
+
+    Raises a ``StreamRLError`` (a broken dataset, no vLLM for a vLLM actor, Redis that will not
+    start, ...) before any child starts; the children are stopped whatever happens.
+    """
+    console = Console()
+    sup = Supervisor(cfg, actors=actors, resume=resume)
+    started = time.monotonic()
+    started_unix = time.time()
+    reason = "start failed"
+    previous = _set_handlers(_raise_stop)
+    try:
+        sup.start()
+        reason = _watch(sup, cfg, console, started)
+    except _Stop as stop:
+        reason = f"{stop} received"
+    finally:
+        # stopping the children in order is not cut short by a second Ctrl-C
+        _set_handlers(signal.SIG_IGN)
+        console.print(f"stopping ({reason}) ...")
+        sup.stop()
+        for sig, handler in (previous or {}).items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    elapsed = time.monotonic() - started
+    steps = read_steps(sup.run_dir)
+    console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run))
+    last = steps[-1] if steps else {}
+    return RunSummary(
+        steps=int(last.get("step", 0)),
+        final_reward=last.get("reward_mean"),
+        reason=reason,
+        run_dir=sup.run_dir,
+        elapsed_s=elapsed,
+    )
