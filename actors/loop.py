@@ -34,6 +34,7 @@ from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.rewards import RewardInput, RewardPool, Score
 from streamrl.broker.audit import JsonlLog, published_path
+from streamrl.broker.semantics import is_stale
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
 
@@ -232,7 +233,7 @@ class Actor:
             while not self.stop.is_set():
                 learner_version = await self.admission.version()
                 self.engine_version_tick(learner_version)
-                if self.engine.version >= learner_version - self.cfg.algo.max_staleness:
+                if not is_stale(learner_version, self.engine.version, self.cfg.algo.max_staleness):
                     # the bound depends on the version of the engine that will generate the group
                     lease = await self.admission.try_start(self.actor_id, self.engine.version)
                     if lease is not None:

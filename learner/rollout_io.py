@@ -173,7 +173,7 @@ class RolloutIO:
                 )
                 return "stop"
         deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
-        batch = prepare_batch(deliveries, version, cfg, self.wait_s)
+        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
         return batch
@@ -184,7 +184,7 @@ class RolloutIO:
         if not a.dynamic_sampling:
             return need if len(self.buffer) >= need else None
         cap = a.dynamic_sampling_max_groups or 8 * need
-        signal = [has_signal(d.group, version, self.cfg) for d in self.buffer[: max(cap, need)]]
+        signal = [has_signal(d.group, version, a) for d in self.buffer[: max(cap, need)]]
         return dynamic_batch_size(signal, need, cap)
 
     def publish(self, version: int, model, consumed: int | None = None) -> None:

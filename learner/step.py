@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from streamrl.broker.semantics import is_stale
 from streamrl.configs.schema import Config
 from streamrl.learner import algorithm
 from streamrl.learner.batching import (
@@ -96,7 +97,7 @@ def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> t
     """(completion tokens not stale, sequences with at least one such token) over the whole batch."""
     tokens = seqs = 0
     for s in samples:
-        fresh = int(((version - s.versions) <= max_staleness).sum())
+        fresh = int((~is_stale(version, s.versions, max_staleness)).sum())
         tokens += fresh
         seqs += fresh > 0
     return tokens, seqs
@@ -125,10 +126,10 @@ def _loss(
     cfg: Config, logprobs, entropy, mb: MicroBatch, version: int, prox, ref, normalizer: float
 ):
     a = cfg.algo
-    staleness = algorithm.token_staleness(version, mb.versions)
-    mask = mb.completion_mask & ~algorithm.stale_mask(staleness, a.max_staleness)
+    mask = mb.completion_mask & ~is_stale(version, mb.versions, a.max_staleness)
     clip_low, clip_high, rho = a.clip_low, a.clip_high, a.rho_max
     if a.staleness_tighten > 0:
+        staleness = algorithm.token_staleness(version, mb.versions)
         clip_low = algorithm.tighten(a.clip_low, staleness, a.staleness_tighten)
         clip_high = algorithm.tighten(a.clip_high, staleness, a.staleness_tighten)
         rho = algorithm.tighten(

@@ -60,9 +60,9 @@ def test_dynamic_batch_size_matches_the_one_group_at_a_time_reference(signal, ne
 def test_signal_means_trainable_neither_zero_variance_nor_wholly_stale(redis_cfg):
     cfg = redis_cfg.model_copy(deep=True)
     cfg.algo.max_staleness = 1
-    assert has_signal(group([0.0, 1.0]), version=1, cfg=cfg)
-    assert not has_signal(group([0.5, 0.5]), version=1, cfg=cfg)
-    assert not has_signal(group([0.0, 1.0], version=0), version=2, cfg=cfg)
+    assert has_signal(group([0.0, 1.0]), version=1, algo=cfg.algo)
+    assert not has_signal(group([0.5, 0.5]), version=1, algo=cfg.algo)
+    assert not has_signal(group([0.0, 1.0], version=0), version=2, algo=cfg.algo)
 
 
 def _config(redis_cfg, **algo):
@@ -148,7 +148,7 @@ def test_prepare_batch_counts_stale_groups_apart_from_zero_variance_ones(redis_c
     batch = prepare_batch(
         [Delivery(group([0.0, 1.0], version=0)), Delivery(group([1.0, 1.0], version=3))],
         version=3,
-        cfg=cfg,
+        algo=cfg.algo,
         wait_s=0.0,
     )
     assert batch.log["dropped_stale_groups"] == 1 and batch.log["zero_variance_groups"] == 1
@@ -167,7 +167,10 @@ def test_zero_variance_groups_are_trained_while_a_kl_or_entropy_term_gives_them_
             self.group, self.entry_id = g, "0-1"
 
     batch = prepare_batch(
-        [Delivery(group([0.0, 1.0])), Delivery(group([1.0, 1.0]))], version=0, cfg=cfg, wait_s=0.0
+        [Delivery(group([0.0, 1.0])), Delivery(group([1.0, 1.0]))],
+        version=0,
+        algo=cfg.algo,
+        wait_s=0.0,
     )
     assert len(batch.samples) == 4 and batch.skipped == []
     assert batch.log["zero_variance_groups"] == 0
