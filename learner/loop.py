@@ -59,7 +59,7 @@ class Learner:
         self.rank, self.world = init_distributed()
         model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        self.engine = build_engine(cfg, model, self.world)
+        self.engine = build_engine(cfg.learner, model, self.world)
         self.ref_model = (
             load_policy(cfg.model.path, cfg.model.dtype, str(device()))
             if cfg.algo.kl_coef > 0 and not cfg.algo.actors_score_reference
@@ -122,12 +122,15 @@ class Learner:
                 self.engine,
                 batch.samples,
                 batch.version,
-                cfg,
-                self.rank,
-                self.world,
-                self.pad_id,
-                self.ref_model,
-                after_update,
+                algo=cfg.algo,
+                learner=cfg.learner,
+                rollout=cfg.rollout,
+                seed=cfg.run.seed,
+                rank=self.rank,
+                world=self.world,
+                pad_id=self.pad_id,
+                ref_model=self.ref_model,
+                after_update=after_update,
                 skipped=batch.skipped,
             )
             progress.step += 1
