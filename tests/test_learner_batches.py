@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.learner.prepare import dynamic_batch_size, has_signal, prepare_batch
-from streamrl.learner.rollout_io import Progress, RolloutIO
+from streamrl.learner.rollout_io import NoBatch, RolloutIO
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -187,7 +187,7 @@ def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
     first = group([0.0, 1.0])
     xadd_groups(cfg, [first])
     io = open_io(cfg)
-    assert io.next_batch(0, _never) == "idle"
+    assert io.next_batch(0, _never) is NoBatch.IDLE
     assert [d.group.group_id for d in io.buffer] == [first.group_id]
     xadd_groups(cfg, [group([0.0, 1.0]), group([1.0, 0.0])])
     batch = io.next_batch(0, _never)
@@ -207,7 +207,7 @@ def test_groups_read_past_the_step_and_never_trained_are_redelivered_to_the_next
     # two reads of 3: the first four hold 3 groups with a signal, the next two wait in the buffer
     assert [g for _, g in first.entries] == [g.group_id for g in groups[:4]]
     assert [d.group.group_id for d in io.buffer] == [u[3].group_id, u[4].group_id]
-    io.ack(Progress(step=1, unacked=first.entries, consumed=4))
+    io.ack(first.entries, consumed=4, step=1)
     keys = Keys.from_config(cfg)
     client = redis.Redis.from_url(cfg.broker.redis_url)
     assert client.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 2
