@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
 import pytest
 import redis
+from broker_helpers import make_group
 
 from streamrl.broker.keys import Keys
-from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.learner.commits import Commits
 from streamrl.learner.rollout_io import Progress, RolloutIO
 from tests.learner_rollouts import xadd_groups
@@ -37,26 +36,6 @@ def test_under_ack_policy_step_no_entry_waits_for_a_checkpoint():
     commits = Commits(Progress(), "step")
     commits.step_done(STEP, trained=True)
     assert not commits.pending and commits.progress.consumed == 3
-
-
-def _group() -> RolloutGroup:
-    completions = [
-        Completion(
-            token_ids=np.array([5, 6], np.int32),
-            logprobs=np.array([-0.5, -0.7], np.float32),
-            versions=np.zeros(2, np.int32),
-            reward=r,
-        )
-        for r in (0.0, 1.0)
-    ]
-    return RolloutGroup(
-        group_id=uuid.uuid4().hex,
-        prompt_id="p",
-        actor_id="a0",
-        seq=0,
-        prompt_token_ids=np.array([7, 8, 9], np.int32),
-        completions=completions,
-    )
 
 
 def _config(redis_cfg, ack_policy: str):
@@ -90,7 +69,7 @@ class _Redis:
 def rank0(redis_cfg, request):
     """Rank 0's RolloutIO on a stream of two groups (one step), and a view of Redis."""
     cfg = _config(redis_cfg, request.param)
-    xadd_groups(cfg, [_group(), _group()])
+    xadd_groups(cfg, [make_group(uuid.uuid4().hex), make_group(uuid.uuid4().hex)])
     io = RolloutIO(cfg, VOCAB)
     yield io, _Redis(cfg)
     io.close()
