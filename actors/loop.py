@@ -46,6 +46,7 @@ from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats
 from streamrl.broker.metrics import serve, unregister
+from streamrl.broker.semantics import is_stale
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
@@ -237,7 +238,7 @@ class Actor:
             while not self.stop.is_set():
                 learner_version = await self.admission.version()
                 self.engine_version_tick(learner_version)
-                if self.engine.version >= learner_version - self.cfg.algo.max_staleness:
+                if not is_stale(learner_version, self.engine.version, self.cfg.algo.max_staleness):
                     # the bound depends on the version of the engine that will generate the group
                     lease = await self.admission.try_start(self.actor_id, self.engine.version)
                     if lease is not None:

@@ -13,6 +13,7 @@ import os
 import platform
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -103,7 +104,7 @@ def run(quick: bool = False) -> str:
         tokens = n_samples * COMPLETION
         mine, _ = plan_rank_micro_batches(samples, world, rank, cfg.learner.micro_batch_tokens)
         batches = [collate(b, 0) for b in mine]
-        normalizer = loss_normalizer(cfg, samples, 0)
+        normalizer = loss_normalizer(cfg.algo, cfg.rollout, samples, 0)
 
         plain = _model(*shape)
         plain.train()
@@ -111,10 +112,22 @@ def run(quick: bool = False) -> str:
         optimizer = torch.optim.AdamW(
             plain.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay
         )
-        engine = build_engine(cfg, _model(*shape), world)
+        engine = build_engine(cfg.learner, _model(*shape), world)
         plain_s, engine_s = _interleaved_medians(
             lambda: _plain_step(plain, optimizer, batches, cfg, normalizer),  # noqa: B023
-            lambda: train_batch(engine, samples, 0, cfg, rank, world, 0),  # noqa: B023
+            partial(
+                train_batch,
+                engine,
+                samples,
+                0,
+                algo=cfg.algo,
+                learner=cfg.learner,
+                rollout=cfg.rollout,
+                seed=cfg.run.seed,
+                rank=rank,
+                world=world,
+                pad_id=0,
+            ),
             repeats,
         )
         params = sum(p.numel() for p in plain.parameters()) / 1e6

@@ -41,6 +41,7 @@ import uuid
 import redis.asyncio
 
 from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import is_stale
 from streamrl.configs.schema import Config
 
 # KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
@@ -96,9 +97,9 @@ return current
 
 def slots(version: int, learner_version: int, cfg: Config) -> int:
     """Groups beyond the consumed count an engine at ``version`` may start (see the module doc)."""
-    room = version + cfg.algo.max_staleness - learner_version
-    if room < 0:
+    if is_stale(learner_version, version, cfg.algo.max_staleness):
         return 0
+    room = version + cfg.algo.max_staleness - learner_version
     return (room // cfg.learner.versions_per_batch + 1) * cfg.learner.groups_per_step
 
 

@@ -70,3 +70,14 @@ def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = N
                 f"completion[{i}].ver: policy version {int(completion.versions.max())} was never "
                 f"announced (the learner is at {max_version})"
             )
+
+
+def is_stale(learner_version, token_version, max_staleness):
+    """Whether a token sampled by policy ``token_version`` is too old to train on once the learner
+    is at ``learner_version``: more than ``max_staleness`` versions behind it.
+
+    The one staleness test of the system (learner masks and drops, actors wait, admission bounds);
+    elementwise on ints, numpy arrays and torch tensors alike.
+    """
+    # stale = v_learner - v_token > S
+    return learner_version - token_version > max_staleness

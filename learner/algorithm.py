@@ -50,12 +50,6 @@ def token_staleness(learner_version: int, token_versions: Tensor) -> Tensor:
     return learner_version - token_versions
 
 
-def stale_mask(staleness: Tensor, max_staleness: int) -> Tensor:
-    """True for tokens too old to train on."""
-    # stale_t = s_t > S
-    return staleness > max_staleness
-
-
 def tighten(value: float, staleness: Tensor, rate: float, floor: float = 0.0) -> Tensor:
     """Shrink ``value`` towards ``floor`` by ``rate`` per version of staleness (clip ranges: floor 0; rho: floor 1).
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from streamrl.broker.server import free_port
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
 from streamrl.weightsync.policy import sequence_logprobs
 
@@ -81,8 +81,7 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def deepspeed_config(cfg: Config, world_size: int, bf16: bool) -> dict:
-    lc = cfg.learner
+def deepspeed_config(lc: LearnerConfig, world_size: int, bf16: bool) -> dict:
     zero: dict = {"stage": lc.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if lc.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": accelerator() == "cuda"}
@@ -101,13 +100,12 @@ def deepspeed_config(cfg: Config, world_size: int, bf16: bool) -> dict:
     }
 
 
-def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
+def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
     """``deepspeed.initialize`` with torch AdamW and a linear warmup; returns the engine."""
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
     import deepspeed
 
-    lc = cfg.learner
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()
     optimizer = torch.optim.AdamW(
@@ -122,7 +120,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, world_size: int):
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
-        config=deepspeed_config(cfg, world_size, bf16),
+        config=deepspeed_config(lc, world_size, bf16),
     )
     return engine
 

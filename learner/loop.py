@@ -6,21 +6,14 @@ One step, as ``Learner.run`` drives it::
     batch = broadcast(batch)           # every rank trains the same batch on its balanced share
     train_batch(engine, batch, ...)    # learner.step: the loss of learner.algorithm, optimizer steps
       after each update: io.publish    # rank 0: weights, then the new version, then admission's count
+    commits.step_done(entries)         # count the step's groups for admission (ack_policy step: ack)
     io.record(row)                     # rank 0: step log, trackers, metrics
-    every checkpoint_every steps: save_checkpoint, then io.ack the entries it covers
+    every checkpoint_every steps: save_checkpoint, then commits.checkpointed (ack the entries)
 
 Rank 0 alone talks to Redis, through ``learner.rollout_io``; the batch is small next to the model,
 so ``broadcast_object_list`` over the gloo/NCCL group carries it to the other ranks, and their
-weights stay identical.
-
-Ack policy (``learner.ack_policy``):
-- ``checkpoint`` (default): entries are acked only after a checkpoint holds the step that used
-  them. The checkpoint also lists them, and a restarted learner acks that list first (a crash
-  between save and ack). A SIGKILLed learner restarts from the checkpoint and re-reads exactly the
-  entries of the lost steps from its pending list, in the same order: nothing lost, nothing trained
-  twice, the same weights as an uninterrupted run.
-- ``step``: entries are acked as soon as their step is published. Less redelivery after a crash,
-  but the steps since the last checkpoint are lost together with their data.
+weights stay identical. The commit bookkeeping (the consumed count; when entries are acked,
+``learner.ack_policy``) is ``learner.commits``'s.
 """
 
 from __future__ import annotations
@@ -37,10 +30,11 @@ import torch.distributed as dist
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, target
 from streamrl.learner import metrics as m
+from streamrl.learner.commits import Commits
 from streamrl.learner.engine import build_engine, device, init_distributed
 from streamrl.learner.export import export_at_end
 from streamrl.learner.prepare import Batch
-from streamrl.learner.rollout_io import Progress, RolloutIO
+from streamrl.learner.rollout_io import NoBatch, Progress, RolloutIO
 from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
 
 
@@ -59,7 +53,7 @@ class Learner:
         self.rank, self.world = init_distributed()
         model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        self.engine = build_engine(cfg, model, self.world)
+        self.engine = build_engine(cfg.learner, model, self.world)
         self.ref_model = (
             load_policy(cfg.model.path, cfg.model.dtype, str(device()))
             if cfg.algo.kl_coef > 0 and not cfg.algo.actors_score_reference
@@ -71,8 +65,13 @@ class Learner:
         # the recent step records' figures for cfg.run.target_* (rank 0 decides the stop)
         self.recent: deque[dict[str, float]] = deque(maxlen=cfg.run.target_window)
         self.io = RolloutIO(cfg, model.config.vocab_size, self.progress) if self.rank == 0 else None
+        self.commits = (
+            self.io.commits
+            if self.io is not None
+            else Commits(self.progress, cfg.learner.ack_policy)
+        )
         if self.io is not None:
-            self.io.resume(self.progress, self.engine.module)
+            self.io.resume(self.engine.module)
 
     def run(self, echo: Callable[[str], None] = print) -> Progress:
         """Train until run.max_steps / run.max_time_s / the run.target_* / ``should_stop()`` / the read timeout."""
@@ -96,13 +95,13 @@ class Learner:
                 self.io.next_batch(self.progress.version, self.stop_requested) if self.io else None
             )
             batch = _broadcast(batch, self.rank, self.world)
-            if batch == "stop":
+            if batch is NoBatch.STOP:
                 return None
-            if batch != "idle":
+            if batch is not NoBatch.IDLE:
                 return self._train(batch)
 
     def _train(self, batch: Batch) -> dict:
-        cfg, progress, io = self.cfg, self.progress, self.io
+        cfg, progress, io, commits = self.cfg, self.progress, self.io, self.commits
         t0 = time.perf_counter()
         updates = []
         taken = len(batch.entries)
@@ -116,32 +115,27 @@ class Learner:
                     io.publish(progress.version, self.engine.module)
                 else:
                     # the batch's last update completes the step: its groups count with its version
-                    io.publish(progress.version, self.engine.module, progress.consumed + taken)
+                    io.publish(progress.version, self.engine.module, commits.count_with(taken))
 
             updates = train_batch(
                 self.engine,
                 batch.samples,
                 batch.version,
-                cfg,
-                self.rank,
-                self.world,
-                self.pad_id,
-                self.ref_model,
-                after_update,
+                algo=cfg.algo,
+                learner=cfg.learner,
+                rollout=cfg.rollout,
+                seed=cfg.run.seed,
+                rank=self.rank,
+                world=self.world,
+                pad_id=self.pad_id,
+                ref_model=self.ref_model,
+                after_update=after_update,
                 skipped=batch.skipped,
             )
             progress.step += 1
             progress.samples += len(batch.samples)
             progress.tokens += first_pass_tokens(updates)
-        progress.unacked += batch.entries
-        # counted trained or not: a step whose every group was dropped still frees their slots
-        progress.consumed += taken
-        if cfg.learner.ack_policy == "step":
-            if io is not None:
-                io.ack(progress)
-            progress.unacked = []
-        elif io is not None and not updates:
-            io.set_consumed(progress.consumed)
+        commits.step_done(batch.entries, trained=bool(updates))
         row: dict = {}
         if io is not None:
             row = io.record(progress, batch, updates, time.perf_counter() - t0)
@@ -159,9 +153,7 @@ class Learner:
         self.last_ckpt_step = self.progress.step
         if self.io is not None:
             m.STEP_PHASE.labels("checkpoint").observe(time.perf_counter() - t0)
-            if self.cfg.learner.ack_policy == "checkpoint":
-                self.io.ack(self.progress)
-        self.progress.unacked = []
+        self.commits.checkpointed()
 
     def stop_requested(self) -> bool:
         cfg = self.cfg
@@ -181,7 +173,7 @@ class Learner:
     def close(self) -> None:
         """Checkpoint what is not yet saved, export the policy (rank 0), then release Redis, weights, metrics."""
         try:
-            if self.progress.step > self.last_ckpt_step or self.progress.unacked:
+            if self.progress.step > self.last_ckpt_step or self.commits.pending:
                 self.save_checkpoint()
             if self.io is not None:
                 export_at_end(self.cfg, self.model, self.progress.step, self.progress.version)

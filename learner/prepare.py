@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl.configs.schema import Config
+from streamrl.broker.semantics import is_stale
+from streamrl.configs.schema import AlgoConfig
 from streamrl.learner import algorithm
 from streamrl.learner import metrics as m
 from streamrl.learner.batching import Sample, samples_from_group
@@ -35,19 +36,17 @@ class Batch:
     skipped: list[Sample] = field(default_factory=list)
 
 
-def _group_staleness(group, version: int) -> list[np.ndarray]:
-    return [
-        algorithm.token_staleness(version, c.versions.astype(np.int64)) for c in group.completions
-    ]
+def _token_versions(group) -> list[np.ndarray]:
+    return [c.versions.astype(np.int64) for c in group.completions]
 
 
-def _wholly_stale(group_staleness: list[np.ndarray], max_staleness: int) -> bool:
-    return all(bool((s > max_staleness).all()) for s in group_staleness)
+def _wholly_stale(token_versions: list[np.ndarray], version: int, max_staleness: int) -> bool:
+    return all(bool(is_stale(version, v, max_staleness).all()) for v in token_versions)
 
 
-def has_signal(group, version: int, cfg: Config) -> bool:
+def has_signal(group, version: int, algo: AlgoConfig) -> bool:
     """Whether a group would be trained: not wholly stale and its rewards not all equal."""
-    if _wholly_stale(_group_staleness(group, version), cfg.algo.max_staleness):
+    if _wholly_stale(_token_versions(group), version, algo.max_staleness):
         return False
     rewards = group.rewards
     return bool(np.max(rewards) != np.min(rewards))
@@ -68,26 +67,25 @@ def dynamic_batch_size(signal: list[bool], need: int, cap: int) -> int | None:
     return cap if len(signal) >= cap else None
 
 
-def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch:
+def prepare_batch(deliveries, version: int, algo: AlgoConfig, wait_s: float) -> Batch:
     """Drop fully stale and zero-variance groups (counted), attach group advantages.
 
     Under dynamic sampling the dropped zero-variance groups are not kept for the loss
     normaliser either: the batch is the groups with a signal, as DAPO defines it.
     """
-    a = cfg.algo
     samples: list[Sample] = []
     skipped: list[Sample] = []
-    rewards, staleness = [], []
+    rewards, trained_versions = [], []
     parts: dict[str, list[float]] = {}
     by_actor: dict[str, int] = {}
     spanning = 0
     dropped_stale = zero_variance = 0
     for d in deliveries:
         g = d.group
-        group_staleness = _group_staleness(g, version)
-        if _wholly_stale(group_staleness, a.max_staleness):
+        token_versions = _token_versions(g)
+        if _wholly_stale(token_versions, version, algo.max_staleness):
             dropped_stale += 1
-            m.DROPPED_STALE_TOKENS.inc(sum(s.size for s in group_staleness))
+            m.DROPPED_STALE_TOKENS.inc(sum(v.size for v in token_versions))
             continue
         rewards += [c.reward for c in g.completions]
         for c in g.completions:
@@ -97,20 +95,21 @@ def prepare_batch(deliveries, version: int, cfg: Config, wait_s: float) -> Batch
         # completions that saw a weight swap between two of their tokens
         spanning += sum(int(c.versions[0] != c.versions[-1]) for c in g.completions)
         advantages, zero_var = algorithm.group_advantages(
-            torch.tensor(g.rewards)[None], a.advantage, a.adv_eps, a.std_threshold
+            torch.tensor(g.rewards)[None], algo.advantage, algo.adv_eps, algo.std_threshold
         )
         # with a KL or entropy term a zero-advantage token still has a gradient: skipping it
         # would change the objective, so only dynamic sampling (DAPO's batch definition) drops it
-        skippable = a.skip_zero_variance and a.kl_coef == 0 and a.entropy_coef == 0
-        if (skippable or a.dynamic_sampling) and bool(zero_var[0]):
+        skippable = algo.skip_zero_variance and algo.kl_coef == 0 and algo.entropy_coef == 0
+        if (skippable or algo.dynamic_sampling) and bool(zero_var[0]):
             zero_variance += 1
-            if not a.dynamic_sampling:
+            if not algo.dynamic_sampling:
                 skipped += samples_from_group(g, advantages[0].tolist())
             continue
         samples += samples_from_group(g, advantages[0].tolist())
-        staleness += group_staleness
-    all_staleness = np.concatenate(staleness) if staleness else np.zeros(0, dtype=np.int64)
-    stale_tokens = int((all_staleness > a.max_staleness).sum())
+        trained_versions += token_versions
+    versions = np.concatenate(trained_versions) if trained_versions else np.zeros(0, dtype=np.int64)
+    all_staleness = algorithm.token_staleness(version, versions)
+    stale_tokens = int(is_stale(version, versions, algo.max_staleness).sum())
     m.DROPPED_STALE_TOKENS.inc(stale_tokens)
     m.DROPPED_STALE_GROUPS.inc(dropped_stale)
     m.ZERO_VARIANCE_GROUPS.inc(zero_variance)

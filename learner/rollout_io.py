@@ -12,14 +12,14 @@ about a third of it, within the run-to-run noise; and a read-ahead would check t
 versions against a version not yet announced, so a recorded stream replayed on time (the
 learner tests' reference runs) would be dead-lettered.
 
-Counting for admission: every completed step, trained or not, adds its entries to
-``Progress.consumed``, and that running total is written to ``adm:consumed`` (set only if larger:
-idempotent, restored from the checkpoint by a restarted learner, see broker.admission).
+The commit bookkeeping (the consumed count, the entries to ack) is ``learner.commits``'s; this
+module carries out its writes to Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import threading
@@ -38,6 +38,7 @@ from streamrl.broker.stream import Delivery, RolloutConsumer
 from streamrl.configs.schema import Config
 from streamrl.learner import lineage
 from streamrl.learner import metrics as m
+from streamrl.learner.commits import Commits
 from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
 from streamrl.learner.step import UpdateStats, first_pass_tokens
 from streamrl.learner.tracking import Tracker
@@ -58,6 +59,7 @@ class Progress:
     version: int = 0
     samples: int = 0
     tokens: int = 0
+    # the commit bookkeeping, written by learner.commits.Commits only:
     # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
     # entries held from before it (the wiped `accepted` no longer counts them)
     consumed: int = 0
@@ -75,13 +77,23 @@ class Progress:
         return cls(**p)
 
 
+class NoBatch(enum.Enum):
+    """What ``RolloutIO.next_batch`` returns instead of a batch."""
+
+    # time to stop: a stop was requested or the stream stayed empty past learner.read_timeout_s
+    STOP = "stop"
+    # nothing yet: lets the other ranks leave their collective and wait in another one
+    IDLE = "idle"
+
+
 class RolloutIO:
     """Everything rank 0 does outside the math: stream, admission, weights, metrics, step log."""
 
     def __init__(self, cfg: Config, vocab_size: int, progress: Progress | None = None):
         self.cfg = cfg
-        # the learner's own progress: a Redis wipe seen while reading resets its consumed count
         self.progress = progress if progress is not None else Progress()
+        # the learner's commit bookkeeping: a Redis wipe seen while reading resets its count
+        self.commits = Commits(self.progress, cfg.learner.ack_policy, self)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rollout-io", daemon=True
@@ -113,46 +125,33 @@ class RolloutIO:
         """Run a coroutine on the I/O loop and wait for it (bounded by the client's timeouts)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def resume(self, progress: Progress, model) -> None:
-        """Ack what the checkpoint covers (a crash may have hit between save and ack); re-announce
-        the version and the consumed count.
-
-        With ``ack_policy: step`` the steps after the checkpoint are lost with their entries
-        (acked and deleted), so Redis's count, which holds them, is the right one. With
-        ``checkpoint`` those entries come back and are counted again as their steps are redone.
-        """
+    def resume(self, model) -> None:
+        """Pick up from the restored progress: resume the commits (``Commits.resume``), then
+        re-announce the version (and its weights)."""
+        progress = self.progress
         announced = max(
             self._run(self.admission.version()), lineage.logged_version(self.cfg.run.dir)
         )
         progress.version = lineage.resume_version(progress.version, announced)
-        # Redis lost its data since the checkpoint: its count is of groups the new `accepted` lacks
-        epoch = self._run(self.admission.epoch())
-        if progress.redis_epoch not in ("", epoch):
-            progress.consumed = 0
-        progress.redis_epoch = epoch
-        if self.cfg.learner.ack_policy == "step":
-            counts = self._run(self.admission.counts())
-            progress.consumed = max(progress.consumed, counts["consumed"])
-        self.ack(progress)
-        self.set_consumed(progress.consumed)
+        self.commits.resume()
         self._run(self.consumer.start_version_check(progress.version))
         self._run(self.admission.set_version(progress.version))
         m.POLICY_VERSION.set(progress.version)
         if progress.version > 0:
             self.publish(progress.version, model)
 
-    def next_batch(self, version: int, should_stop: Callable[[], bool]) -> Batch | str:
-        """A full batch, or ``"stop"``, or ``"idle"`` (nothing yet; lets the other ranks leave their collective)."""
+    def next_batch(self, version: int, should_stop: Callable[[], bool]) -> Batch | NoBatch:
+        """A full batch, or ``NoBatch.STOP``, or ``NoBatch.IDLE`` (nothing yet)."""
         cfg = self.cfg
         need = cfg.learner.groups_per_step
         started = time.monotonic()
         if should_stop():
-            return "stop"
+            return NoBatch.STOP
         while (take := self._batch_size(version)) is None:
             if should_stop():
-                return "stop"
+                return NoBatch.STOP
             if time.monotonic() - started > IDLE_BROADCAST_S:
-                return "idle"
+                return NoBatch.IDLE
             t0 = time.monotonic()
             # a short buffer reads up to a batch; a full one still short of signal reads another batch
             count = need - len(self.buffer) if len(self.buffer) < need else need
@@ -171,9 +170,9 @@ class RolloutIO:
                     "no rollouts for %.0f s (learner.read_timeout_s): stopping",
                     cfg.learner.read_timeout_s,
                 )
-                return "stop"
+                return NoBatch.STOP
         deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
-        batch = prepare_batch(deliveries, version, cfg, self.wait_s)
+        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
         return batch
@@ -184,7 +183,7 @@ class RolloutIO:
         if not a.dynamic_sampling:
             return need if len(self.buffer) >= need else None
         cap = a.dynamic_sampling_max_groups or 8 * need
-        signal = [has_signal(d.group, version, self.cfg) for d in self.buffer[: max(cap, need)]]
+        signal = [has_signal(d.group, version, a) for d in self.buffer[: max(cap, need)]]
         return dynamic_batch_size(signal, need, cap)
 
     def publish(self, version: int, model, consumed: int | None = None) -> None:
@@ -204,26 +203,28 @@ class RolloutIO:
         """Count the groups of completed steps for admission (set only if larger)."""
         self._run(self.admission.set_consumed(consumed))
 
-    def _recount_after_wipe(self, wipes_before: int, held: int) -> None:
-        """Redis restarted without persistence (the consumer recreated its group): the counters
-        start from zero, and the ``held`` entries we read before the wipe, which its ``accepted``
-        no longer counts, are counted below zero until their step completes."""
-        if self.consumer.group_recreated != wipes_before:
-            self.progress.consumed = -held
-            self.progress.redis_epoch = self._run(self.admission.epoch())
-            self._run(self.admission.reset_consumed(self.progress.consumed))
+    def redis_epoch(self) -> str:
+        return self._run(self.admission.epoch())
 
-    def ack(self, progress: Progress) -> None:
-        """Commit the trained entries (XACK + XDEL + trained set) with the consumed count."""
-        if progress.unacked:
-            wipes = self.consumer.group_recreated
-            entries = [e for e, _ in progress.unacked]
-            groups = [g for _, g in progress.unacked]
-            self._run(self.consumer.ack(entries, groups, consumed=progress.consumed))
-            self._recount_after_wipe(wipes, len(self.buffer))
-            if self.commit_log is not None:
-                self.commit_log.write({"step": progress.step, "groups": groups})
-            progress.unacked = []
+    def consumed_in_redis(self) -> int:
+        return self._run(self.admission.counts())["consumed"]
+
+    def _recount_after_wipe(self, wipes_before: int, held: int) -> None:
+        """Redis restarted without persistence (the consumer recreated its group) since
+        ``wipes_before`` was read, while ``held`` entries read before it were not yet counted."""
+        if self.consumer.group_recreated != wipes_before:
+            consumed = self.commits.redis_wiped(held, self.redis_epoch())
+            self._run(self.admission.reset_consumed(consumed))
+
+    def ack(self, entries: list[tuple[str, str]], consumed: int, step: int) -> None:
+        """Commit trained (entry id, group id)s (XACK + XDEL + trained set) with the consumed
+        count, and log them under ``step``."""
+        wipes = self.consumer.group_recreated
+        groups = [g for _, g in entries]
+        self._run(self.consumer.ack([e for e, _ in entries], groups, consumed=consumed))
+        self._recount_after_wipe(wipes, len(self.buffer))
+        if self.commit_log is not None:
+            self.commit_log.write({"step": step, "groups": groups})
 
     def record(
         self, progress: Progress, batch: Batch, updates: list[UpdateStats], step_s: float

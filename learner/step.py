@@ -22,12 +22,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from streamrl.configs.schema import Config
+from streamrl.broker.semantics import is_stale
+from streamrl.configs.schema import AlgoConfig, LearnerConfig, RolloutConfig
 from streamrl.learner import algorithm
 from streamrl.learner.batching import (
     MicroBatch,
@@ -96,39 +98,107 @@ def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> t
     """(completion tokens not stale, sequences with at least one such token) over the whole batch."""
     tokens = seqs = 0
     for s in samples:
-        fresh = int(((version - s.versions) <= max_staleness).sum())
+        fresh = int((~is_stale(version, s.versions, max_staleness)).sum())
         tokens += fresh
         seqs += fresh > 0
     return tokens, seqs
 
 
-def loss_normalizer(cfg: Config, samples: list[Sample], version: int) -> float:
-    tokens, seqs = counted_tokens(samples, version, cfg.algo.max_staleness)
-    mode = cfg.algo.aggregation
+def loss_normalizer(
+    algo: AlgoConfig, rollout: RolloutConfig, samples: list[Sample], version: int
+) -> float:
+    tokens, seqs = counted_tokens(samples, version, algo.max_staleness)
+    mode = algo.aggregation
     if mode == "token_mean":
         return float(max(tokens, 1))
     if mode == "seq_mean":
         return float(max(seqs, 1))
-    return float(cfg.algo.constant_normalizer or cfg.rollout.max_new_tokens * len(samples))
+    return float(algo.constant_normalizer or rollout.max_new_tokens * len(samples))
+
+
+@dataclass
+class MiniBatch:
+    """One mini-batch as this rank trains it, with what every pass over it reuses."""
+
+    micro_batches: list[MicroBatch]
+    # the loss's denominator: the whole mini-batch's (every rank, skipped samples included)
+    normalizer: float
+    # per micro-batch: the KL term's reference log-probs (None without one)
+    ref_logprobs: list[Tensor | None]
+    # per micro-batch: pi_prox (None until the first pass takes it, or with ``proximal: behaviour``)
+    prox_logprobs: list[Tensor | None]
+
+
+@dataclass
+class UpdateSums:
+    """What one optimizer step adds up over its micro-batches and then over ranks: the loss, the
+    counted tokens, and the token-weighted sums of the per-token means of ``LossStats``."""
+
+    loss: float = 0.0
+    tokens: float = 0.0
+    clip: float = 0.0
+    is_weight: float = 0.0
+    is_truncated: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+
+    def add(self, loss: float, stats: algorithm.LossStats) -> None:
+        n = stats.tokens
+        self.loss += loss
+        self.tokens += n
+        self.clip += stats.clip_fraction * n
+        self.is_weight += stats.is_weight_mean * n
+        self.is_truncated += stats.is_truncated_fraction * n
+        self.kl += stats.kl * n
+        self.entropy += stats.entropy * n
+
+    def to_tensor(self) -> Tensor:
+        """The sums as one float64 tensor (field order), so the ranks reduce them in one call."""
+        return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, values: Tensor) -> UpdateSums:
+        return cls(*values.tolist())
+
+    def stats(self, grad_norm: float, forward_backward_s: float, optimizer_s: float) -> UpdateStats:
+        """The step's ``UpdateStats``: the loss and token count, the rest as per-token means."""
+        denom = max(self.tokens, 1.0)
+        return UpdateStats(
+            loss=self.loss,
+            tokens=int(self.tokens),
+            clip_fraction=self.clip / denom,
+            is_weight_mean=self.is_weight / denom,
+            is_truncated_fraction=self.is_truncated / denom,
+            kl=self.kl / denom,
+            entropy=self.entropy / denom,
+            grad_norm=grad_norm,
+            forward_backward_s=forward_backward_s,
+            optimizer_s=optimizer_s,
+        )
 
 
 def _rank_micro_batches(
-    samples: list[Sample], cfg: Config, rank: int, world: int, pad_id: int, device: torch.device
+    samples: list[Sample],
+    token_budget: int,
+    rank: int,
+    world: int,
+    pad_id: int,
+    device: torch.device,
 ) -> list[MicroBatch]:
-    mine, count = plan_rank_micro_batches(samples, world, rank, cfg.learner.micro_batch_tokens)
+    mine, count = plan_rank_micro_batches(samples, world, rank, token_budget)
     batches = [collate(b, pad_id).to(device) for b in mine]
     filler = masked_out(batches[0] if batches else collate(samples[:1], pad_id).to(device))
     return batches + [filler] * (count - len(batches))
 
 
 def _loss(
-    cfg: Config, logprobs, entropy, mb: MicroBatch, version: int, prox, ref, normalizer: float
+    algo: AlgoConfig, logprobs, entropy, mb: MicroBatch, version: int, prox, ref, normalizer: float
 ):
-    a = cfg.algo
-    staleness = algorithm.token_staleness(version, mb.versions)
-    mask = mb.completion_mask & ~algorithm.stale_mask(staleness, a.max_staleness)
+    a = algo
+    mask = mb.completion_mask & ~is_stale(version, mb.versions, a.max_staleness)
     clip_low, clip_high, rho = a.clip_low, a.clip_high, a.rho_max
     if a.staleness_tighten > 0:
+        staleness = algorithm.token_staleness(version, mb.versions)
         clip_low = algorithm.tighten(a.clip_low, staleness, a.staleness_tighten)
         clip_high = algorithm.tighten(a.clip_high, staleness, a.staleness_tighten)
         rho = algorithm.tighten(
@@ -153,14 +223,16 @@ def _loss(
     )
 
 
-def _reference_logprobs(ref_model, batches: list[MicroBatch], cfg: Config) -> list:
+def _reference_logprobs(
+    ref_model, batches: list[MicroBatch], kl_coef: float, temperature: float
+) -> list:
     """The KL term's reference log-probs per micro-batch: the learner's own no-grad pass, the
     actors' (``algo.reference_on: actors``; the consumer dead-letters groups without them), or
     None with no KL term."""
-    if cfg.algo.kl_coef == 0:
+    if kl_coef == 0:
         return [None] * len(batches)
     if ref_model is not None:
-        return _logprobs_no_grad(ref_model, batches, cfg.rollout.temperature)
+        return _logprobs_no_grad(ref_model, batches, temperature)
     return [mb.ref_logprobs for mb in batches]
 
 
@@ -169,21 +241,25 @@ def _logprobs_no_grad(model, batches: list[MicroBatch], temperature: float) -> l
     return [token_logprobs(model, mb, temperature) for mb in batches]
 
 
-def _all_reduce_sum(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+def _all_reduce_sum(sums: UpdateSums) -> UpdateSums:
+    t = sums.to_tensor()
     if dist.is_initialized() and dist.get_world_size() > 1:
         # NCCL reduces only tensors on the rank's GPU
         if dist.get_backend() == "nccl":
             t = t.to(torch.device("cuda", torch.cuda.current_device()))
         dist.all_reduce(t)
-    return t.tolist()
+    return UpdateSums.from_tensor(t)
 
 
 def train_batch(
     engine,
     samples: list[Sample],
     version: int,
-    cfg: Config,
+    *,
+    algo: AlgoConfig,
+    learner: LearnerConfig,
+    rollout: RolloutConfig,
+    seed: int,
     rank: int,
     world: int,
     pad_id: int,
@@ -193,37 +269,46 @@ def train_batch(
 ) -> list[UpdateStats]:
     """Train on ``samples`` (the whole batch, identical on every rank); one ``UpdateStats`` per optimizer step.
 
+    ``seed`` is the run's (``run.seed``): with the version it draws the mini-batch split.
     ``after_update`` runs after each optimizer step (rank 0 publishes the new version there).
     ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser.
     """
-    temperature = cfg.rollout.temperature
+    temperature = rollout.temperature
     device = next(engine.module.parameters()).device
-    need_prox = cfg.algo.importance_correction and cfg.algo.proximal == "recompute"
+    need_prox = algo.importance_correction and algo.proximal == "recompute"
     split = split_minibatches(
-        samples, skipped, cfg.learner.minibatches, seed=minibatch_seed(cfg.run.seed, version)
+        samples, skipped, learner.minibatches, seed=minibatch_seed(seed, version)
     )
     # a mini-batch whose samples were all skipped has nothing to train (the same on every rank)
-    minis = []
+    minis: list[MiniBatch] = []
     for trained, left_out in split:
         if not trained:
             continue
-        batches = _rank_micro_batches(trained, cfg, rank, world, pad_id, device)
+        batches = _rank_micro_batches(
+            trained, learner.micro_batch_tokens, rank, world, pad_id, device
+        )
         minis.append(
-            {
-                "batches": batches,
-                "normalizer": loss_normalizer(cfg, [*trained, *left_out], version),
-                "ref": _reference_logprobs(ref_model, batches, cfg),
+            MiniBatch(
+                micro_batches=batches,
+                normalizer=loss_normalizer(algo, rollout, [*trained, *left_out], version),
+                ref_logprobs=_reference_logprobs(ref_model, batches, algo.kl_coef, temperature),
                 # mini-batch 0's first forward pass gives pi_prox; the others need it before any step
-                "prox": _logprobs_no_grad(engine.module, batches, temperature)
+                prox_logprobs=_logprobs_no_grad(engine.module, batches, temperature)
                 if need_prox and minis
                 else [None] * len(batches),
-            }
+            )
         )
     results = []
-    for epoch in range(cfg.learner.updates_per_batch):
+    for epoch in range(learner.updates_per_batch):
         for index, mini in enumerate(minis):
             stats = _update(
-                engine, mini, version, cfg, world, need_prox and epoch == 0 and index == 0
+                engine,
+                mini,
+                version,
+                algo,
+                temperature,
+                world,
+                take_prox=need_prox and epoch == 0 and index == 0,
             )
             stats.epoch = epoch
             results.append(stats)
@@ -233,51 +318,34 @@ def train_batch(
 
 
 def _update(
-    engine, mini: dict, version: int, cfg: Config, world: int, take_prox: bool
+    engine,
+    mini: MiniBatch,
+    version: int,
+    algo: AlgoConfig,
+    temperature: float,
+    world: int,
+    take_prox: bool,
 ) -> UpdateStats:
     """One optimizer step on one mini-batch's micro-batches (``take_prox``: keep its log-probs as pi_prox)."""
-    batches, prox, ref = mini["batches"], mini["prox"], mini["ref"]
-    temperature = cfg.rollout.temperature
+    batches, prox = mini.micro_batches, mini.prox_logprobs
     set_micro_batches(engine, len(batches))
-    # loss, tokens, clip, is_weight, truncated, kl, entropy (the last five token-weighted)
-    sums = [0.0] * 7
+    sums = UpdateSums()
     fb_s = opt_s = 0.0
-    for i, (mb, r) in enumerate(zip(batches, ref, strict=True)):
+    for i, (mb, ref) in enumerate(zip(batches, mini.ref_logprobs, strict=True)):
         mark_micro_batch(engine, i, len(batches))
         t0 = time.perf_counter()
         logprobs, entropy = token_logprobs(engine, mb, temperature, with_entropy=True)
         if take_prox:
             prox[i] = logprobs.detach()
-        loss, st = _loss(cfg, logprobs, entropy, mb, version, prox[i], r, mini["normalizer"])
+        loss, st = _loss(algo, logprobs, entropy, mb, version, prox[i], ref, mini.normalizer)
         engine.backward(loss * world, scale_wrt_gas=False)
         t1 = time.perf_counter()
         engine.step()
         opt_s += time.perf_counter() - t1
         fb_s += t1 - t0
-        n = st.tokens
-        for k, v in enumerate(
-            (
-                float(loss.detach()),
-                n,
-                st.clip_fraction * n,
-                st.is_weight_mean * n,
-                st.is_truncated_fraction * n,
-                st.kl * n,
-                st.entropy * n,
-            )
-        ):
-            sums[k] += v
-    loss_sum, tokens, clip, weight, trunc, kl, ent = _all_reduce_sum(sums)
-    denom = max(tokens, 1.0)
+        sums.add(float(loss.detach()), st)
     grad_norm = engine.get_global_grad_norm()
-    return UpdateStats(
-        loss=loss_sum,
-        tokens=int(tokens),
-        clip_fraction=clip / denom,
-        is_weight_mean=weight / denom,
-        is_truncated_fraction=trunc / denom,
-        kl=kl / denom,
-        entropy=ent / denom,
+    return _all_reduce_sum(sums).stats(
         grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
         forward_backward_s=fb_s,
         optimizer_s=opt_s,

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamrl.broker.semantics import is_stale
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.learner import algorithm
 from streamrl.learner.batching import (
@@ -75,11 +76,11 @@ def test_unknown_modes_are_refused():
         algorithm.aggregate(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), "constant")
 
 
-def test_staleness_and_stale_mask_and_tightening():
+def test_staleness_and_is_stale_and_tightening():
     versions = torch.tensor([[5, 4, 3, 0]])
     staleness = algorithm.token_staleness(5, versions)
     assert staleness.tolist() == [[0, 1, 2, 5]]
-    assert algorithm.stale_mask(staleness, 2).tolist() == [[False, False, False, True]]
+    assert is_stale(5, versions, 2).tolist() == [[False, False, False, True]]
     assert algorithm.tighten(0.2, staleness, 0.0).tolist()[0] == pytest.approx([0.2] * 4)
     assert algorithm.tighten(0.2, staleness, 0.25).tolist()[0] == pytest.approx(
         [0.2, 0.15, 0.1, 0.0]

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from streamrl.broker.semantics import is_stale
 from streamrl.learner import algorithm
 
 LN = math.log
@@ -84,7 +85,7 @@ def test_stale_token_is_masked_and_each_aggregation_divides_as_defined():
     versions = torch.tensor([[4, 4], [4, 2]])
     staleness = algorithm.token_staleness(5, versions)
     assert staleness.tolist() == [[1, 1], [1, 3]]
-    mask = ~algorithm.stale_mask(staleness, 2)
+    mask = ~is_stale(5, versions, 2)
     assert mask.tolist() == [[True, True], [True, False]]
     for aggregation, normalizer, expected, divisor in (
         ("token_mean", None, -1.55 / 3, 3),
@@ -274,7 +275,7 @@ def test_staleness_tightening_by_hand():
     assert algorithm.tighten(3.0, staleness, 0.5, floor=1.0).tolist() == pytest.approx(
         [3.0, 2.0, 1.0, 1.0]
     )
-    assert algorithm.stale_mask(staleness, 2).tolist() == [False, False, False, True]
+    assert is_stale(5, 5 - staleness, 2).tolist() == [False, False, False, True]
 
 
 def test_per_token_clip_ranges_and_rho_apply_token_by_token():

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.learner.prepare import dynamic_batch_size, has_signal, prepare_batch
-from streamrl.learner.rollout_io import Progress, RolloutIO
+from streamrl.learner.rollout_io import NoBatch, RolloutIO
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -60,9 +60,9 @@ def test_dynamic_batch_size_matches_the_one_group_at_a_time_reference(signal, ne
 def test_signal_means_trainable_neither_zero_variance_nor_wholly_stale(redis_cfg):
     cfg = redis_cfg.model_copy(deep=True)
     cfg.algo.max_staleness = 1
-    assert has_signal(group([0.0, 1.0]), version=1, cfg=cfg)
-    assert not has_signal(group([0.5, 0.5]), version=1, cfg=cfg)
-    assert not has_signal(group([0.0, 1.0], version=0), version=2, cfg=cfg)
+    assert has_signal(group([0.0, 1.0]), version=1, algo=cfg.algo)
+    assert not has_signal(group([0.5, 0.5]), version=1, algo=cfg.algo)
+    assert not has_signal(group([0.0, 1.0], version=0), version=2, algo=cfg.algo)
 
 
 def _config(redis_cfg, **algo):
@@ -148,7 +148,7 @@ def test_prepare_batch_counts_stale_groups_apart_from_zero_variance_ones(redis_c
     batch = prepare_batch(
         [Delivery(group([0.0, 1.0], version=0)), Delivery(group([1.0, 1.0], version=3))],
         version=3,
-        cfg=cfg,
+        algo=cfg.algo,
         wait_s=0.0,
     )
     assert batch.log["dropped_stale_groups"] == 1 and batch.log["zero_variance_groups"] == 1
@@ -167,7 +167,10 @@ def test_zero_variance_groups_are_trained_while_a_kl_or_entropy_term_gives_them_
             self.group, self.entry_id = g, "0-1"
 
     batch = prepare_batch(
-        [Delivery(group([0.0, 1.0])), Delivery(group([1.0, 1.0]))], version=0, cfg=cfg, wait_s=0.0
+        [Delivery(group([0.0, 1.0])), Delivery(group([1.0, 1.0]))],
+        version=0,
+        algo=cfg.algo,
+        wait_s=0.0,
     )
     assert len(batch.samples) == 4 and batch.skipped == []
     assert batch.log["zero_variance_groups"] == 0
@@ -184,7 +187,7 @@ def test_a_step_still_short_of_data_reports_idle_and_keeps_what_it_read(
     first = group([0.0, 1.0])
     xadd_groups(cfg, [first])
     io = open_io(cfg)
-    assert io.next_batch(0, _never) == "idle"
+    assert io.next_batch(0, _never) is NoBatch.IDLE
     assert [d.group.group_id for d in io.buffer] == [first.group_id]
     xadd_groups(cfg, [group([0.0, 1.0]), group([1.0, 0.0])])
     batch = io.next_batch(0, _never)
@@ -204,7 +207,7 @@ def test_groups_read_past_the_step_and_never_trained_are_redelivered_to_the_next
     # two reads of 3: the first four hold 3 groups with a signal, the next two wait in the buffer
     assert [g for _, g in first.entries] == [g.group_id for g in groups[:4]]
     assert [d.group.group_id for d in io.buffer] == [u[3].group_id, u[4].group_id]
-    io.ack(Progress(step=1, unacked=first.entries, consumed=4))
+    io.ack(first.entries, consumed=4, step=1)
     keys = Keys.from_config(cfg)
     client = redis.Redis.from_url(cfg.broker.redis_url)
     assert client.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 2
