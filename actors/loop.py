@@ -173,6 +173,7 @@ class Actor:
         from streamrl.broker.keys import Keys
         from streamrl.broker.liveness import Heartbeats
         from streamrl.broker.stream import RolloutProducer
+        from streamrl.weightsync import transports
 
         cfg = self.cfg
         self.redis = connect_async(cfg)
@@ -184,9 +185,10 @@ class Actor:
             self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed
         )
         self.subscriber = None
+        transport = transports.get(cfg.weightsync.transport)
         # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
-        vllm_reads_shm = cfg.actor.engine == "vllm" and cfg.weightsync.transport == "shm"
-        if cfg.weightsync.transport != "none" and not vllm_reads_shm:
+        vllm_reads_shm = cfg.actor.engine == "vllm" and transport.shared_memory
+        if transport.publishes and not vllm_reads_shm:
             self.subscriber = weightsync.make_subscriber(
                 cfg, self.actor_id, self._weight_template()
             )
