@@ -1,16 +1,24 @@
 """The weight transports are a registry: the names a config may choose are the registered ones, callers
-ask a transport's capabilities instead of comparing its name."""
+ask a transport's capabilities instead of comparing its name, and a transfer that runs out
+``weightsync.timeout_s`` is reported as a timeout by its type."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 from typing import get_args
 
 import pytest
+from weightsync_procs import engine_template, learner_tensors
 
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
 from streamrl.configs.schema import WeightSyncConfig
-from streamrl.weightsync import transports
+from streamrl.weightsync import make_subscriber, transports
+from streamrl.weightsync.layout import Layout, TensorSpec
+from streamrl.weightsync.naming import canonical_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "broker", "configs", "launch", "learner", "weightsync")
@@ -45,3 +53,40 @@ def test_the_capabilities_say_who_publishes_and_who_reads_shared_memory():
         name: (t.publishes, t.shared_memory) for name, t in transports.TRANSPORTS.items()
     }
     assert capabilities == {"shm": (True, True), "dist": (True, False), "none": (False, False)}
+
+
+@pytest.mark.slow
+def test_a_broadcast_that_never_comes_is_counted_as_a_timeout(redis_cfg):
+    ws = redis_cfg.weightsync.model_copy(
+        update={"transport": "dist", "backend": "gloo", "timeout_s": 1.0, "bucket_bytes": 1 << 16}
+    )
+    cfg = redis_cfg.model_copy(update={"weightsync": ws})
+    client, keys = connect_sync(cfg), Keys.from_config(cfg)
+    tensors, aliases = canonical_tensors(learner_tensors(1, 64, 2))
+    layout = Layout.build([TensorSpec.of(name, t) for name, t in tensors.items()])
+    sender = transports.get("dist").sender(ws, client, keys, layout)
+    sub = make_subscriber(cfg, "member", engine_template(64, 2)).start()
+    try:
+        deadline = time.monotonic() + 20
+        while sender.live_members() != ["member"]:
+            assert time.monotonic() < deadline, "the subscriber never registered"
+            time.sleep(0.05)
+        sender.reform(["member"])
+        assert sender.members == ["member"]
+        # the header of version 1, as a publish writes it first, and then no broadcast
+        header = {
+            "version": 1,
+            "layout": layout.to_json(),
+            "aliases": aliases,
+            "bucket_bytes": 1 << 16,
+        }
+        sender.store.set(f"e{sender.epoch}/pub/0", json.dumps(header))
+        while "timeout" not in sub.failures:
+            assert time.monotonic() < deadline, f"no timeout counted: {sub.failures}"
+            time.sleep(0.05)
+        assert "error" not in sub.failures and sub.version == 0
+        assert sub.last_error.startswith("timeout: TransferTimeout(")
+    finally:
+        sub.close()
+        sender.close()
+        client.close()

@@ -16,6 +16,7 @@ from streamrl.weightsync.transports.base import (
     Receiver,
     Sender,
     Staging,
+    TransferTimeout,
     Transport,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "Receiver",
     "Sender",
     "Staging",
+    "TransferTimeout",
     "Transport",
     "UnknownTransport",
     "get",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from streamrl.configs.errors import StreamRLError
+
 if TYPE_CHECKING:
     import redis
     import torch
@@ -19,6 +21,10 @@ if TYPE_CHECKING:
     from streamrl.configs.schema import WeightSyncConfig
     from streamrl.weightsync.announce import Announcement
     from streamrl.weightsync.layout import Layout
+
+
+class TransferTimeout(StreamRLError, TimeoutError):
+    """A transfer step ran out its ``weightsync.timeout_s`` (as opposed to failing sooner, e.g. a lost peer)."""
 
 
 class Sender(Protocol):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.naming import NameMappingError
-from streamrl.weightsync.transports.base import Staging, Transport
+from streamrl.weightsync.transports.base import Staging, TransferTimeout, Transport
 
 if TYPE_CHECKING:
     import redis
@@ -62,8 +62,10 @@ class DistTransportReceiver:
 
         try:
             self.receiver.step(STEP_WAIT_S, acquire, release)
+        except TransferTimeout as exc:
+            staging.fail("timeout", repr(exc))
         except Exception as exc:
-            staging.fail("timeout" if "timeout" in str(exc).lower() else "error", repr(exc))
+            staging.fail("error", repr(exc))
         # the step itself waited for the next broadcast
         return 0.0
 
