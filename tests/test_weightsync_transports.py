@@ -16,7 +16,8 @@ from weightsync_procs import engine_template, learner_tensors
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs.schema import WeightSyncConfig
-from streamrl.weightsync import make_subscriber, transports
+from streamrl.weightsync import make_publisher, make_subscriber, transports
+from streamrl.weightsync.announce import read_announcement
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.naming import canonical_tensors
 
@@ -53,6 +54,18 @@ def test_the_capabilities_say_who_publishes_and_who_reads_shared_memory():
         name: (t.publishes, t.shared_memory) for name, t in transports.TRANSPORTS.items()
     }
     assert capabilities == {"shm": (True, True), "dist": (True, False), "none": (False, False)}
+
+
+def test_over_none_a_version_is_announced_without_moving_a_byte(redis_cfg):
+    ws = redis_cfg.weightsync.model_copy(update={"transport": "none"})
+    pub = make_publisher(redis_cfg.model_copy(update={"weightsync": ws}))
+    try:
+        stats = pub.publish(3, learner_tensors(3, 16, 1))
+        announced = read_announcement(pub.client, pub.keys)
+        assert (stats.bytes, stats.transport) == (0, "none")
+        assert (announced.version, announced.transport) == (3, "none")
+    finally:
+        pub.close()
 
 
 @pytest.mark.slow
