@@ -50,6 +50,7 @@ from streamrl.broker.semantics import is_stale
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
+from streamrl.weightsync import transports
 from streamrl.weightsync.policy import load_policy, load_tokenizer, parameter_template
 
 log = logging.getLogger(__name__)
@@ -192,9 +193,10 @@ class Actor:
             self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed
         )
         self.subscriber = None
+        transport = transports.get(cfg.weightsync.transport)
         # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
-        vllm_reads_shm = cfg.actor.engine == "vllm" and cfg.weightsync.transport == "shm"
-        if cfg.weightsync.transport != "none" and not vllm_reads_shm:
+        vllm_reads_shm = cfg.actor.engine == "vllm" and transport.shared_memory
+        if transport.publishes and not vllm_reads_shm:
             self.subscriber = weightsync.make_subscriber(
                 cfg, self.actor_id, self._weight_template()
             )

@@ -24,8 +24,9 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import config_from_cli
 from streamrl.configs.schema import Config
+from streamrl.weightsync import transports
 from streamrl.weightsync.announce import read_announcement
-from streamrl.weightsync.shm import active_leases
+from streamrl.weightsync.transports import UnknownTransport
 
 
 def describe_payload(payload: bytes | None, max_bytes: int) -> dict:
@@ -112,12 +113,11 @@ def _weights(client: redis.Redis, keys: Keys) -> dict | None:
     if ann is None:
         return None
     out = {"version": ann.version, "transport": ann.transport, "published_at": ann.published_at}
-    if ann.transport == "shm":
-        try:
-            out["readers_copying"] = active_leases(ann.meta["segment"])
-        except FileNotFoundError:
-            out["readers_copying"] = "segment gone (publisher exited)"
-    return out
+    try:
+        transport = transports.get(ann.transport)
+    except UnknownTransport as exc:
+        return {**out, "error": str(exc)}
+    return {**out, **transport.describe(ann.meta)}
 
 
 def render(report: dict) -> str:

@@ -42,6 +42,7 @@ from streamrl.learner.commits import Commits
 from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
 from streamrl.learner.step import UpdateStats, first_pass_tokens
 from streamrl.learner.tracking import Tracker
+from streamrl.weightsync import transports
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class RolloutIO:
         self.keys = Keys.from_config(cfg)
         self.alive_checked = 0.0
         self.publisher = None
-        if cfg.weightsync.transport != "none":
+        if transports.get(cfg.weightsync.transport).publishes:
             from streamrl.weightsync import make_publisher
 
             self.publisher = make_publisher(cfg)

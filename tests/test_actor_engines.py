@@ -64,7 +64,8 @@ def test_an_empty_engines_list_is_refused():
 def test_the_published_dtype_suits_every_engine_of_the_run(overrides, dtype, monkeypatch):
     # the learner's host: vLLM would run its CPU build
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert transfer_dtype(load_config(None, overrides, env={})) == dtype
+    cfg = load_config(None, overrides, env={})
+    assert transfer_dtype(cfg.weightsync, cfg.model, cfg.actor) == dtype
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

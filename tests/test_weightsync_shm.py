@@ -95,7 +95,7 @@ def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(
     victim.wait_event("started")
     pub = make_publisher(cfg)
     pub.publish(0, learner_tensors(0, 512, 6))
-    version = _publish_until_leased(pub, victim.pid, lambda: pub._sender.name, 1)
+    version = _publish_until_leased(pub, victim.pid, lambda: pub._sender.writer.name, 1)
     victim.signal(signum)
     for _ in range(6):
         start = time.monotonic()

@@ -24,6 +24,8 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 import torch
@@ -34,6 +36,7 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.server import is_loopback
 from streamrl.weightsync import metrics
 from streamrl.weightsync.layout import Layout
+from streamrl.weightsync.transports.base import TransferTimeout
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,23 @@ def bound_store(host: str, timeout_s: float) -> tdist.TCPStore:
         timeout=dt.timedelta(seconds=timeout_s),
         master_listen_fd=fd,
     )
+
+
+@contextmanager
+def bounded(what: str, timeout_s: float) -> Iterator[None]:
+    """Run a step torch bounds by ``timeout_s``; its failure after that long raises ``TransferTimeout``.
+
+    gloo and NCCL report a timed-out collective and a lost peer alike as a ``RuntimeError`` (gloo:
+    "Operation timed out!"), and the store's connect retries until its timeout: the time the
+    step ran is what tells a timeout from an earlier failure.
+    """
+    start = time.monotonic()
+    try:
+        yield
+    except RuntimeError as exc:
+        if time.monotonic() - start >= timeout_s:
+            raise TransferTimeout(f"{what}: no progress within {timeout_s:g} s ({exc})") from exc
+        raise
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -243,12 +263,7 @@ class DistSender:
                 self._broadcast(version, tensors, aliases)
                 return {"epoch": self.epoch, "members": self.members}
             except Exception as exc:
-                # gloo/NCCL raise RuntimeErrors on a timeout or a lost peer
-                reason = (
-                    "timeout"
-                    if "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
-                    else "error"
-                )
+                reason = "timeout" if isinstance(exc, TransferTimeout) else "error"
                 metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
                 log.warning(
                     "weightsync dist: broadcast of version %d failed (attempt %d): %s",
@@ -284,7 +299,8 @@ class DistSender:
                             tensors[name].detach().to(self.device, dtypes[name]).contiguous()
                         )
                     bucket[at : at + end - start].copy_(converted[start:end])
-                self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
+                with bounded(f"broadcast of version {version}", self.timeout_s):
+                    self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
 
     def close(self) -> None:
         self._close_group()
@@ -328,21 +344,23 @@ class DistReceiver:
             return
         rank = record["members"].index(self.actor_id) + 1
         timeout = dt.timedelta(seconds=self.timeout_s)
-        self.store = tdist.TCPStore(
-            record["host"], int(record["port"]), is_master=False, timeout=timeout
-        )
+        with bounded(f"connecting to epoch {epoch}'s store", self.timeout_s):
+            self.store = tdist.TCPStore(
+                record["host"], int(record["port"]), is_master=False, timeout=timeout
+            )
         self.store.set(f"e{epoch}/ready/{rank}", "1")
         backend = record["backend"]
         self.device = _device(backend)
         try:
-            self.group = make_group(
-                backend,
-                tdist.PrefixStore(f"e{epoch}/pg/", self.store),
-                rank,
-                len(record["members"]) + 1,
-                self.timeout_s,
-                record["host"],
-            )
+            with bounded(f"forming epoch {epoch}'s group", self.timeout_s):
+                self.group = make_group(
+                    backend,
+                    tdist.PrefixStore(f"e{epoch}/pg/", self.store),
+                    rank,
+                    len(record["members"]) + 1,
+                    self.timeout_s,
+                    record["host"],
+                )
         except Exception:
             self.failed_epoch = epoch
             self._leave()
@@ -400,7 +418,8 @@ class DistReceiver:
         targets = {name: _bytes_of(t) for name, t in dest.items()} if dest is not None else None
         for size, window in zip(sizes, windows(layout, bucket_bytes), strict=True):
             chunk = bucket[:size]
-            self.group.broadcast([chunk], tdist.BroadcastOptions()).wait(timeout)
+            with bounded(f"epoch {self.epoch} broadcast", self.timeout_s):
+                self.group.broadcast([chunk], tdist.BroadcastOptions()).wait(timeout)
             if targets is None:
                 continue
             for name, start, end, at in window:

@@ -15,12 +15,13 @@ import torch
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import Config
-from streamrl.weightsync import metrics
+from streamrl.configs.schema import ActorConfig, Config, ModelConfig, WeightSyncConfig
+from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import announce
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.naming import canonical_tensors
 from streamrl.weightsync.policy import resolve_dtype
+from streamrl.weightsync.transports import Sender
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,17 @@ class PublishStats:
     transport: str
 
 
-def engine_dtype(cfg: Config, engine: str) -> torch.dtype:
+def engine_dtype(model: ModelConfig, actor: ActorConfig, engine: str) -> torch.dtype:
     """The dtype one actor engine computes in: vLLM on this host's GPU if it has one (its CPU build
     in float32), the hf engine on ``actor.device``."""
     if engine == "vllm":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     else:
-        device = cfg.actor.device
-    return resolve_dtype(cfg.model.dtype, device)
+        device = actor.device
+    return resolve_dtype(model.dtype, device)
 
 
-def transfer_dtype(cfg: Config) -> torch.dtype:
+def transfer_dtype(ws: WeightSyncConfig, model: ModelConfig, actor: ActorConfig) -> torch.dtype:
     """``weightsync.dtype``; auto = the dtype the actors' engines compute in.
 
     Engines that compute in different dtypes (a vLLM actor in bfloat16 on a GPU next to an hf
@@ -49,51 +50,36 @@ def transfer_dtype(cfg: Config) -> torch.dtype:
     would the learner's own weights, while a half-precision publish would round the float32
     engine's weights.
     """
-    if cfg.weightsync.dtype != "auto":
-        return resolve_dtype(cfg.weightsync.dtype)
-    dtypes = {engine_dtype(cfg, engine) for engine in cfg.actor.engines_in_use}
+    if ws.dtype != "auto":
+        return resolve_dtype(ws.dtype)
+    dtypes = {engine_dtype(model, actor, engine) for engine in actor.engines_in_use}
     return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
 class Publisher:
-    def __init__(self, cfg: Config, client: redis.Redis | None = None):
-        self.cfg = cfg
-        self.keys = Keys.from_config(cfg)
-        self.client = client or connect_sync(cfg.broker, cfg.run.dir)
-        self.transport = cfg.weightsync.transport
-        self.dtype = transfer_dtype(cfg)
+    def __init__(self, ws: WeightSyncConfig, keys: Keys, client: redis.Redis, dtype: torch.dtype):
+        self.ws = ws
+        self.keys = keys
+        self.client = client
+        self.transport = transports.get(ws.transport)
+        self.dtype = dtype
         self.id = uuid.uuid4().hex[:12]
         self.last_version: int | None = None
         self._layout: Layout | None = None
-        self._sender = None
+        self._sender: Sender | None = None
 
     @classmethod
     def from_config(cls, cfg: Config) -> Publisher:
-        return cls(cfg)
+        return cls(
+            cfg.weightsync,
+            Keys.from_config(cfg),
+            connect_sync(cfg.broker, cfg.run.dir),
+            transfer_dtype(cfg.weightsync, cfg.model, cfg.actor),
+        )
 
     def _spec(self, name: str, tensor: torch.Tensor) -> TensorSpec:
         # integer/bool tensors (rare in a policy) keep their dtype; floats travel in the engines' dtype
         return TensorSpec.of(name, tensor, self.dtype if tensor.is_floating_point() else None)
-
-    def _open(self, layout: Layout):
-        ws = self.cfg.weightsync
-        if self.transport == "shm":
-            from streamrl.weightsync.shm import ShmWriter
-
-            return ShmWriter(self.cfg.run.name, layout, ws.slots, ws.timeout_s)
-        if self.transport == "dist":
-            from streamrl.weightsync.dist import DistSender
-
-            return DistSender(
-                self.client,
-                self.keys,
-                layout,
-                bucket_bytes=ws.bucket_bytes,
-                timeout_s=ws.timeout_s,
-                backend=ws.backend,
-                host=ws.dist_host,
-            )
-        return None
 
     def publish(
         self,
@@ -112,27 +98,21 @@ class Publisher:
         layout = Layout.build([self._spec(name, t) for name, t in tensors.items()])
         if self._layout is None:
             self._layout = layout
-            self._sender = self._open(layout)
+            self._sender = self.transport.sender(self.ws, self.client, self.keys, layout)
         elif layout != self._layout:
             raise ValueError(
                 "published tensors changed names, shapes or dtypes since the first publish; a publisher serves one model"
             )
         meta = {"layout": layout.to_json(), "aliases": aliases}
-        if self.transport == "shm":
-            slot, overrode = self._sender.write(version, tensors)
-            if overrode:
-                metrics.TRANSFER_FAILURES.labels(reason="lease_timeout").inc()
-            meta.update(segment=self._sender.name, slot=slot)
-        elif self.transport == "dist":
-            meta.update(self._sender.send(version, tensors, aliases))
-        announce(self.client, self.keys, version, self.transport, self.id, meta)
+        meta.update(self._sender.send(version, tensors, aliases))
+        announce(self.client, self.keys, version, self.transport.name, self.id, meta)
         seconds = time.perf_counter() - start
-        nbytes = layout.total_bytes if self.transport != "none" else 0
+        nbytes = layout.total_bytes if self.transport.publishes else 0
         self.last_version = version
         metrics.PUBLISH_SECONDS.observe(seconds)
         metrics.PUBLISH_BYTES.inc(nbytes)
         metrics.PUBLISHED_VERSION.set(version)
-        return PublishStats(version, seconds, nbytes, self.transport)
+        return PublishStats(version, seconds, nbytes, self.transport.name)
 
     def close(self) -> None:
         if self._sender is not None:

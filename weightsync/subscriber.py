@@ -4,6 +4,8 @@ into the live model (``swap_into_model``: the staged storages become the paramet
 parameters become the next staging copy, so the engine pauses for pointer swaps, not a copy) and reports
 ``applied(version, recycled)``.
 An engine that fails to apply a lent version hands it back with ``rejected(version)``.
+How a version's bytes arrive is the transport's receiver's job (``weightsync.transports``); it stages
+them through the receiver-facing methods here (``transports.Staging``).
 
 Staging states: empty -> filling -> ready -> lent (engine copying) -> empty.
 The thread only writes while the copy is not lent, so there is never more
@@ -25,20 +27,14 @@ import torch
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import Config
-from streamrl.weightsync import metrics
+from streamrl.configs.schema import Config, WeightSyncConfig
+from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import Announcement, Watcher, read_announcement
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.naming import NameMappingError, map_to_template
+from streamrl.weightsync.transports import Receiver
 
 log = logging.getLogger(__name__)
-
-# re-read the announcement at least this often even without a notification
-IDLE_WAIT_S = 1.0
-# a newer version is pending while the engine holds the staging copy
-BUSY_WAIT_S = 0.02
-# stale/torn shm reads retried at once with the newest announcement
-RETRIES = 3
 
 
 def _model_tensors(
@@ -83,19 +79,20 @@ def swap_into_model(
 class Subscriber:
     def __init__(
         self,
-        cfg: Config,
+        ws: WeightSyncConfig,
+        keys: Keys,
+        client: redis.Redis,
         actor_id: str,
         template: dict[str, torch.Tensor],
-        client: redis.Redis | None = None,
         initial_version: int = 0,
     ):
-        self.cfg = cfg
+        self.ws = ws
         self.actor_id = actor_id
-        self.keys = Keys.from_config(cfg)
-        self.client = client or connect_sync(cfg.broker, cfg.run.dir)
+        self.keys = keys
+        self.client = client
         self.template = dict(template)
-        self.transport = cfg.weightsync.transport
-        self.timeout_s = cfg.weightsync.timeout_s
+        self.transport = transports.get(ws.transport)
+        self.timeout_s = ws.timeout_s
         self._cond = threading.Condition()
         self._state = "empty"
         self._staging: dict[str, torch.Tensor] = {}
@@ -106,8 +103,8 @@ class Subscriber:
         self._staged_publisher: str | None = None
         self._announced: Announcement | None = None
         self._failed: tuple[str, int] | None = None
-        self._reader = None
-        self._receiver = None
+        self._pairs: list[tuple[str, str]] = []
+        self._receiver: Receiver | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failures: dict[str, int] = {}
@@ -118,12 +115,18 @@ class Subscriber:
     def from_config(
         cls, cfg: Config, actor_id: str, template: dict[str, torch.Tensor]
     ) -> Subscriber:
-        return cls(cfg, actor_id, template)
+        return cls(
+            cfg.weightsync,
+            Keys.from_config(cfg),
+            connect_sync(cfg.broker, cfg.run.dir),
+            actor_id,
+            template,
+        )
 
     # engine-facing, non-blocking
 
     def start(self) -> Subscriber:
-        if self._thread is None and self.transport != "none":
+        if self._thread is None and self.transport.publishes:
             self._thread = threading.Thread(
                 target=self._run, name=f"weightsync-{self.actor_id}", daemon=True
             )
@@ -199,14 +202,31 @@ class Subscriber:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 5)
-        for part in (self._reader, self._receiver):
-            if part is not None:
-                part.close()
-        self._reader = self._receiver = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
 
-    # background thread
+    # receiver-facing (``transports.Staging``), on the background thread
 
-    def _fail(self, reason: str, detail: str = "") -> None:
+    @property
+    def announced(self) -> Announcement | None:
+        return self._announced
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return self._pairs
+
+    def reread(self) -> None:
+        self._announced = read_announcement(self.client, self.keys) or self._announced
+
+    def skip(self, ann: Announcement) -> None:
+        self._failed = (ann.publisher, ann.version)
+
+    def received(self, seconds: float) -> None:
+        self.last_receive_seconds = seconds
+        metrics.RECEIVE_SECONDS.observe(seconds)
+
+    def fail(self, reason: str, detail: str = "") -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
         metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
         if detail:
@@ -214,32 +234,10 @@ class Subscriber:
             self.last_error = f"{reason}: {detail.splitlines()[0][:300]}"
             log.warning("weightsync subscriber %s: %s", self.actor_id, self.last_error)
 
-    def _run(self) -> None:
-        watcher = None
-        while not self._stop.is_set():
-            try:
-                if watcher is None:
-                    watcher = Watcher(self.client, self.keys)
-                self._announced = read_announcement(self.client, self.keys) or self._announced
-                if self.transport == "dist":
-                    self._dist_step()
-                    continue
-                pending = self._shm_step()
-                watcher.wait(BUSY_WAIT_S if pending else IDLE_WAIT_S)
-            except redis.RedisError as exc:
-                self._fail("redis", repr(exc))
-                self._stop.wait(1.0)
-            except Exception as exc:
-                # keep the thread alive: the actor keeps its weights and reports the error
-                self._fail("error", repr(exc))
-                self._stop.wait(1.0)
-        if watcher is not None:
-            watcher.close()
-
-    def _wanted(self, ann: Announcement | None) -> bool:
+    def wanted(self, ann: Announcement | None) -> bool:
         if (
             ann is None
-            or ann.transport != self.transport
+            or ann.transport != self.transport.name
             or self._failed == (ann.publisher, ann.version)
         ):
             return False
@@ -249,7 +247,7 @@ class Subscriber:
             # a restarted learner (new publisher id) is authoritative even if it restarted the count
             return ann.publisher != self._live_publisher or ann.version > self._live_version
 
-    def _begin_fill(
+    def begin_fill(
         self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0
     ) -> dict[str, torch.Tensor] | None:
         """Claim the staging copy for writing (allocated for this layout); None while the engine holds it."""
@@ -264,7 +262,7 @@ class Subscriber:
             try:
                 self._pairs = map_to_template(published, aliases, self.template)
             except NameMappingError:
-                self._end_fill(None, None)
+                self.end_fill(None, None)
                 raise
             self._staging = {
                 engine: torch.empty(
@@ -277,7 +275,7 @@ class Subscriber:
             self._staging_key = key
         return self._staging
 
-    def _end_fill(self, version: int | None, publisher: str | None) -> None:
+    def end_fill(self, version: int | None, publisher: str | None) -> None:
         with self._cond:
             if version is None:
                 self._state = "empty"
@@ -289,86 +287,28 @@ class Subscriber:
                 )
             self._cond.notify_all()
 
-    def _shm_step(self) -> bool:
-        """Receive the newest announced shm version if wanted; returns True if one is still pending."""
-        from streamrl.weightsync.shm import ShmReader
+    # background thread
 
-        for _ in range(RETRIES):
-            ann = self._announced
-            if not self._wanted(ann):
-                return False
-            layout = Layout.from_json(ann.meta["layout"])
-            if self._reader is None or self._reader.name != ann.meta["segment"]:
-                if self._reader is not None:
-                    self._reader.close()
-                    self._reader = None
-                try:
-                    self._reader = ShmReader(ann.meta["segment"], self.timeout_s)
-                except FileNotFoundError:
-                    self._failed = (ann.publisher, ann.version)
-                    self._fail(
-                        "segment_gone",
-                        f"{ann.meta['segment']} is gone (publisher exited); keeping version {self._live_version}",
+    def _run(self) -> None:
+        watcher = None
+        while not self._stop.is_set():
+            try:
+                if watcher is None:
+                    watcher = Watcher(self.client, self.keys)
+                if self._receiver is None:
+                    self._receiver = self.transport.receiver(
+                        self.ws, self.client, self.keys, self.actor_id
                     )
-                    return False
-            start = time.perf_counter()
-            try:
-                dest = self._begin_fill(layout, ann.meta["aliases"])
-            except NameMappingError as exc:
-                self._failed = (ann.publisher, ann.version)
-                self._fail("name_mismatch", str(exc))
-                return False
-            if dest is None:
-                return True
-            result = "error"
-            try:
-                result = self._reader.read_into(
-                    ann.version, int(ann.meta["slot"]), layout, self._pairs, dest
-                )
-            finally:
-                self._end_fill(ann.version if result == "ok" else None, ann.publisher)
-            if result == "ok":
-                self.last_receive_seconds = time.perf_counter() - start
-                metrics.RECEIVE_SECONDS.observe(self.last_receive_seconds)
-                return False
-            self._fail("torn" if result == "torn" else "stale_slot")
-            self._announced = read_announcement(self.client, self.keys) or ann
-        return True
-
-    def _dist_step(self) -> None:
-        from streamrl.weightsync.dist import DistReceiver
-
-        if self._receiver is None:
-            self._receiver = DistReceiver(
-                self.client, self.keys, self.actor_id, timeout_s=self.timeout_s
-            )
-        started = {}
-
-        def acquire(version: int, layout: Layout, aliases: dict[str, str]):
-            started["t"] = time.perf_counter()
-            # a broadcast is always the newest version; the engine's swap takes milliseconds, so wait a
-            # little for it rather than drop the version (the publisher waits for every member anyway)
-            try:
-                dest = self._begin_fill(layout, aliases, wait_s=min(1.0, self.timeout_s / 4))
-            except NameMappingError as exc:
-                # still take part in the broadcast (dropping the bytes) so the publisher is not stalled
-                self._fail("name_mismatch", str(exc))
-                return None
-            if dest is None:
-                self._fail("staging_busy")
-            return (
-                None if dest is None else {source: dest[engine] for engine, source in self._pairs}
-            )
-
-        def release(version: int, ok: bool) -> None:
-            publisher = self._announced.publisher if self._announced is not None else None
-            if ok:
-                self.last_receive_seconds = time.perf_counter() - started["t"]
-                metrics.RECEIVE_SECONDS.observe(self.last_receive_seconds)
-            if self._state == "filling":
-                self._end_fill(version if ok else None, publisher)
-
-        try:
-            self._receiver.step(0.2, acquire, release)
-        except Exception as exc:
-            self._fail("timeout" if "timeout" in str(exc).lower() else "error", repr(exc))
+                self.reread()
+                wait_s = self._receiver.step(self)
+                if wait_s > 0:
+                    watcher.wait(wait_s)
+            except redis.RedisError as exc:
+                self.fail("redis", repr(exc))
+                self._stop.wait(1.0)
+            except Exception as exc:
+                # keep the thread alive: the actor keeps its weights and reports the error
+                self.fail("error", repr(exc))
+                self._stop.wait(1.0)
+        if watcher is not None:
+            watcher.close()

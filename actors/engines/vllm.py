@@ -48,6 +48,7 @@ from streamrl.actors import metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
 from streamrl.configs.errors import StreamRLError
 from streamrl.weightsync import metrics as weight_metrics
+from streamrl.weightsync import transports
 from streamrl.weightsync.vllm_adapter import (
     BucketSender,
     EngineFailed,
@@ -114,7 +115,7 @@ def weight_transfer_backend(cfg) -> str:
     ranks on one GPU); tensor parallel ``nccl``, a broadcast to every worker,
     so ``actor.device`` must then be a GPU the engine does not use.
     """
-    if cfg.weightsync.transport == "shm":
+    if transports.get(cfg.weightsync.transport).shared_memory:
         return SHM_BACKEND
     return "ipc" if cfg.actor.tensor_parallel_size == 1 else "nccl"
 
@@ -204,12 +205,13 @@ class ShmAnnouncements:
 
         self.client = connect_sync(cfg.broker, cfg.run.dir)
         self.keys = Keys.from_config(cfg)
+        self.transport = cfg.weightsync.transport
 
     def __call__(self):
         from streamrl.weightsync.announce import read_announcement
 
         ann = read_announcement(self.client, self.keys)
-        return ann if ann is not None and ann.transport == "shm" else None
+        return ann if ann is not None and ann.transport == self.transport else None
 
     def close(self) -> None:
         self.client.close()
@@ -266,7 +268,7 @@ class VLLMEngine(Engine):
     @classmethod
     def from_config(cls, cfg, weight_source=None, seed: int = 0) -> VLLMEngine:
         gpu = on_gpu()
-        backend = weight_transfer_backend(cfg)
+        transport = transports.get(cfg.weightsync.transport)
         if not gpu:
             # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the
             # host's RAM and refuses to start when that much is not free: never on a host that
@@ -278,14 +280,14 @@ class VLLMEngine(Engine):
             # actor would be pinned to the same core. nobind keeps the process's threads and
             # leaves placement to the OS.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            if backend != SHM_BACKEND and cfg.weightsync.transport != "none":
+            if transport.publishes and not transport.shared_memory:
                 raise ValueError(
                     f"weightsync.transport={cfg.weightsync.transport}: the vLLM CPU build takes weights "
                     "over shm only (its ipc and nccl backends need CUDA)"
                 )
         announcements = None
         sender = None
-        if cfg.weightsync.transport == "shm":
+        if transport.shared_memory:
             announcements = ShmAnnouncements(cfg)
             weight_source = None
         elif weight_source is not None:

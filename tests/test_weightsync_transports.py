@@ -1,0 +1,105 @@
+"""The weight transports are a registry: the names a config may choose are the registered ones, callers
+ask a transport's capabilities instead of comparing its name, and a transfer that runs out
+``weightsync.timeout_s`` is reported as a timeout by its type."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import get_args
+
+import pytest
+from weightsync_procs import engine_template, learner_tensors
+
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
+from streamrl.configs.schema import WeightSyncConfig
+from streamrl.weightsync import make_publisher, make_subscriber, transports
+from streamrl.weightsync.announce import read_announcement
+from streamrl.weightsync.layout import Layout, TensorSpec
+from streamrl.weightsync.naming import canonical_tensors
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("actors", "broker", "configs", "launch", "learner", "weightsync")
+
+
+def test_the_registered_transports_are_exactly_the_schemas_choices():
+    choices = get_args(WeightSyncConfig.model_fields["transport"].annotation)
+    assert sorted(transports.TRANSPORTS) == sorted(choices)
+    assert all(transports.get(name).name == name for name in choices)
+
+
+def test_an_unknown_transport_is_refused_naming_the_known_ones():
+    with pytest.raises(transports.UnknownTransport, match="shm, dist, none"):
+        transports.get("pigeon")
+
+
+def test_only_the_registry_knows_transport_names():
+    compares = re.compile(r"transport\s*[!=]=\s*['\"]")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "transports" not in path.relative_to(ROOT).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if compares.search(line)
+    ]
+    assert offenders == []
+
+
+def test_the_capabilities_say_who_publishes_and_who_reads_shared_memory():
+    capabilities = {
+        name: (t.publishes, t.shared_memory) for name, t in transports.TRANSPORTS.items()
+    }
+    assert capabilities == {"shm": (True, True), "dist": (True, False), "none": (False, False)}
+
+
+def test_over_none_a_version_is_announced_without_moving_a_byte(redis_cfg):
+    ws = redis_cfg.weightsync.model_copy(update={"transport": "none"})
+    pub = make_publisher(redis_cfg.model_copy(update={"weightsync": ws}))
+    try:
+        stats = pub.publish(3, learner_tensors(3, 16, 1))
+        announced = read_announcement(pub.client, pub.keys)
+        assert (stats.bytes, stats.transport) == (0, "none")
+        assert (announced.version, announced.transport) == (3, "none")
+    finally:
+        pub.close()
+
+
+@pytest.mark.slow
+def test_a_broadcast_that_never_comes_is_counted_as_a_timeout(redis_cfg):
+    ws = redis_cfg.weightsync.model_copy(
+        update={"transport": "dist", "backend": "gloo", "timeout_s": 1.0, "bucket_bytes": 1 << 16}
+    )
+    cfg = redis_cfg.model_copy(update={"weightsync": ws})
+    client, keys = connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg)
+    tensors, aliases = canonical_tensors(learner_tensors(1, 64, 2))
+    layout = Layout.build([TensorSpec.of(name, t) for name, t in tensors.items()])
+    sender = transports.get("dist").sender(ws, client, keys, layout)
+    sub = make_subscriber(cfg, "member", engine_template(64, 2)).start()
+    try:
+        deadline = time.monotonic() + 20
+        while sender.live_members() != ["member"]:
+            assert time.monotonic() < deadline, "the subscriber never registered"
+            time.sleep(0.05)
+        sender.reform(["member"])
+        assert sender.members == ["member"]
+        # the header of version 1, as a publish writes it first, and then no broadcast
+        header = {
+            "version": 1,
+            "layout": layout.to_json(),
+            "aliases": aliases,
+            "bucket_bytes": 1 << 16,
+        }
+        sender.store.set(f"e{sender.epoch}/pub/0", json.dumps(header))
+        while "timeout" not in sub.failures:
+            assert time.monotonic() < deadline, f"no timeout counted: {sub.failures}"
+            time.sleep(0.05)
+        assert "error" not in sub.failures and sub.version == 0
+        assert sub.last_error.startswith("timeout: TransferTimeout(")
+    finally:
+        sub.close()
+        sender.close()
+        client.close()
