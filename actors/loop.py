@@ -23,13 +23,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from streamrl.actors import metrics
+from streamrl.actors import inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.rewards import RewardInput, RewardPool, Score
@@ -44,25 +43,6 @@ POLL_S = 0.05
 
 def default_actor_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> None:
-    """Build the demo policy / dataset when configured to and missing (atomic, safe to race).
-
-    The launcher calls it once before any child starts; a lone actor (``make actors``) calls it
-    too, so it runs without a launcher. Later runs reuse what the first one built."""
-    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
-    from streamrl.weightsync.policy import wants_demo_policy
-
-    if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
-        announce(f"building the demo policy at {cfg.model.path} (once)")
-        ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
-    if (
-        cfg.data.build_demo
-        and cfg.data.path.endswith(".jsonl")
-        and not os.path.exists(cfg.data.path)
-    ):
-        ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
 
 
 def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
@@ -140,7 +120,7 @@ class Actor:
 
         cfg = self.cfg
         torch.set_num_threads(cfg.run.torch_threads)
-        ensure_assets(cfg)
+        inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
         self.rewards = RewardPool(cfg.reward)

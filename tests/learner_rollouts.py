@@ -14,9 +14,10 @@ import redis
 import torch
 import torch.nn.functional as F
 
-from streamrl.actors.demo_task import EOS, make_example, reverse_digits_reward
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup, encode_group
+from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
+from streamrl.examples.reverse_digits.task import EOS, make_example
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ def learner_config(redis_cfg: Config, policy: str, **sections) -> Config:
         "run": {"name": redis_cfg.run.name, "dir": redis_cfg.run.dir},
         "broker": {"redis_url": redis_cfg.broker.redis_url, "block_ms": 200},
         "model": {"path": policy},
-        "rollout": {"group_size": GROUP_SIZE},
+        "rollout": {"group_size": GROUP_SIZE, "max_new_tokens": 8},
         "learner": {
             "lr": LR,
             "betas": list(BETAS),
