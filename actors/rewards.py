@@ -8,7 +8,8 @@ the spec): ``fn(prompts, completions, **columns) -> list[float | None]``, one va
 sample, every argument a list. ``columns`` are the dataset row's other columns (and
 ``answer``), passed by name to the functions that declare them (all of them to a
 ``**kwargs``); the spec's ``kwargs`` are added to every call. A dict return is a set of
-named parts whose sum is the function's value. The scalar reward is the weighted sum over
+named parts whose sum is the function's value; parts are named after the spec's ``name``,
+else its ``fn``. The scalar reward is the weighted sum over
 ``cfg.reward.functions``. A function is named as a built-in, ``module:function`` or
 ``path/to/file.py:function``.
 
