@@ -16,9 +16,6 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-# the demo's shaped reward under its preset's name (configs/demo_cpu.yaml), so parts read reverse_digits/...
-DEMO_REWARD = {"fn": "streamrl.examples.reverse_digits:reverse_digits", "name": "reverse_digits"}
-
 
 @pytest.fixture(scope="session")
 def demo_policy(tmp_path_factory) -> str:
@@ -54,6 +51,8 @@ def redis_server(tmp_path_factory):
 @pytest.fixture
 def redis_cfg(redis_server, tmp_path):
     """A Config pointing at the session Redis with a unique run name, so tests never share keys."""
+    from learner_rollouts import DEMO_REWARD
+
     from streamrl.configs import Config
 
     return Config.model_validate(

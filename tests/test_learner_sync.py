@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from learner_rollouts import sample_groups, xadd_groups
+from learner_rollouts import DEMO_REWARD, sample_groups, xadd_groups
 
 from streamrl.configs import Config
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -33,6 +33,7 @@ def learner_config(redis_cfg: Config, policy: str, **sections) -> Config:
             "read_timeout_s": 3.0,
             "checkpoint_every": 1000,
         },
+        "reward": {"functions": [DEMO_REWARD]},
         "algo": {"clip_low": CLIP, "clip_high": CLIP, "adv_eps": EPS},
         "weightsync": {"transport": "none"},
         "metrics": {"enabled": False},
