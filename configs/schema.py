@@ -453,7 +453,7 @@ class LearnerConfig(Section):
     """The DeepSpeed learner: optimizer, batching, checkpoints, acknowledgement."""
 
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0 = off).")

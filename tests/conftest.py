@@ -59,9 +59,9 @@ def redis_cfg(redis_server, tmp_path):
         {
             "run": {"name": f"test-{uuid.uuid4().hex[:12]}", "dir": str(tmp_path / "run")},
             "broker": {"redis_url": redis_server.url},
-            # the demo task's scale, which demo_policy and demo_dataset are made for
+            # the demo's settings (no longer the schema's defaults), which demo_policy is made for
             "rollout": {"max_new_tokens": 8},
-            "learner": {"lr": 3e-4},
+            "learner": {"lr": 3e-4, "betas": (0.9, 0.99)},
             "reward": {"functions": [DEMO_REWARD]},
         }
     )

@@ -82,8 +82,12 @@ def test_a_target_part_the_task_does_not_report_is_refused():
 
 def test_the_schema_defaults_are_for_a_real_model_not_the_demo():
     cfg = Config()
-    # TRL's GRPOConfig values: max_completion_length 256, learning_rate 1e-6
-    assert (cfg.rollout.max_new_tokens, cfg.learner.lr) == (256, 1e-6)
+    # TRL's GRPOConfig values: max_completion_length 256, learning_rate 1e-6, adam_beta2 0.999
+    assert (cfg.rollout.max_new_tokens, cfg.learner.lr, cfg.learner.betas) == (
+        256,
+        1e-6,
+        (0.9, 0.999),
+    )
     # a run names its model, data and rewards; nothing is built unless a hook is named
     assert (cfg.model.path, cfg.data.path, cfg.reward.functions) == ("", "", [])
     assert cfg.model.build is None and cfg.data.build is None
