@@ -140,6 +140,16 @@ def resolve(name: str) -> RewardFn:
     return plugins.load(name, f"reward {name!r}")
 
 
+def check(reward_cfg) -> None:
+    """No reward, a bad name or a plug-in that cannot load fails here, before anything starts."""
+    if not reward_cfg.functions:
+        raise ConfigError(
+            f"reward.functions is empty: name at least one reward (a built-in, {plugins.FORMS})"
+        )
+    for spec in reward_cfg.functions:
+        resolve(spec.fn)
+
+
 def part_name(spec: dict) -> str:
     """What a function's parts are named after: the spec's ``name``, else its ``fn``."""
     return spec.get("name") or spec["fn"]
@@ -345,13 +355,7 @@ class RewardPool:
                     "timeout_s": reward_cfg.sandbox_timeout_s,
                     "memory_mb": reward_cfg.sandbox_memory_mb,
                 } | spec["kwargs"]
-        # no reward, a bad name or a plug-in that cannot load fails here, before anything starts
-        if not self.specs:
-            raise ConfigError(
-                f"reward.functions is empty: name at least one reward (a built-in, {plugins.FORMS})"
-            )
-        for spec in self.specs:
-            resolve(spec["fn"])
+        check(reward_cfg)
         self.has_batched = any(spec.get("batched") for spec in self.specs)
         self.timeout_s = reward_cfg.timeout_s
         self.memory_mb = reward_cfg.worker_memory_mb

@@ -119,7 +119,7 @@ class Supervisor:
 
     def _prepare_inputs(self) -> None:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
-        from streamrl.actors import inputs
+        from streamrl.actors import inputs, rewards
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -134,6 +134,7 @@ class Supervisor:
                 "`make run` switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
             )
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
+        rewards.check(self.cfg.reward)
         # A broken dataset fails here, naming file and row, before Redis or any child starts.
         from streamrl.actors.prompts import PromptDataset
         from streamrl.weightsync.policy import load_tokenizer
