@@ -25,14 +25,13 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from streamrl import weightsync
-from streamrl.actors import metrics
+from streamrl.actors import inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.actors.engines.vllm import VLLMEngine
@@ -60,25 +59,6 @@ POLL_S = 0.05
 
 def default_actor_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def ensure_assets(cfg: Config, announce: Callable[[str], None] = log.info) -> None:
-    """Build the demo policy / dataset when configured to and missing (atomic, safe to race).
-
-    The launcher calls it once before any child starts; a lone actor (``make actors``) calls it
-    too, so it runs without a launcher. Later runs reuse what the first one built."""
-    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
-    from streamrl.weightsync.policy import wants_demo_policy
-
-    if wants_demo_policy(cfg.model.path, cfg.model.build_demo):
-        announce(f"building the demo policy at {cfg.model.path} (once)")
-        ensure_demo_policy(cfg.model.path, seed=cfg.run.seed)
-    if (
-        cfg.data.build_demo
-        and cfg.data.path.endswith(".jsonl")
-        and not os.path.exists(cfg.data.path)
-    ):
-        ensure_demo_dataset(cfg.data.path, seed=cfg.run.seed)
 
 
 def sampling_seed(run_seed: int, actor_id: str) -> int:
@@ -157,7 +137,7 @@ class Actor:
 
         # -- load: everything that can fail on bad input, before touching Redis ----------------
         torch.set_num_threads(cfg.run.torch_threads)
-        ensure_assets(cfg)
+        inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
         self.rewards = RewardPool(cfg.reward)

@@ -264,16 +264,20 @@ class PromptDataset:
 
     @classmethod
     def from_config(cls, data_cfg, tokenizer) -> PromptDataset:
-        return cls(
-            data_cfg.path,
-            tokenizer,
-            data_cfg.format,
-            data_cfg.split,
-            data_cfg.apply_chat_template,
-            data_cfg.prompt_key,
-            data_cfg.answer_key,
-            data_cfg.config,
-        )
+        """The dataset at ``data.path``; its errors name that key."""
+        try:
+            return cls(
+                data_cfg.path,
+                tokenizer,
+                data_cfg.format,
+                data_cfg.split,
+                data_cfg.apply_chat_template,
+                data_cfg.prompt_key,
+                data_cfg.answer_key,
+                data_cfg.config,
+            )
+        except PromptDataError as exc:
+            raise PromptDataError(f"data.path: {exc}") from None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -8,7 +8,8 @@ the spec): ``fn(prompts, completions, **columns) -> list[float | None]``, one va
 sample, every argument a list. ``columns`` are the dataset row's other columns (and
 ``answer``), passed by name to the functions that declare them (all of them to a
 ``**kwargs``); the spec's ``kwargs`` are added to every call. A dict return is a set of
-named parts whose sum is the function's value. The scalar reward is the weighted sum over
+named parts whose sum is the function's value; parts are named after the spec's ``name``,
+else its ``fn``. The scalar reward is the weighted sum over
 ``cfg.reward.functions``. A function is named as a built-in, ``module:function`` or
 ``path/to/file.py:function``.
 
@@ -24,8 +25,6 @@ never stops for a reward.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import logging
 import math
@@ -36,11 +35,11 @@ import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from streamrl.actors import metrics
+from streamrl.actors import metrics, plugins
 from streamrl.actors.sandbox import run_python
+from streamrl.configs.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -128,48 +127,32 @@ BUILTINS: dict[str, RewardFn] = {
     "think_format": think_format,
     "code": code_execution,
 }
-# the CPU demo's rewards, built-in by name and imported only when a config names them
-DEMO_BUILTINS = {
-    "reverse_digits": "streamrl.actors.demo_task:reverse_digits",
-    "reverse_digits_exact": "streamrl.actors.demo_task:reverse_digits_exact",
-}
-
-
-def _from_file(name: str, file: str, attr: str):
-    path = Path(file).resolve()
-    if not path.is_file():
-        raise ValueError(f"reward {name!r}: no file {file!r}")
-    spec = importlib.util.spec_from_file_location(f"streamrl_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    # a user file may fail to import in any way
-    except Exception as exc:
-        raise ValueError(f"reward {name!r}: cannot import {file!r}: {exc!r}") from None
-    return module
 
 
 def resolve(name: str) -> RewardFn:
     """A built-in, a ``module:function`` or a ``path/to/file.py:function``; ValueError with the reason."""
     if name in BUILTINS:
         return BUILTINS[name]
-    module_name, sep, attr = DEMO_BUILTINS.get(name, name).rpartition(":")
-    if not sep or not module_name or not attr:
+    if not plugins.is_reference(name):
         raise ValueError(
-            f"unknown reward {name!r}: built-ins are {sorted([*BUILTINS, *DEMO_BUILTINS])}, plug-ins are "
-            "module:function or path/to/file.py:function"
+            f"unknown reward {name!r}: built-ins are {sorted(BUILTINS)}, plug-ins are {plugins.FORMS}"
         )
-    if module_name.endswith(".py"):
-        module = _from_file(name, module_name, attr)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"reward {name!r}: cannot import {module_name!r}: {exc}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward {name!r}: {module_name} has no callable {attr!r}")
-    return fn
+    return plugins.load(name, f"reward {name!r}")
+
+
+def check(reward_cfg) -> None:
+    """No reward, a bad name or a plug-in that cannot load fails here, before anything starts."""
+    if not reward_cfg.functions:
+        raise ConfigError(
+            f"reward.functions is empty: name at least one reward (a built-in, {plugins.FORMS})"
+        )
+    for spec in reward_cfg.functions:
+        resolve(spec.fn)
+
+
+def part_name(spec: dict) -> str:
+    """What a function's parts are named after: the spec's ``name``, else its ``fn``."""
+    return spec.get("name") or spec["fn"]
 
 
 def accepted_columns(fn: RewardFn) -> set[str] | None:
@@ -260,10 +243,10 @@ def score_sample(
             allowed = accepted_columns(fn) if columns else None
             try:
                 value = fn(messages, answer, **_call_kwargs(spec, allowed, columns or {}))
-                parts = _as_parts(spec["fn"], value)
+                parts = _as_parts(part_name(spec), value)
             # a plug-in may raise anything (MemoryError included)
             except Exception as exc:
-                score.failures.append(_failure_kind(spec["fn"], exc))
+                score.failures.append(_failure_kind(part_name(spec), exc))
                 continue
         score.parts.update(parts)
         score.total += spec.get("weight", 1.0) * sum(parts.values())
@@ -297,10 +280,10 @@ def score_batched(spec: dict, fn: RewardFn, inputs: list[RewardInput]) -> list:
         if not isinstance(values, (list, tuple)) or len(values) != len(inputs):
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise ValueError(f"returned {got}, expected a list of {len(inputs)} numbers")
-        return [{} if v is None else _as_parts(spec["fn"], v) for v in values]
+        return [{} if v is None else _as_parts(part_name(spec), v) for v in values]
     # a plug-in may raise anything; the chunk scores 0 for it
     except Exception as exc:
-        return [_failure_kind(spec["fn"], exc)] * len(inputs)
+        return [_failure_kind(part_name(spec), exc)] * len(inputs)
 
 
 def score_chunk(specs: Sequence[dict], fns: Sequence[RewardFn], inputs: list[RewardInput]):
@@ -372,9 +355,7 @@ class RewardPool:
                     "timeout_s": reward_cfg.sandbox_timeout_s,
                     "memory_mb": reward_cfg.sandbox_memory_mb,
                 } | spec["kwargs"]
-        # a bad name or plug-in fails here, before anything starts
-        for spec in self.specs:
-            resolve(spec["fn"])
+        check(reward_cfg)
         self.has_batched = any(spec.get("batched") for spec in self.specs)
         self.timeout_s = reward_cfg.timeout_s
         self.memory_mb = reward_cfg.worker_memory_mb

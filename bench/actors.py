@@ -18,9 +18,10 @@ import time
 
 import torch
 
-from streamrl.actors.demo_task import ensure_demo_policy, make_example
 from streamrl.actors.engines.base import Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
+from streamrl.examples.reverse_digits.assets import build_policy
+from streamrl.examples.reverse_digits.task import make_example
 from streamrl.weightsync.policy import load_policy, load_tokenizer
 
 
@@ -86,7 +87,7 @@ def run(quick: bool = False) -> str:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        path = ensure_demo_policy(f"{tmp}/policy", warm_start_steps=0)
+        path = build_policy(f"{tmp}/policy", warm_start_steps=0)
         model = load_policy(path)
         tokenizer = load_tokenizer(path)
     new_tokens = 24 if quick else 48

@@ -515,13 +515,13 @@ def plan(rng: random.Random, quick: bool) -> tuple[list[str], bool]:
 def soak(
     rounds: int, seed: int, quick: bool = False, work: Path | None = None, echo=print
 ) -> list[RoundResult]:
-    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
 
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="streamrl-chaos-") as tmp:
         work = work or Path(tmp)
-        policy = str(ensure_demo_policy(work / "demo-policy"))
-        dataset = str(ensure_demo_dataset(work / "train.jsonl", size=200))
+        policy = str(build_policy(work / "demo-policy"))
+        dataset = str(write_dataset(work / "train.jsonl", size=200))
         results = []
         for i in range(rounds):
             faults, appendonly = plan(rng, quick)

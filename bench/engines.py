@@ -41,7 +41,7 @@ def _ten_million(folder: Path) -> Path:
     """A random-init Qwen2 of ~10M parameters on the demo's character tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from streamrl.actors.demo_task import build_tokenizer
+    from streamrl.examples.reverse_digits.task import build_tokenizer
 
     if (folder / "config.json").exists():
         return folder
@@ -125,8 +125,8 @@ class _Side:
 
 
 def _requests(tokenizer, n: int, step: int):
-    from streamrl.actors.demo_task import make_example
     from streamrl.actors.engines.base import Request
+    from streamrl.examples.reverse_digits.task import make_example
 
     rng = random.Random(step)
     prompts = [tokenizer(make_example(rng)["prompt"])["input_ids"] for _ in range(n)]
@@ -165,9 +165,9 @@ def run(quick: bool = False) -> str:
     import vllm
 
     from bench.__main__ import machine
-    from streamrl.actors.demo_task import ensure_demo_policy
     from streamrl.broker.server import EmbeddedRedis
     from streamrl.configs import Config
+    from streamrl.examples.reverse_digits.assets import build_policy
 
     torch.set_num_threads(1)
     steps = 2 if quick else 10
@@ -193,7 +193,7 @@ def run(quick: bool = False) -> str:
     push_ratios, starts = [], []
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         models = {
-            "demo": ensure_demo_policy(Path(tmp) / "demo", warm_start_steps=0),
+            "demo": build_policy(Path(tmp) / "demo", warm_start_steps=0),
             "qwen2-10M": _ten_million(Path(tmp) / "ten"),
         }
         with EmbeddedRedis(Config().broker, Path(tmp) / "redis") as server:

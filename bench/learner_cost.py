@@ -50,8 +50,8 @@ PHASES = [
 def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random, with_ref: bool):
     """Demo-shaped groups: a reverse-3-digits prompt, 2-5 token completions, mixed rewards;
     ``with_ref``: with reference log-probs, as actors send them under ``algo.reference_on: actors``."""
-    from streamrl.actors.demo_task import make_example
     from streamrl.broker.wire import Completion, RolloutGroup
+    from streamrl.examples.reverse_digits.task import make_example
 
     eos = tokenizer.eos_token_id
     digits = [tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
@@ -134,11 +134,11 @@ def _reference_learn(model, ref_model, optimizer, batch, cfg) -> None:
 def measure(steps: int, overrides: list[str] = ()) -> dict:
     """Median per-step seconds of the learner (with its phase split) and of the reference learn."""
     from bench.reference_loop import sample
-    from streamrl.actors.demo_task import ensure_demo_policy
     from streamrl.broker.client import connect_async
     from streamrl.broker.server import EmbeddedRedis
     from streamrl.broker.stream import RolloutProducer
     from streamrl.configs import load_config
+    from streamrl.examples.reverse_digits.assets import build_policy
     from streamrl.learner import step as learner_step
     from streamrl.learner.batching import samples_from_group
     from streamrl.learner.loop import Learner
@@ -147,7 +147,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
     torch.set_num_threads(1)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     tmp = Path(tempfile.mkdtemp(prefix="bench-learner-cost-"))
-    policy = ensure_demo_policy(tmp / "policy", warm_start_steps=0)
+    policy = build_policy(tmp / "policy", warm_start_steps=0)
     tokenizer = load_tokenizer(str(policy))
     warmup = 2
     with EmbeddedRedis(load_config(CONFIG).broker, tmp / "redis") as server:

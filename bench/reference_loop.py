@@ -6,7 +6,7 @@
 Sample a batch on the current weights, score it, train on it, repeat: no
 broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
 char tokenizer, prompts (the shared dataset order of ``actors.prompts``),
-reward (``actors.demo_task``, on the text with special tokens) and
+reward (``streamrl.examples.reverse_digits``, on the text with special tokens) and
 hyper-parameters as streamrl (``configs/demo_cpu.yaml`` plus the same
 overrides): groups_per_step prompts x group_size completions per rollout,
 ``(r - mean) / (std + eps)`` per group, token-level clipped ratio against the
@@ -52,17 +52,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from streamrl.actors.demo_task import (
-    EXACT_PART,
-    build_model,
-    build_tokenizer,
-    ensure_demo_dataset,
-    ensure_demo_policy,
-    format_warm_start,
-    reverse_digits_reward,
-)
 from streamrl.actors.engines.hf import cache_kwarg
 from streamrl.actors.prompts import position
+from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
+from streamrl.examples.reverse_digits.rewards import EXACT_PART, reverse_digits_reward
+from streamrl.examples.reverse_digits.task import build_model, build_tokenizer, format_warm_start
 from streamrl.learner import target
 
 CONFIG = "configs/demo_cpu.yaml"
@@ -134,7 +128,7 @@ def run_reference(
     cfg = load_config(CONFIG, list(overrides), env={})
     r, a, lrn, run = cfg.rollout, cfg.algo, cfg.learner, cfg.run
     workdir = Path(workdir)
-    data = ensure_demo_dataset(workdir / "data" / "train.jsonl", seed=seed)
+    data = write_dataset(workdir / "data" / "train.jsonl", seed=seed)
     random.seed(seed)
     torch.manual_seed(seed)
     if carry_optimizer:
@@ -149,7 +143,7 @@ def run_reference(
         torch.manual_seed(seed)
         started = time.monotonic()
     else:
-        policy = ensure_demo_policy(workdir / "policy", seed=seed)
+        policy = build_policy(workdir / "policy", seed=seed)
         started = time.monotonic()
         tokenizer = load_tokenizer(policy)
         model = load_policy(policy)

@@ -58,11 +58,11 @@ def run_grid(
     seeds: list[int], lags: list[int], max_rollouts: int, jobs: int, overrides: list[str], root
 ) -> list[dict]:
     """Every (seed, lag) run; each seed's warmed policy and prompts built once, before the runs."""
-    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
 
     for seed in seeds:
-        ensure_demo_dataset(Path(root) / f"seed{seed}" / "data" / "train.jsonl", seed=seed)
-        ensure_demo_policy(Path(root) / f"seed{seed}" / "policy", seed=seed)
+        write_dataset(Path(root) / f"seed{seed}" / "data" / "train.jsonl", seed=seed)
+        build_policy(Path(root) / f"seed{seed}" / "policy", seed=seed)
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
         futures = [
             pool.submit(_one, seed, lag, max_rollouts, str(Path(root) / f"seed{seed}"), overrides)

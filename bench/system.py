@@ -43,7 +43,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cli import command_line, publish
-from streamrl.actors.demo_task import EXACT_PART
+from streamrl.examples.reverse_digits.rewards import EXACT_PART
 from streamrl.learner import target as run_target
 
 CONFIG = "configs/demo_cpu.yaml"
@@ -297,11 +297,11 @@ class Outcome:
 
 def seed_inputs(seed: int) -> tuple[Path, Path]:
     """The warmed policy and the prompts of one seed, built once and shared by streamrl and TRL."""
-    from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy
+    from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
 
     folder = ROOT / f"seed{seed}"
     # TRL's run_trl looks for <workdir>/policy and <workdir>/data/train.jsonl: the same files.
-    return ensure_demo_policy(folder / "policy", seed=seed), ensure_demo_dataset(
+    return build_policy(folder / "policy", seed=seed), write_dataset(
         folder / "data" / "train.jsonl", seed=seed
     )
 

@@ -1,6 +1,6 @@
 """TRL baseline: Hugging Face TRL's ``GRPOTrainer`` on the CPU demo task, set up like streamrl's demo.
 
-Same warmed tiny Qwen2 and char tokenizer (``actors.demo_task.ensure_demo_policy``),
+Same warmed tiny Qwen2 and char tokenizer (``streamrl.examples.reverse_digits.build_policy``),
 same prompts (raw ``"314>"`` strings, no chat template), same shaped reward, and
 every hyper-parameter TRL has an equivalent for taken from streamrl's demo preset
 (``configs/demo_cpu.yaml``, see ``grpo_config_kwargs``): group size, prompts per
@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.actors.demo_task import ensure_demo_dataset, ensure_demo_policy, reverse_digits_reward
+from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
+from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.learner import target
 
 DEMO_CONFIG = "configs/demo_cpu.yaml"
@@ -40,7 +41,7 @@ def demo_target(config_path: str = DEMO_CONFIG) -> tuple[float, float, int]:
     from streamrl.configs import load_config
 
     run = load_config(config_path, [], env={}).run
-    from streamrl.actors.demo_task import EXACT_PART
+    from streamrl.examples.reverse_digits.rewards import EXACT_PART
 
     return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
 
@@ -117,7 +118,7 @@ def time_to_target(
     curve: list[tuple[float, float, float]], reward: float, exact: float, window: int
 ) -> float | None:
     """Elapsed time of the first rollout whose last ``window`` means reach both bars (learner.target)."""
-    from streamrl.actors.demo_task import EXACT_PART
+    from streamrl.examples.reverse_digits.rewards import EXACT_PART
 
     rows = [{target.REWARD: r, EXACT_PART: e} for _, r, e in curve]
     end = target.first_reached(rows, {target.REWARD: reward, EXACT_PART: exact}, window)
@@ -203,8 +204,8 @@ def run_trl(
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     workdir = Path(workdir)
-    policy = ensure_demo_policy(workdir / "policy", seed=seed)
-    data = ensure_demo_dataset(workdir / "data" / "train.jsonl", seed=seed)
+    policy = build_policy(workdir / "policy", seed=seed)
+    data = write_dataset(workdir / "data" / "train.jsonl", seed=seed)
 
     from datasets import load_dataset
     from transformers import AutoTokenizer, TrainerCallback

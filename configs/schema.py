@@ -20,12 +20,12 @@ class RunConfig(Section):
     """One run: its name, directory, seed and end."""
 
     name: str = Field(
-        "demo",
+        "streamrl",
         description="Run name; also the Redis key prefix, so several runs can share one Redis.",
     )
-    dir: str = Field(
-        "runs/demo",
-        description="Run directory: logs, checkpoints, scrape config, the Redis data dir.",
+    dir: str | None = Field(
+        None,
+        description="Run directory: logs, checkpoints, scrape config, the Redis data dir. None = `runs/<run.name>`.",
     )
     seed: int = Field(0, description="Seed for prompt order, sampling and initialisation.")
     max_steps: int = Field(
@@ -46,7 +46,7 @@ class RunConfig(Section):
     )
     target_parts: dict[str, float] = Field(
         default_factory=dict,
-        description="Stop once the means of these reward parts over the last `target_window` steps reach their bars, e.g. `{reverse_digits_exact: 0.85}`; a part is named after its reward function (`fn`, or `fn/key` for a function returning a dict). Every bar set, `target_reward` included, must hold; a bar of 0 is no bar.",
+        description="Stop once the means of these reward parts over the last `target_window` steps reach their bars, e.g. `{reverse_digits_exact: 0.85}`; a part is named after its reward function (its `name`, else `fn`; `fn/key` for a function returning a dict). Every bar set, `target_reward` included, must hold; a bar of 0 is no bar.",
     )
     target_window: int = Field(
         20,
@@ -65,6 +65,15 @@ class RunConfig(Section):
         True,
         description="When the learner stops, write the policy as a Hugging Face folder (safetensors, config, tokenizer) to <run.dir>/policy.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dir_from_name(cls, data):
+        # before validation, so the derived directory is a set value like any other
+        if isinstance(data, dict) and data.get("dir") is None:
+            name = data.get("name", cls.model_fields["name"].default)
+            data = {**data, "dir": f"runs/{name}"}
+        return data
 
 
 class BrokerConfig(Section):
@@ -170,15 +179,15 @@ class ModelConfig(Section):
     """The policy checkpoint (a Hugging Face folder or hub id) shared by learner and actors."""
 
     path: str = Field(
-        "runs/demo-policy",
-        description="Hugging Face model folder (config, tokenizer, weights) or hub id `org/name[@revision]` (downloaded into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache), loaded with from_pretrained by learner and actors.",
+        "",
+        description="Required. Hugging Face model folder (config, tokenizer, weights) or hub id `org/name[@revision]` (downloaded into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache), loaded with from_pretrained by learner and actors.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
     )
-    build_demo: bool = Field(
-        True,
-        description="If `path` is neither a folder nor a cached hub id, build the CPU demo policy there (char tokenizer, tiny Qwen2, format warm start); set false for a hub id that is not cached yet.",
+    build: str | None = Field(
+        None,
+        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to create the policy folder there before anything loads it; e.g. the CPU demo's `streamrl.examples.reverse_digits:build_policy`. None = a missing `path` is an error.",
     )
 
 
@@ -186,8 +195,8 @@ class DataConfig(Section):
     """The prompt dataset the actors draw from and its columns."""
 
     path: str = Field(
-        "runs/demo-data/train.jsonl",
-        description="Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file, a saved or local HF dataset folder, or a hub dataset `org/name` (fetched into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache).",
+        "",
+        description="Required. Prompt dataset: JSONL/JSON/Parquet/CSV/Arrow file, a saved or local HF dataset folder, or a hub dataset `org/name` (fetched into the hub cache; HF_HUB_OFFLINE=1 keeps to the cache).",
     )
     config: str | None = Field(
         None, description="Dataset config (subset) name of a hub or local dataset repository."
@@ -209,9 +218,9 @@ class DataConfig(Section):
         None,
         description="Render prompts through the tokenizer's chat template: true = always (a string prompt becomes one user turn), false = never (turns' texts joined by newlines), None = for messages rows only.",
     )
-    build_demo: bool = Field(
-        True,
-        description="If `path` does not exist and it is the demo task, generate the demo dataset there.",
+    build: str | None = Field(
+        None,
+        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to write the dataset there before anything loads it; e.g. the CPU demo's `streamrl.examples.reverse_digits:write_dataset`. None = a missing `path` is an error.",
     )
     eval_path: str | None = Field(
         None,
@@ -234,7 +243,7 @@ class RolloutConfig(Section):
     group_size: int = Field(
         16, ge=1, description="Completions per prompt (G); one stream entry carries one group."
     )
-    max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per completion.")
+    max_new_tokens: int = Field(256, ge=1, description="Maximum generated tokens per completion.")
     max_prompt_tokens: int = Field(
         2048,
         ge=1,
@@ -261,6 +270,10 @@ class RewardSpec(Section):
         False,
         description="TRL's batched form: fn(prompts, completions, **columns) -> list[float | None], every argument a list over a chunk of samples.",
     )
+    name: str | None = Field(
+        None,
+        description="What this function's reward parts are named in step rows, metrics and `run.target_parts` (None = `fn`).",
+    )
     weight: float = Field(1.0, description="Weight of this reward in the total.")
     kwargs: dict = Field(
         default_factory=dict, description="Extra keyword arguments passed to the reward function."
@@ -271,8 +284,8 @@ class RewardConfig(Section):
     """Reward functions and how their failures are contained."""
 
     functions: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(fn="reverse_digits")],
-        description="Rewards summed with their weights into the scalar reward.",
+        default_factory=list,
+        description="Required (at least one). Rewards summed with their weights into the scalar reward.",
     )
     timeout_s: float = Field(
         5.0,
@@ -439,8 +452,8 @@ class AlgoConfig(Section):
 class LearnerConfig(Section):
     """The DeepSpeed learner: optimizer, batching, checkpoints, acknowledgement."""
 
-    lr: float = Field(3e-4, gt=0, description="AdamW learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0 = off).")
@@ -552,7 +565,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _target_parts_are_reward_parts(self) -> Config:
-        fns = [spec.fn for spec in self.reward.functions]
+        fns = [spec.name or spec.fn for spec in self.reward.functions]
         unknown = [
             part
             for part in self.run.target_parts
@@ -561,6 +574,6 @@ class Config(Section):
         if unknown:
             raise ValueError(
                 f"run.target_parts names {unknown}, not a reward part of this task: parts are named "
-                f"after reward.functions ({fns}) as `fn`, or `fn/key` for a function returning a dict"
+                f"after reward.functions ({fns}) as `fn` (or its `name`), or `fn/key` for a function returning a dict"
             )
         return self

@@ -120,8 +120,8 @@ class Supervisor:
         return self
 
     def _prepare_inputs(self) -> None:
-        """Build the demo policy and dataset once (reused by later runs) before any child starts."""
-        from streamrl.actors.loop import ensure_assets
+        """Build what the config's hooks build, and check the inputs, before any child starts."""
+        from streamrl.actors import inputs, rewards
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -135,7 +135,8 @@ class Supervisor:
                 f"a vLLM actor needs vLLM in this interpreter ({self.python}): "
                 "`make run` switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
             )
-        ensure_assets(self.cfg, announce=self.event)
+        inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
+        rewards.check(self.cfg.reward)
         # A broken dataset fails here, naming file and row, before Redis or any child starts.
         from streamrl.actors.prompts import PromptDataset
         from streamrl.weightsync.policy import load_tokenizer

@@ -25,17 +25,17 @@ def demo_policy(tmp_path_factory) -> str:
     partly learned, so RL raises the reward within a few dozen steps (learning to
     stop), which bounded tests can observe; the demo's stronger warm start sits on
     a plateau at the digits' chance level for longer before it climbs."""
-    from streamrl.actors.demo_task import ensure_demo_policy
+    from streamrl.examples.reverse_digits.assets import build_policy
 
     path = tmp_path_factory.mktemp("policy") / "demo-policy"
-    return str(ensure_demo_policy(path, warm_start_steps=60, warm_start_lr=3e-4))
+    return str(build_policy(path, warm_start_steps=60, warm_start_lr=3e-4))
 
 
 @pytest.fixture(scope="session")
 def demo_dataset(tmp_path_factory) -> str:
-    from streamrl.actors.demo_task import ensure_demo_dataset
+    from streamrl.examples.reverse_digits.assets import write_dataset
 
-    return str(ensure_demo_dataset(tmp_path_factory.mktemp("data") / "train.jsonl", size=200))
+    return str(write_dataset(tmp_path_factory.mktemp("data") / "train.jsonl", size=200))
 
 
 @pytest.fixture(scope="session")
@@ -51,12 +51,18 @@ def redis_server(tmp_path_factory):
 @pytest.fixture
 def redis_cfg(redis_server, tmp_path):
     """A Config pointing at the session Redis with a unique run name, so tests never share keys."""
+    from learner_rollouts import DEMO_REWARD
+
     from streamrl.configs import Config
 
     return Config.model_validate(
         {
             "run": {"name": f"test-{uuid.uuid4().hex[:12]}", "dir": str(tmp_path / "run")},
             "broker": {"redis_url": redis_server.url},
+            # the demo's settings (no longer the schema's defaults), which demo_policy is made for
+            "rollout": {"max_new_tokens": 8},
+            "learner": {"lr": 3e-4, "betas": (0.9, 0.99)},
+            "reward": {"functions": [DEMO_REWARD]},
         }
     )
 

@@ -14,9 +14,14 @@ import redis
 import torch
 import torch.nn.functional as F
 
-from streamrl.actors.demo_task import EOS, make_example, reverse_digits_reward
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup, encode_group
+from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
+from streamrl.examples.reverse_digits.task import EOS, make_example
+
+# the demo's shaped reward under its preset's name, so its parts read reverse_digits/... as the
+# rollouts below name them
+DEMO_REWARD = {"fn": "streamrl.examples.reverse_digits:reverse_digits", "name": "reverse_digits"}
 
 
 @torch.no_grad()

@@ -32,6 +32,7 @@ def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
             "model": {"path": demo_policy},
             "data": {"path": demo_dataset, "eval_path": demo_dataset, "eval_every": 1, "eval_size": 12},
             "rollout": {"max_new_tokens": 6},
+            "reward": {"functions": [{"fn": "streamrl.examples.reverse_digits:reverse_digits"}]},
         }
     )  # fmt: skip
     tokenizer = load_tokenizer(demo_policy)

@@ -116,7 +116,8 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         f"learner.groups_per_step={FIRST_BOUND}",
         "algo.max_staleness=0",
         "weightsync.transport=shm",
-        "reward.functions=[{fn: reverse_digits}, {fn: 'reward_plugins:raises'}]",
+        "reward.functions=[{fn: 'streamrl.examples.reverse_digits:reverse_digits', name: reverse_digits},"
+        " {fn: 'reward_plugins:raises'}]",
     ]
     cfg = Config.model_validate(
         {

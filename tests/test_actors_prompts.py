@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from streamrl.actors.demo_task import build_tokenizer
 from streamrl.actors.prompts import PromptDataError, PromptDataset, position
+from streamrl.examples.reverse_digits.task import build_tokenizer
 
 ROWS = [
     {"prompt": "314>", "answer": "413"},
@@ -183,18 +183,18 @@ configs:
 
 HUB_CHILD = """
 import json, sys
-from streamrl.actors.demo_task import build_tokenizer
+from streamrl.examples.reverse_digits.task import build_tokenizer
 from streamrl.actors.prompts import PromptDataError, PromptDataset
 from streamrl.configs.schema import DataConfig
 tokenizer = build_tokenizer()
 out = {}
 for config, split in (("easy", "train"), ("easy", "test"), ("hard", "train")):
     cfg = DataConfig(path="org/toy-math", config=config, split=split, prompt_key="question",
-                     answer_key="solution", build_demo=False)
+                     answer_key="solution")
     d = PromptDataset.from_config(cfg, tokenizer)
     out[f"{config}/{split}"] = [d.get(i).columns for i in range(len(d))]
 try:
-    PromptDataset.from_config(DataConfig(path="org/not-cached", build_demo=False), tokenizer)
+    PromptDataset.from_config(DataConfig(path="org/not-cached"), tokenizer)
 except PromptDataError as exc:
     out["missing"] = str(exc)
 print(json.dumps(out))

@@ -14,6 +14,8 @@ from streamrl.actors.rewards import RewardPool, resolve, score_sample
 from streamrl.configs.schema import RewardConfig, RewardSpec
 
 ROOT = Path(__file__).resolve().parents[1]
+# the demo's shaped reward: 0.9 for the right digits, 0.1 for stopping right after them
+SHAPED = "streamrl.examples.reverse_digits:reverse_digits"
 
 
 def turn(text: str, finish: str = "stop") -> list[dict]:
@@ -27,32 +29,26 @@ def call(name: str, text: str, answer, **kwargs):
     return resolve(name)(turn(text), answer, **kwargs)
 
 
-def test_reverse_digits_gives_one_only_for_the_exact_answer_then_stop():
-    assert sum(call("reverse_digits", "413", "413").values()) == pytest.approx(1.0)
-    assert sum(resolve("reverse_digits")(turn("413", "length"), "413").values()) == pytest.approx(
-        0.9
-    )
-    assert sum(call("reverse_digits", "41", "413").values()) == pytest.approx(0.6)
-
-
-def test_the_demo_exact_match_is_one_only_where_the_shaped_reward_is_and_weighs_nothing():
-    cases = [("413", "stop"), ("413", "length"), ("41", "stop"), ("4130", "stop"), ("314", "stop")]
-    for text, finish in cases:
-        shaped = sum(resolve("reverse_digits")(turn(text, finish), "413").values())
-        exact = resolve("reverse_digits_exact")(turn(text, finish), "413")
-        assert exact == float(shaped == pytest.approx(1.0)), (text, finish)
-    specs = [{"fn": "reverse_digits", "weight": 1.0}, {"fn": "reverse_digits_exact", "weight": 0.0}]
-    fns = [resolve(s["fn"]) for s in specs]
-    score = score_sample(specs, fns, turn("413"), "413")
-    assert score.total == pytest.approx(1.0) and score.parts["reverse_digits_exact"] == 1.0
-
-
-def test_the_core_rewards_do_not_import_the_demo_task_until_a_config_names_it():
+def test_the_core_has_no_demo_reward_and_imports_the_demo_only_when_a_config_names_it():
+    with pytest.raises(ValueError, match="unknown reward 'reverse_digits'"):
+        resolve("reverse_digits")
     code = (
-        "import sys, streamrl.actors.rewards as r; assert 'streamrl.actors.demo_task' not in sys.modules; "
-        "r.resolve('reverse_digits_exact'); assert 'streamrl.actors.demo_task' in sys.modules"
+        "import sys, streamrl.actors.rewards as r; "
+        "assert not any(m.startswith('streamrl.examples') for m in sys.modules); "
+        f"r.resolve({SHAPED!r}); assert 'streamrl.examples.reverse_digits' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_spec_name_names_the_parts_in_place_of_fn():
+    specs = [{"fn": SHAPED, "name": "shaped"}, {"fn": "exact_match", "name": "exact"}]
+    score = score_sample(specs, [resolve(s["fn"]) for s in specs], turn("413"), "413")
+    assert score.parts == pytest.approx({"shaped/position": 0.9, "shaped/stop": 0.1, "exact": 1.0})
+
+
+def test_a_pool_without_reward_functions_fails_naming_the_key():
+    with pytest.raises(ValueError, match="reward.functions is empty"):
+        RewardPool(RewardConfig())
 
 
 def test_exact_match_think_format_and_math_builtins():
@@ -80,7 +76,7 @@ def test_code_reward_runs_the_completion_against_tests_in_the_sandbox():
 
 def test_weighted_total_and_named_parts_from_builtins_and_plugins():
     specs = [
-        {"fn": "reverse_digits", "weight": 1.0},
+        {"fn": SHAPED, "name": "reverse_digits", "weight": 1.0},
         {"fn": "reward_plugins:length_parts", "weight": 0.5},
     ]
     score = score_sample(specs, [resolve(s["fn"]) for s in specs], turn("413"), "413")
@@ -122,7 +118,7 @@ def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(
     plugin, kind, healthy_part_kept
 ):
     cfg = RewardConfig(
-        functions=[RewardSpec(fn="reverse_digits"), RewardSpec(fn=f"reward_plugins:{plugin}")],
+        functions=[RewardSpec(fn=SHAPED), RewardSpec(fn=f"reward_plugins:{plugin}")],
         timeout_s=1.0,
         worker_memory_mb=256,
     )

@@ -80,6 +80,32 @@ def test_a_target_part_the_task_does_not_report_is_refused():
     assert "reverse_digits_exact" in str(err.value)
 
 
+def test_the_schema_defaults_are_for_a_real_model_not_the_demo():
+    cfg = Config()
+    # TRL's GRPOConfig values: max_completion_length 256, learning_rate 1e-6, adam_beta2 0.999
+    assert (cfg.rollout.max_new_tokens, cfg.learner.lr, cfg.learner.betas) == (
+        256,
+        1e-6,
+        (0.9, 0.999),
+    )
+    # a run names its model, data and rewards; nothing is built unless a hook is named
+    assert (cfg.model.path, cfg.data.path, cfg.reward.functions) == ("", "", [])
+    assert cfg.model.build is None and cfg.data.build is None
+    assert "demo" not in cfg.run.name and "demo" not in cfg.run.dir
+
+
+def test_the_run_directory_follows_the_run_name_unless_set():
+    assert load_config(overrides=["run.name=exp1"], env={}).run.dir == "runs/exp1"
+    assert Config().run.dir == f"runs/{Config().run.name}"
+    assert load_config(overrides=["run.name=a", "run.dir=/tmp/b"], env={}).run.dir == "/tmp/b"
+
+
+@pytest.mark.parametrize("preset", ["configs/gpu.yaml", "configs/gpu_gsm8k_qwen05b.yaml"])
+def test_the_gpu_presets_build_nothing_in_place_of_their_model_or_data(preset):
+    cfg = load_config(preset, env={})
+    assert cfg.model.build is None and cfg.data.build is None
+
+
 def test_redis_url_from_the_environment_wins():
     cfg = load_config(
         overrides=["broker.redis_url=redis://127.0.0.1:1/0"],

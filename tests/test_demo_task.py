@@ -1,35 +1,38 @@
-"""The demo task's data and reward: distinct prompts, and a reward that sees every sampled token."""
+"""The demo task (streamrl.examples.reverse_digits): its preset, data and rewards.
+
+The preset opts into the demo through the generic hooks (``model.build``, ``data.build``,
+rewards as ``module:function``) and trains with the values it trained with when they were
+the schema's defaults.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from streamrl.actors.demo_task import (
-    EOS,
-    PAD,
-    build_tokenizer,
-    distinct_examples,
-    ensure_demo_dataset,
-)
+from streamrl.actors import inputs
 from streamrl.actors.engines.base import Output
 from streamrl.actors.loop import assistant_turn
-from streamrl.actors.rewards import resolve
+from streamrl.actors.rewards import resolve, score_sample
+from streamrl.configs import load_config
+from streamrl.examples.reverse_digits import reverse_digits, reverse_digits_exact, write_dataset
+from streamrl.examples.reverse_digits.task import EOS, PAD, build_tokenizer, distinct_examples
+
+DEMO = "configs/demo_cpu.yaml"
 
 
 def test_the_demo_dataset_holds_every_3_digit_prompt_once_in_a_seeded_order(tmp_path):
-    rows = [json.loads(line) for line in ensure_demo_dataset(tmp_path / "a.jsonl").open()]
+    rows = [json.loads(line) for line in write_dataset(tmp_path / "a.jsonl").open()]
     prompts = [r["prompt"] for r in rows]
     assert len(prompts) == 1000 and len(set(prompts)) == 1000
     assert prompts != sorted(prompts)
     assert all(r["answer"] == r["prompt"][:3][::-1] for r in rows)
     # leading zeros are digits of the prompt
     assert "007>" in prompts
-    again = [
-        json.loads(line)["prompt"] for line in ensure_demo_dataset(tmp_path / "b.jsonl").open()
-    ]
+    again = [json.loads(line)["prompt"] for line in write_dataset(tmp_path / "b.jsonl").open()]
     other = [r["prompt"] for r in distinct_examples(1000, seed=1)]
     assert again == prompts and other != prompts
     small = [r["prompt"] for r in distinct_examples(200, seed=0)]
@@ -45,7 +48,7 @@ def _reward(tokenizer, pieces: list[str], finish: str = "stop") -> float:
         "r", np.array(ids, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int32), finish
     )
     messages = [{"role": "user", "content": "314>"}, assistant_turn(tokenizer, output)]
-    return sum(resolve("reverse_digits")(messages, "413").values())
+    return sum(reverse_digits(messages, "413").values())
 
 
 def test_a_special_token_inside_the_answer_is_not_an_exact_match():
@@ -55,3 +58,57 @@ def test_a_special_token_inside_the_answer_is_not_an_exact_match():
     assert _reward(tokenizer, ["4", PAD, "1", "3", EOS]) == pytest.approx(0.9 / 3)
     assert _reward(tokenizer, ["4", "1", "3", PAD], finish="length") == pytest.approx(0.9)
     assert _reward(tokenizer, ["4", "1", "3"], finish="length") == pytest.approx(0.9)
+
+
+def turn(text: str, finish: str = "stop") -> list[dict]:
+    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": text, "finish_reason": finish}]  # fmt: skip
+
+
+def test_reverse_digits_gives_one_only_for_the_exact_answer_then_stop():
+    assert sum(reverse_digits(turn("413"), "413").values()) == pytest.approx(1.0)
+    assert sum(reverse_digits(turn("413", "length"), "413").values()) == pytest.approx(0.9)
+    assert sum(reverse_digits(turn("41"), "413").values()) == pytest.approx(0.6)
+
+
+def test_the_demo_exact_match_is_one_only_where_the_shaped_reward_is_and_weighs_nothing():
+    cases = [("413", "stop"), ("413", "length"), ("41", "stop"), ("4130", "stop"), ("314", "stop")]
+    for text, finish in cases:
+        shaped = sum(reverse_digits(turn(text, finish), "413").values())
+        exact = reverse_digits_exact(turn(text, finish), "413")
+        assert exact == float(shaped == pytest.approx(1.0)), (text, finish)
+    specs = [spec.model_dump() for spec in load_config(DEMO, env={}).reward.functions]
+    score = score_sample(specs, [resolve(s["fn"]) for s in specs], turn("413"), "413")
+    assert score.total == pytest.approx(1.0) and score.parts["reverse_digits_exact"] == 1.0
+
+
+def test_the_demo_preset_trains_with_the_values_it_had_when_they_were_the_defaults():
+    cfg = load_config(DEMO, env={})
+    assert (cfg.run.name, cfg.run.dir, cfg.run.target_parts) == (
+        "demo",
+        "runs/demo",
+        {"reverse_digits_exact": 0.85},
+    )
+    assert (cfg.model.path, cfg.data.path) == ("runs/demo-policy", "runs/demo-data/train.jsonl")
+    assert (cfg.rollout.max_new_tokens, cfg.learner.lr, cfg.learner.betas) == (8, 3e-4, (0.9, 0.99))
+    # the parts keep the names the built-ins had: reverse_digits/position, reverse_digits_exact
+    rewards = [(s.name, s.weight, resolve(s.fn)) for s in cfg.reward.functions]
+    assert rewards == [
+        ("reverse_digits", 1.0, reverse_digits),
+        ("reverse_digits_exact", 0.0, reverse_digits_exact),
+    ]
+
+
+def test_the_demo_preset_builds_its_policy_and_dataset_where_they_are_missing(tmp_path):
+    from streamrl.weightsync.policy import load_policy, load_tokenizer
+
+    policy, data = tmp_path / "policy", tmp_path / "data" / "train.jsonl"
+    cfg = load_config(DEMO, [f"model.path={policy}", f"data.path={data}"], env={})
+    said: list[str] = []
+    inputs.prepare(cfg.model, cfg.data, cfg.run.seed, announce=said.append)
+    assert load_policy(policy).config.num_hidden_layers == 2
+    assert load_tokenizer(policy).convert_tokens_to_ids(EOS) is not None
+    assert len(data.read_text().splitlines()) == 1000
+    assert len(said) == 2 and str(policy) in said[0] and str(data) in said[1]
+    # a later run reuses them
+    inputs.prepare(cfg.model, cfg.data, cfg.run.seed, announce=said.append)
+    assert len(said) == 2 and Path(policy, "config.json").is_file()

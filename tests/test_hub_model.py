@@ -14,7 +14,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import torch
-    from streamrl.weightsync.policy import load_policy, load_tokenizer, model_folder, wants_demo_policy
+    from streamrl.weightsync.policy import load_policy, load_tokenizer, model_folder
     model = load_policy("org/tiny-demo")
     tokenizer = load_tokenizer("org/tiny-demo")
     ids = torch.tensor([tokenizer.encode("12>")])
@@ -29,7 +29,6 @@ CHILD = textwrap.dedent(
         "pinned": model_folder("org/tiny-demo@" + sys.argv[1]),
         "new_tokens": out.shape[1] - ids.shape[1],
         "first_weight": model.lm_head.weight[0, :4].tolist(),
-        "build_demo": wants_demo_policy("org/tiny-demo", True),
         "missing": missing,
     }))
     """
@@ -57,31 +56,35 @@ def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path, demo_policy):
     assert got["new_tokens"] >= 1
     expected = load_policy(demo_policy).lm_head.weight[0, :4].tolist()
     assert got["first_weight"] == expected
-    assert got["build_demo"] is False
     assert "org/not-cached" in got["missing"] and "could not be resolved" in got["missing"]
 
 
 def test_a_missing_local_path_that_is_no_hub_id_is_a_clear_error(tmp_path):
     import pytest
 
-    from streamrl.weightsync.policy import model_folder, wants_demo_policy
+    from streamrl.weightsync.policy import model_folder
 
     with pytest.raises(FileNotFoundError, match="not a local folder nor a hub id"):
         model_folder(str(tmp_path / "no" / "such" / "folder"))
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match="is a file"):
         model_folder(tmp_path / "weights.bin")
-    assert wants_demo_policy(str(tmp_path / "demo-policy"), True)
-    assert not wants_demo_policy(str(tmp_path / "demo-policy"), False)
 
 
-def test_launch_with_a_model_that_is_neither_a_folder_nor_a_hub_id_exits_2_naming_it(tmp_path):
+def test_launch_with_a_model_that_is_neither_a_folder_nor_a_hub_id_exits_2_naming_it_and_builds_nothing(
+    tmp_path,
+):
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd())
     missing = "org/no-such-model"
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1>", "answer": "1"}\n')
     done = subprocess.run(
         [sys.executable, "-m", "streamrl.launch", "--actors", "1", f"run.dir={tmp_path / 'run'}",
-         f"model.path={missing}", "model.build_demo=false", f"data.path={tmp_path / 'd.jsonl'}"],
-        env=env, capture_output=True, text=True, timeout=120,
+         f"model.path={missing}", f"data.path={tmp_path / 'd.jsonl'}",
+         "reward.functions=[{fn: exact_match}]"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert missing in done.stderr and "Traceback" not in done.stderr
+    assert f"model.path {missing!r}" in done.stderr
+    # no substitute policy was made where the model was named
+    assert not (tmp_path / "org").exists()

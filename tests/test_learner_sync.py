@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from learner_rollouts import sample_groups, xadd_groups
+from learner_rollouts import DEMO_REWARD, sample_groups, xadd_groups
 
 from streamrl.configs import Config
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -24,7 +24,7 @@ def learner_config(redis_cfg: Config, policy: str, **sections) -> Config:
         "run": {"name": redis_cfg.run.name, "dir": redis_cfg.run.dir},
         "broker": {"redis_url": redis_cfg.broker.redis_url, "block_ms": 200},
         "model": {"path": policy},
-        "rollout": {"group_size": GROUP_SIZE},
+        "rollout": {"group_size": GROUP_SIZE, "max_new_tokens": 8},
         "learner": {
             "lr": LR,
             "betas": list(BETAS),
@@ -33,6 +33,7 @@ def learner_config(redis_cfg: Config, policy: str, **sections) -> Config:
             "read_timeout_s": 3.0,
             "checkpoint_every": 1000,
         },
+        "reward": {"functions": [DEMO_REWARD]},
         "algo": {"clip_low": CLIP, "clip_high": CLIP, "adv_eps": EPS},
         "weightsync": {"transport": "none"},
         "metrics": {"enabled": False},

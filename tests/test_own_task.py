@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.actors.demo_task import build_tokenizer
 from streamrl.actors.prompts import PromptDataset
 from streamrl.actors.rewards import RewardInput, RewardPool
 from streamrl.configs import load_config
+from streamrl.examples.reverse_digits.task import build_tokenizer
 
 
 def _answer(text: str, finish: str = "stop") -> dict:
@@ -38,7 +38,7 @@ def test_the_copy_task_config_loads_its_data_and_scores_with_both_reward_forms()
 
 def test_the_gpu_gsm8k_recipe_validates_and_its_reward_reads_gsm8k_solutions():
     cfg = load_config("configs/gpu_gsm8k_qwen05b.yaml")
-    assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and not cfg.model.build_demo
+    assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.model.build is None
     assert (cfg.data.path, cfg.data.config, cfg.data.prompt_key) == (
         "openai/gsm8k",
         "main",

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("streamrl", "learner", "actors", "broker", "weightsync", "configs", "launch")
+PACKAGES = (
+    "streamrl",
+    "learner",
+    "actors",
+    "broker",
+    "weightsync",
+    "configs",
+    "launch",
+    "examples",
+)
 
 CHECK = """
 import sys
@@ -21,6 +30,13 @@ import streamrl.launch.panels as panels
 assert Path(panels.__file__).is_relative_to(Path(sys.argv[1])), panels.__file__
 assert panels.queries(), "the dashboard has no queries"
 assert (panels.DASHBOARD.parent / "live.html").is_file(), "the live view is missing"
+# the demo preset's hooks and rewards resolve inside the installed package
+from streamrl.actors import plugins
+from streamrl.configs import load_config
+cfg = load_config(Path(sys.argv[1], "streamrl", "configs", "demo_cpu.yaml"), env={})
+for ref in [cfg.model.build, cfg.data.build, *(spec.fn for spec in cfg.reward.functions)]:
+    fn = plugins.load(ref, "demo")
+    assert Path(sys.modules[fn.__module__].__file__).is_relative_to(Path(sys.argv[1])), ref
 print(panels.DASHBOARD)
 """
 
@@ -48,6 +64,9 @@ def test_a_wheel_installs_one_package_that_ships_the_dashboard_and_the_live_view
         "streamrl/launch/dashboards/live.html",
     } <= names
     assert "streamrl/configs/demo_cpu.yaml" in names
+    # the demo is a package of its own; the other example tasks are folders loaded by path
+    assert "streamrl/examples/reverse_digits/assets.py" in names
+    assert not any(name.startswith("streamrl/examples/copy_task") for name in names)
     entry_points = zipfile.ZipFile(wheel).read("streamrl-0.1.0.dist-info/entry_points.txt").decode()
     assert "streamrl = streamrl.launch.cli:main" in entry_points
     assert "streamrl_shm = streamrl.weightsync.vllm_plugin:register" in entry_points

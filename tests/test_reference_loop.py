@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.reference_loop import completion_mask, run_reference, score
-from streamrl.actors.demo_task import EOS, PAD, build_tokenizer
+from streamrl.examples.reverse_digits.task import EOS, PAD, build_tokenizer
 
 
 def test_the_mask_ends_at_the_first_eos_and_the_reward_sees_special_tokens():

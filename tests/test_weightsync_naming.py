@@ -20,7 +20,7 @@ from streamrl.weightsync.vllm_adapter import plan_buckets, token_versions
 
 
 def _tied_model():
-    from streamrl.actors.demo_task import build_model
+    from streamrl.examples.reverse_digits.task import build_model
 
     return build_model(vocab_size=40, eos_id=1, pad_id=0)
 

@@ -9,7 +9,7 @@ from streamrl.weightsync.policy import load_policy, load_tokenizer, resolve_dtyp
 
 
 def test_load_policy_gives_an_eval_model_in_the_requested_dtype(tmp_path):
-    from streamrl.actors.demo_task import build_model, build_tokenizer
+    from streamrl.examples.reverse_digits.task import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)

@@ -181,7 +181,7 @@ def test_versions_must_strictly_increase_and_the_layout_stay_fixed(redis_cfg):
 
 
 def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis_cfg):
-    from streamrl.actors.demo_task import build_model
+    from streamrl.examples.reverse_digits.task import build_model
 
     torch.manual_seed(1)
     engine = build_model(vocab_size=40, eos_id=1, pad_id=0).eval()

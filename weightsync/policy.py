@@ -32,23 +32,6 @@ def _split_revision(path: str) -> tuple[str, str | None]:
     return repo_id, (revision if sep else None)
 
 
-def cached_snapshot(path: str | os.PathLike) -> str | None:
-    """The hub-cache snapshot folder of hub id ``path`` when it is cached, else None (no network)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    repo_id, revision = _split_revision(os.fspath(path))
-    try:
-        return snapshot_download(repo_id, revision=revision, local_files_only=True)
-    except (HFValidationError, LocalEntryNotFoundError, ValueError):
-        return None
-
-
-def wants_demo_policy(path: str | os.PathLike, build_demo: bool) -> bool:
-    """Whether to build the CPU demo policy at ``path``: asked for, and no folder nor cached hub id there."""
-    return build_demo and not os.path.exists(path) and cached_snapshot(path) is None
-
-
 def model_folder(path: str | os.PathLike) -> str:
     """``path`` itself when it is a folder, else the snapshot folder of hub id ``path``.
 
@@ -61,18 +44,18 @@ def model_folder(path: str | os.PathLike) -> str:
     if os.path.isdir(path):
         return path
     if os.path.exists(path):
-        raise FileNotFoundError(f"model path {path!r} is a file, not a Hugging Face folder")
+        raise FileNotFoundError(f"model.path {path!r} is a file, not a Hugging Face folder")
     repo_id, revision = _split_revision(path)
     try:
         return snapshot_download(repo_id, revision=revision)
     except HFValidationError as exc:
         raise FileNotFoundError(
-            f"model path {path!r} is not a local folder nor a hub id: {exc}"
+            f"model.path {path!r} is not a local folder nor a hub id: {exc}"
         ) from None
     # offline cache miss, unknown repo, gated repo, network down
     except Exception as exc:
         raise FileNotFoundError(
-            f"model path {path!r} is not a local folder and the hub id could not be resolved "
+            f"model.path {path!r} is not a local folder and the hub id could not be resolved "
             f"({type(exc).__name__}: {exc})"
         ) from None
 

@@ -1,0 +1,48 @@
+"""A run's inputs before anything loads them: the policy at ``model.path``, the prompts at ``data.path``.
+
+A path that does not exist is filled only by the hook a config names for it
+(``model.build``, ``data.build``: ``module:function``, called as ``fn(path,
+seed=run.seed)``); the CPU demo's preset names its builders so. Without a hook a missing
+input is an error naming its key, here or where it is loaded, never a substitute.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from streamrl.actors import plugins
+from streamrl.configs.errors import ConfigError
+from streamrl.configs.schema import DataConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def _build(key: str, ref: str, path: str, seed: int) -> None:
+    try:
+        build = plugins.load(ref, key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    build(path, seed=seed)
+
+
+def prepare(
+    model: ModelConfig, data: DataConfig, seed: int, announce: Callable[[str], None] = log.info
+) -> None:
+    """Check both paths are set, and build the missing ones that have a hook (once; safe to race).
+
+    The launcher calls it before any child starts; a lone actor (``make actors``) calls it
+    too, so it runs without a launcher. The hooks write atomically, and a later run finds
+    what the first one built.
+    """
+    if not model.path:
+        raise ConfigError("model.path is not set: name a Hugging Face model folder or hub id")
+    if not data.path:
+        raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
+    if model.build and not os.path.exists(model.path):
+        announce(f"building the policy at {model.path} with model.build {model.build} (once)")
+        _build("model.build", model.build, model.path, seed)
+    if data.build and not os.path.exists(data.path):
+        announce(f"writing the dataset at {data.path} with data.build {data.build} (once)")
+        _build("data.build", data.build, data.path, seed)

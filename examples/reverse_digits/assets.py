@@ -1,0 +1,56 @@
+"""The demo's inputs: the policy folder (``model.build``) and the prompt file (``data.build``).
+
+streamrl calls a hook as ``fn(path, seed=run.seed)`` when the path is missing; both
+write atomically, so the launcher and a lone actor may race to build them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from streamrl.examples.reverse_digits.task import (
+    build_model,
+    build_tokenizer,
+    distinct_examples,
+    format_warm_start,
+)
+
+
+def build_policy(
+    path: str | os.PathLike, seed: int = 0, warm_start_steps: int = 100, warm_start_lr: float = 1e-3
+) -> Path:
+    """The ``model.build`` hook: build (once) the warmed demo policy as a Hugging Face folder."""
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    tokenizer = build_tokenizer()
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
+    if warm_start_steps:
+        format_warm_start(model, tokenizer, steps=warm_start_steps, lr=warm_start_lr, seed=seed)
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # atomic: concurrent builders never see half a folder
+    os.replace(tmp, path)
+    return path
+
+
+def write_dataset(path: str | os.PathLike, size: int = 1000, seed: int = 0) -> Path:
+    """The ``data.build`` hook: write the demo prompts as JSONL (``prompt`` + ``answer``) once.
+
+    Every prompt is distinct (the default 1,000 rows are all 3-digit numbers,
+    shuffled by ``seed``): rows drawn with replacement held only ~630 distinct prompts.
+    """
+    path = Path(path)
+    if path.exists():
+        return path
+    rows = distinct_examples(size, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+    return path
