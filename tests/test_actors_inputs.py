@@ -82,8 +82,7 @@ def test_a_run_without_reward_functions_stops_before_any_process_starts(tmp_path
     (tmp_path / "d.jsonl").write_text('{"prompt": "1>", "answer": "1"}\n')
     run_dir = tmp_path / "run"
     overrides = [f"run.dir={run_dir}", "model.path=m", f"data.path={tmp_path / 'd.jsonl'}"]
-    sup = Supervisor(load_config(None, overrides, env={}), None, overrides, actors=1,
-                     python=shutil.which("true"))  # fmt: skip
+    sup = Supervisor(load_config(None, overrides, env={}), actors=1, python=shutil.which("true"))
     with pytest.raises(ConfigError, match="reward.functions is empty"):
         sup.start()
     assert sup.learner is None and not sup.actors and not (run_dir / "redis").exists()
