@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 
 from streamrl.configs import Config
-from streamrl.launch.scrape import sync_targets, write_prometheus_config
+from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 from streamrl.launch.status import Snapshot, read_steps, snapshot
 from streamrl.launch.supervisor import Supervisor
 from streamrl.launch.view import live_table, plain_line, summary
@@ -75,7 +75,7 @@ def refresh(consumer_group: str, redis_client, keys, run_dir, prom_dir) -> Snaps
 
 def _watch(sup: Supervisor, cfg: Config, console: Console, started: float) -> str:
     """Tick the supervisor and show the live view until the learner stops; returns why it ended."""
-    prom_dir = sup.run_dir / "prometheus"
+    prom_dir = prometheus_dir(sup.run_dir)
     write_prometheus_config(prom_dir)
     console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
     last_plain = 0.0

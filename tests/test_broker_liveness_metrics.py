@@ -9,6 +9,7 @@ from streamrl.broker import metrics
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats, alive_actors
+from streamrl.configs.schema import BrokerConfig
 
 
 def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
@@ -66,6 +67,13 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
     )
 
 
-def test_disabled_metrics_serve_nothing(redis_cfg):
-    redis_cfg.metrics.enabled = False
-    assert metrics.serve(metrics.Endpoint.from_config(redis_cfg), "actor", "a0") == 0
+def test_disabled_metrics_serve_nothing_and_register_nowhere(tmp_path):
+    # no Redis configured: registering would raise RedisNotConfigured
+    endpoint = metrics.Endpoint(
+        enabled=False,
+        host="127.0.0.1",
+        broker=BrokerConfig(),
+        run_dir=str(tmp_path),
+        targets_key="streamrl:off:metrics:targets",
+    )
+    assert metrics.serve(endpoint, "actor", "a0") == 0
