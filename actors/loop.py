@@ -39,12 +39,12 @@ from streamrl.actors.evaluation import Evaluator
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.reference import ReferenceScorer
 from streamrl.actors.rewards import RewardInput, RewardPool, Score
-from streamrl.broker.admission import Admission
+from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.audit import JsonlLog, published_path
 from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats
-from streamrl.broker.metrics import serve, unregister
+from streamrl.broker.metrics import Endpoint, serve, unregister
 from streamrl.broker.semantics import is_stale
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
@@ -166,9 +166,11 @@ class Actor:
         # -- connect: Redis, the weight subscriber and the engine -------------------------------
         self.redis = connect_async(cfg.broker, cfg.run.dir)
         self.keys = Keys.from_config(cfg)
-        self.admission = Admission(self.redis, cfg)
-        self.producer = RolloutProducer(self.redis, cfg)
-        self.heartbeats = Heartbeats(self.redis, cfg)
+        self.admission = Admission(
+            self.redis, self.keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s
+        )
+        self.producer = RolloutProducer(self.redis, self.keys, cfg.broker)
+        self.heartbeats = Heartbeats(self.redis, self.keys, cfg.actor.heartbeat_s)
         self.prompts = PromptSource(
             self.dataset, self.redis, self.keys.prompts_cursor, cfg.run.seed
         )
@@ -371,12 +373,13 @@ def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
     """Load, connect, serve metrics, loop until ``stop`` is set, shut down and deregister."""
     # loads (bad input fails here, before Redis), then connects
     actor = Actor(cfg, actor_id, stop)
-    port = serve(cfg, "actor", actor_id, cfg.actor.metrics_port)
+    endpoint = Endpoint.from_config(cfg)
+    port = serve(endpoint, "actor", actor_id, cfg.actor.metrics_port)
     log.info("actor %s started (metrics port %d)", actor_id, port)
     try:
         # returns once ``stop`` is set and the actor has shut down (leases released, engine closed)
         asyncio.run(actor.run())
     finally:
         if port:
-            unregister(cfg, "actor", actor_id, port)
+            unregister(endpoint, "actor", actor_id, port)
         log.info("actor %s stopped after %d groups", actor_id, actor.seq)

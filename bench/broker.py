@@ -23,9 +23,10 @@ import uuid
 import numpy as np
 import redis.asyncio
 
-from streamrl.broker.admission import Admission
+from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits
 from streamrl.broker.server import EmbeddedRedis
 from streamrl.broker.stream import RolloutConsumer, RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_group
@@ -91,7 +92,7 @@ def producer_process(url: str, run_name: str, mode: str, n: int, ready, go, cpu)
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        producer = RolloutProducer(r, cfg)
+        producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
         await r.ping()
         ready.set()
         go.wait(60)
@@ -144,7 +145,9 @@ def end_to_end(url: str, server_pid: int, mode: str, n: int) -> tuple[float, flo
 
     async def main() -> tuple[float, float]:
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, cfg, "c", VOCAB)
+        consumer = RolloutConsumer(
+            r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "c", VOCAB
+        )
         raw_stream = f"raw-{run_name}"
         await r.xgroup_create(raw_stream, "g", id="0", mkstream=True)
         await consumer.ensure_group()
@@ -193,8 +196,9 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
     # capacity 48 groups
     cfg.algo.max_staleness, cfg.learner.groups_per_step = 2, 16
     r = connect_async(cfg.broker, cfg.run.dir)
-    adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
     keys = Keys.from_config(cfg)
+    adm = Admission(r, keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s)
+    producer = RolloutProducer(r, keys, cfg.broker)
     before = (await r.info("memory"))["used_memory"]
     stop_at = time.monotonic() + seconds
     refused = 0

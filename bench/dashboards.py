@@ -78,15 +78,16 @@ def run(quick: bool = False) -> str:
             }
         )
         client = connect_sync(cfg.broker, cfg.run.dir)
-        key = Keys.from_config(cfg).metrics_targets
+        keys = Keys.from_config(cfg)
+        key = keys.metrics_targets
         endpoints = _endpoints(live)
         for i, srv in enumerate(endpoints):
             client.hset(key, f"actor:a{i}", f"127.0.0.1:{srv.server_address[1]}")
         out = tmp / "prometheus"
-        live_ms = _median_ms(lambda: sync_targets(cfg, client, out), repeats)
+        live_ms = _median_ms(lambda: sync_targets(keys, client, out), repeats)
         for i in range(live):
             client.hset(key, f"actor:gone{i}", f"127.0.0.1:{free_port()}")
-        dead_ms = _median_ms(lambda: sync_targets(cfg, client, out), repeats)
+        dead_ms = _median_ms(lambda: sync_targets(keys, client, out), repeats)
         rows.append(f"| `sync_targets`, {live} live endpoints | {live_ms:.1f} ms | 1.00 |")
         rows.append(
             f"| `sync_targets`, {live} live + {live} gone | {dead_ms:.1f} ms | {dead_ms / live_ms:.2f} |"
@@ -98,7 +99,7 @@ def run(quick: bool = False) -> str:
         scrape_ms = _median_ms(lambda: urllib.request.urlopen(url, timeout=5).read(), repeats)
         client.delete(key)
         client.hset(key, "learner:0", f"127.0.0.1:{metrics_srv.server_address[1]}")
-        sync_targets(cfg, client, out)
+        sync_targets(keys, client, out)
 
         with PrometheusServer(write_prometheus_config(out), out) as prom:
             deadline = time.monotonic() + 30

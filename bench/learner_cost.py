@@ -135,6 +135,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
     """Median per-step seconds of the learner (with its phase split) and of the reference learn."""
     from bench.reference_loop import sample
     from streamrl.broker.client import connect_async
+    from streamrl.broker.keys import Keys
     from streamrl.broker.server import EmbeddedRedis
     from streamrl.broker.stream import RolloutProducer
     from streamrl.configs import load_config
@@ -181,7 +182,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
 
         async def fill():
             r = connect_async(cfg.broker, cfg.run.dir)
-            producer = RolloutProducer(r, cfg)
+            producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
             for batch in batches:
                 for g in batch:
                     await producer.publish(g)

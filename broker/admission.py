@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 
 import redis.asyncio
 
@@ -95,12 +96,29 @@ return current
 """
 
 
-def slots(version: int, learner_version: int, cfg: Config) -> int:
+@dataclass(frozen=True)
+class Bounds:
+    """What the bound reads: the staleness limit and what one learner step takes and publishes."""
+
+    max_staleness: int
+    versions_per_batch: int
+    groups_per_step: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Bounds:
+        return cls(
+            max_staleness=cfg.algo.max_staleness,
+            versions_per_batch=cfg.learner.versions_per_batch,
+            groups_per_step=cfg.learner.groups_per_step,
+        )
+
+
+def slots(version: int, learner_version: int, bounds: Bounds) -> int:
     """Groups beyond the consumed count an engine at ``version`` may start (see the module doc)."""
-    if is_stale(learner_version, version, cfg.algo.max_staleness):
+    if is_stale(learner_version, version, bounds.max_staleness):
         return 0
-    room = version + cfg.algo.max_staleness - learner_version
-    return (room // cfg.learner.versions_per_batch + 1) * cfg.learner.groups_per_step
+    room = version + bounds.max_staleness - learner_version
+    return (room // bounds.versions_per_batch + 1) * bounds.groups_per_step
 
 
 def lease_version(lease_id: str) -> int:
@@ -110,13 +128,15 @@ def lease_version(lease_id: str) -> int:
 class Admission:
     """Actor side: ``try_start``/``renew``/``release``. Learner side: ``set_version``/``set_consumed``."""
 
-    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
+    def __init__(
+        self, redis_client: redis.asyncio.Redis, keys: Keys, bounds: Bounds, lease_ttl_s: float
+    ):
         self.redis = redis_client
-        self.cfg = cfg
-        self.keys = Keys.from_config(cfg)
+        self.keys = keys
+        self.bounds = bounds
         # the bound for an actor on the learner's own version (what a live view shows as capacity)
-        self.capacity = slots(0, 0, cfg)
-        self.ttl_ms = int(cfg.broker.lease_ttl_s * 1000)
+        self.capacity = slots(0, 0, bounds)
+        self.ttl_ms = int(lease_ttl_s * 1000)
         self._try_start = redis_client.register_script(_TRY_START)
         self._renew = redis_client.register_script(_RENEW)
         self._set_consumed = redis_client.register_script(_SET_CONSUMED)
@@ -129,16 +149,16 @@ class Admission:
     async def check(self, actor_id: str, version: int) -> tuple[str | None, int, int]:
         """``try_start`` that also returns (accepted + live leases, bound) as the script saw them."""
         lease_id = f"{actor_id}:{os.getpid()}:{uuid.uuid4().hex}@{int(version)}"
-        k, a = self.keys, self.cfg.algo
+        k, b = self.keys, self.bounds
         ok, ahead, bound = await self._try_start(
             keys=[k.accepted, k.consumed, k.discarded, k.trimmed, k.leases, k.version],
             args=[
                 lease_id,
                 self.ttl_ms,
                 int(version),
-                a.max_staleness,
-                self.cfg.learner.versions_per_batch,
-                self.cfg.learner.groups_per_step,
+                b.max_staleness,
+                b.versions_per_batch,
+                b.groups_per_step,
                 k.actor(""),
             ],
         )

@@ -14,14 +14,13 @@ import redis
 import redis.asyncio
 
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import Config
 
 
 class Heartbeats:
-    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
+    def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys, heartbeat_s: float):
         self.redis = redis_client
-        self.keys = Keys.from_config(cfg)
-        self.ttl_ms = max(1, int(3 * cfg.actor.heartbeat_s * 1000))
+        self.keys = keys
+        self.ttl_ms = max(1, int(3 * heartbeat_s * 1000))
 
     async def beat(
         self, actor_id: str, version: int = 0, tokens_per_s: float = 0.0, **extra: str | int | float

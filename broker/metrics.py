@@ -8,11 +8,13 @@ metric labels.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import Counter, Gauge, start_http_server
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import BrokerConfig, Config
 
 STREAM_LENGTH = Gauge(
     "streamrl_stream_length", "Entries in the rollout stream (produced, not yet acked)."
@@ -46,31 +48,51 @@ STREAM_TRIMMED = Counter(
 _servers: dict[int, object] = {}
 
 
-def serve(cfg: Config, role: str, ident: str, port: int = 0) -> int:
-    """Serve this process's metrics on ``cfg.metrics.host`` (port 0 = a free one); returns the port (0 if disabled)."""
-    if not cfg.metrics.enabled:
+@dataclass(frozen=True)
+class Endpoint:
+    """What ``serve`` and ``unregister`` read: the endpoint's bind settings, the run's Redis and
+    the hash its scrape targets are listed in."""
+
+    enabled: bool
+    host: str
+    broker: BrokerConfig
+    run_dir: str
+    targets_key: str
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Endpoint:
+        return cls(
+            enabled=cfg.metrics.enabled,
+            host=cfg.metrics.host,
+            broker=cfg.broker,
+            run_dir=cfg.run.dir,
+            targets_key=Keys.from_config(cfg).metrics_targets,
+        )
+
+
+def serve(endpoint: Endpoint, role: str, ident: str, port: int = 0) -> int:
+    """Serve this process's metrics on ``endpoint.host`` (port 0 = a free one); returns the port (0 if disabled)."""
+    if not endpoint.enabled:
         return 0
-    server, _thread = start_http_server(port, addr=cfg.metrics.host)
+    server, _thread = start_http_server(port, addr=endpoint.host)
     bound = server.server_address[1]
     _servers[bound] = server
-    client = connect_sync(cfg.broker, cfg.run.dir)
+    client = connect_sync(endpoint.broker, endpoint.run_dir)
     try:
-        client.hset(
-            Keys.from_config(cfg).metrics_targets, f"{role}:{ident}", f"{cfg.metrics.host}:{bound}"
-        )
+        client.hset(endpoint.targets_key, f"{role}:{ident}", f"{endpoint.host}:{bound}")
     finally:
         client.close()
     return bound
 
 
-def unregister(cfg: Config, role: str, ident: str, port: int) -> None:
+def unregister(endpoint: Endpoint, role: str, ident: str, port: int) -> None:
     """Remove the scrape target and stop the endpoint (clean shutdown)."""
     server = _servers.pop(port, None)
     if server is not None:
         server.shutdown()
         server.server_close()
-    client = connect_sync(cfg.broker, cfg.run.dir)
+    client = connect_sync(endpoint.broker, endpoint.run_dir)
     try:
-        client.hdel(Keys.from_config(cfg).metrics_targets, f"{role}:{ident}")
+        client.hdel(endpoint.targets_key, f"{role}:{ident}")
     finally:
         client.close()

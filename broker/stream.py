@@ -41,7 +41,7 @@ from streamrl.broker.client import as_str
 from streamrl.broker.keys import Keys
 from streamrl.broker.semantics import Limits, check_group
 from streamrl.broker.wire import RolloutGroup, WireError, decode_group, encode_group
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import BrokerConfig
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +154,11 @@ def _first_of_each(raw: list[tuple[str, dict | None, bool]]) -> list[tuple[str, 
 class RolloutProducer:
     """XADDs encoded groups. One per actor process; safe to share between tasks of one loop."""
 
-    def __init__(self, redis_client: redis.asyncio.Redis, cfg: Config):
+    def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys, broker: BrokerConfig):
         self.redis = redis_client
-        self.keys = Keys.from_config(cfg)
-        self.maxlen = cfg.broker.maxlen
-        self.group = cfg.broker.consumer_group
+        self.keys = keys
+        self.maxlen = broker.maxlen
+        self.group = broker.consumer_group
         self._publish = redis_client.register_script(_PUBLISH)
 
     async def publish(self, group: RolloutGroup, lease_id: str | None = None) -> str:
@@ -189,20 +189,22 @@ class RolloutConsumer:
     def __init__(
         self,
         redis_client: redis.asyncio.Redis,
-        cfg: Config,
+        keys: Keys,
+        broker: BrokerConfig,
+        limits: Limits,
         consumer: str,
         vocab_size: int | None = None,
     ):
         self.redis = redis_client
-        self.keys = Keys.from_config(cfg)
-        self.group = cfg.broker.consumer_group
+        self.keys = keys
+        self.group = broker.consumer_group
         self.consumer = consumer
         self.vocab_size = vocab_size
-        self.max_entry_bytes = cfg.broker.max_entry_bytes
-        self.claim_idle_ms = cfg.broker.claim_idle_ms
-        self.limits = Limits.from_config(cfg)
-        self.max_deliveries = cfg.broker.max_deliveries
-        self.dead_letter_payload_bytes = cfg.broker.dead_letter_payload_bytes
+        self.max_entry_bytes = broker.max_entry_bytes
+        self.claim_idle_ms = broker.claim_idle_ms
+        self.limits = limits
+        self.max_deliveries = broker.max_deliveries
+        self.dead_letter_payload_bytes = broker.dead_letter_payload_bytes
         # None until the learner says: versions unchecked
         self.max_version: int | None = None
         self._group_ready = False

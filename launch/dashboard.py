@@ -21,8 +21,9 @@ from pathlib import Path
 import redis
 
 from streamrl.broker.client import RedisNotConfigured, connect_sync
+from streamrl.broker.keys import Keys
 from streamrl.configs import ConfigError, load_config
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import BrokerConfig, Config
 from streamrl.launch.panels import DASHBOARD
 from streamrl.launch.prometheus import PrometheusError, PrometheusServer
 from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
@@ -61,8 +62,10 @@ def run_config(args: argparse.Namespace) -> Config:
 class TargetSync:
     """Rewrites targets.json from Redis; a run that is not (yet) up is reported once, not per tick."""
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, keys: Keys, broker: BrokerConfig, run_dir: str):
+        self.keys = keys
+        self.broker = broker
+        self.run_dir = run_dir
         self.client: redis.Redis | None = None
         self.last_problem: str | None = None
         self.last_count = -1
@@ -70,8 +73,8 @@ class TargetSync:
     def tick(self) -> None:
         try:
             if self.client is None:
-                self.client = connect_sync(self.cfg.broker, self.cfg.run.dir)
-            groups = sync_targets(self.cfg, self.client)
+                self.client = connect_sync(self.broker, self.run_dir)
+            groups = sync_targets(self.keys, self.client, prometheus_dir(self.run_dir))
         except (RedisNotConfigured, redis.RedisError) as exc:
             self.client = None
             self._report(f"waiting for the run's Redis: {exc}")
@@ -117,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
-    out_dir = prometheus_dir(cfg)
+    out_dir = prometheus_dir(cfg.run.dir)
     config_file = write_prometheus_config(out_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    sync = TargetSync(cfg)
+    sync = TargetSync(Keys.from_config(cfg), cfg.broker, cfg.run.dir)
     sync.tick()
     try:
         prom = PrometheusServer(config_file, out_dir, port=args.port).start()

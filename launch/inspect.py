@@ -23,7 +23,7 @@ from streamrl.broker.client import RedisNotConfigured, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import config_from_cli
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import BrokerConfig
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import read_announcement
 from streamrl.weightsync.transports import UnknownTransport
@@ -55,12 +55,11 @@ def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def collect(client: redis.Redis, cfg: Config, count: int) -> dict:
-    keys = Keys.from_config(cfg)
-    limit = cfg.broker.max_entry_bytes
+def collect(client: redis.Redis, keys: Keys, broker: BrokerConfig, count: int) -> dict:
+    limit = broker.max_entry_bytes
     leases = client.zcard(keys.leases)
     report: dict = {
-        "run": cfg.run.name,
+        "run": keys.run_name,
         "admission": {
             "version": int(client.get(keys.version) or 0),
             "accepted": int(client.get(keys.accepted) or 0),
@@ -77,7 +76,7 @@ def collect(client: redis.Redis, cfg: Config, count: int) -> dict:
         )
     try:
         pending = client.xpending_range(
-            keys.stream, cfg.broker.consumer_group, min="-", max="+", count=count
+            keys.stream, broker.consumer_group, min="-", max="+", count=count
         )
     # the consumer group appears with the learner's first read
     except redis.ResponseError:
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args, cfg = config_from_cli(parser, argv)
     try:
         client = connect_sync(cfg.broker, cfg.run.dir)
-        report = collect(client, cfg, args.count)
+        report = collect(client, Keys.from_config(cfg), cfg.broker, args.count)
     except (RedisNotConfigured, redis.RedisError) as exc:
         print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)
         return 2

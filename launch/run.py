@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 
 from streamrl.configs import Config
-from streamrl.launch.scrape import sync_targets, write_prometheus_config
+from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 from streamrl.launch.status import Snapshot, read_steps, snapshot
 from streamrl.launch.supervisor import Supervisor
 from streamrl.launch.view import live_table, plain_line, summary
@@ -60,13 +60,13 @@ def _set_handlers(handler) -> dict | None:
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def refresh(cfg: Config, redis_client, keys, run_dir, prom_dir) -> Snapshot | None:
+def refresh(consumer_group: str, redis_client, keys, run_dir, prom_dir) -> Snapshot | None:
     """The live view's snapshot, with the Prometheus targets brought up to date; None while Redis
     is unreachable: the supervisor's next tick restarts an embedded server that died, so the view
     skips a beat instead of ending the run."""
     try:
-        snap = snapshot(redis_client, keys, run_dir, cfg.broker.consumer_group)
-        sync_targets(cfg, redis_client, prom_dir)
+        snap = snapshot(redis_client, keys, run_dir, consumer_group)
+        sync_targets(keys, redis_client, prom_dir)
     except (RedisConnectionError, RedisTimeoutError) as exc:
         print(f"live view: Redis unreachable ({exc}); retrying", file=sys.stderr, flush=True)
         return None
@@ -75,7 +75,7 @@ def refresh(cfg: Config, redis_client, keys, run_dir, prom_dir) -> Snapshot | No
 
 def _watch(sup: Supervisor, cfg: Config, console: Console, started: float) -> str:
     """Tick the supervisor and show the live view until the learner stops; returns why it ended."""
-    prom_dir = sup.run_dir / "prometheus"
+    prom_dir = prometheus_dir(sup.run_dir)
     write_prometheus_config(prom_dir)
     console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
     last_plain = 0.0
@@ -89,7 +89,7 @@ def _watch(sup: Supervisor, cfg: Config, console: Console, started: float) -> st
             elapsed = time.monotonic() - started
             if cfg.run.max_time_s and elapsed > cfg.run.max_time_s + TIME_LIMIT_GRACE_S:
                 return "time limit"
-            snap = refresh(cfg, sup.redis, sup.keys, sup.run_dir, prom_dir)
+            snap = refresh(cfg.broker.consumer_group, sup.redis, sup.keys, sup.run_dir, prom_dir)
             if snap is None:
                 time.sleep(REFRESH_S)
                 continue

@@ -24,7 +24,6 @@ import yaml
 
 from streamrl.broker.client import as_str
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import Config
 
 TARGETS_FILE = "targets.json"
 CONFIG_FILE = "prometheus.yml"
@@ -35,9 +34,9 @@ JOB = "streamrl"
 log = logging.getLogger(__name__)
 
 
-def prometheus_dir(cfg: Config) -> Path:
+def prometheus_dir(run_dir: str | os.PathLike) -> Path:
     """Where a run keeps its scrape config: ``<run.dir>/prometheus``."""
-    return Path(cfg.run.dir) / "prometheus"
+    return Path(run_dir) / "prometheus"
 
 
 def parse_target(field: str, address: str) -> tuple[str, str, str, int] | None:
@@ -74,9 +73,9 @@ def target_group(run: str, role: str, ident: str, host: str, port: int) -> dict:
     return {"targets": [address], "labels": labels}
 
 
-def live_targets(cfg: Config, redis_client) -> list[dict]:
+def live_targets(keys: Keys, redis_client) -> list[dict]:
     """Target groups of every registered endpoint that accepts a connection, sorted by role then ident."""
-    registered = redis_client.hgetall(Keys.from_config(cfg).metrics_targets)
+    registered = redis_client.hgetall(keys.metrics_targets)
     parsed = [parse_target(as_str(f), as_str(a)) for f, a in registered.items()]
     parsed = sorted(p for p in parsed if p is not None)
     if not parsed:
@@ -84,7 +83,7 @@ def live_targets(cfg: Config, redis_client) -> list[dict]:
     # Connects run in parallel so one unreachable host costs one timeout, not one per target.
     with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:
         alive = list(pool.map(lambda p: endpoint_alive(p[2], p[3]), parsed))
-    return [target_group(cfg.run.name, *p) for p, ok in zip(parsed, alive, strict=True) if ok]
+    return [target_group(keys.run_name, *p) for p, ok in zip(parsed, alive, strict=True) if ok]
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -95,14 +94,14 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def sync_targets(cfg: Config, redis_client, out_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Rewrite ``<out_dir>/targets.json`` from Redis (default ``<run.dir>/prometheus``); returns the target groups.
+def sync_targets(keys: Keys, redis_client, out_dir: str | os.PathLike) -> list[dict]:
+    """Rewrite ``<out_dir>/targets.json`` from Redis; returns the target groups.
 
     The file is only replaced when its content changes, so a steady run does
     not make Prometheus re-read it every call.
     """
-    path = Path(out_dir if out_dir is not None else prometheus_dir(cfg)) / TARGETS_FILE
-    groups = live_targets(cfg, redis_client)
+    path = Path(out_dir) / TARGETS_FILE
+    groups = live_targets(keys, redis_client)
     text = json.dumps(groups, indent=2) + "\n"
     try:
         unchanged = path.read_text() == text

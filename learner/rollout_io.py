@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.broker import metrics as broker_metrics
-from streamrl.broker.admission import Admission
+from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.audit import JsonlLog, commits_path
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import alive_actors
+from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import Delivery, RolloutConsumer
 from streamrl.configs.schema import Config
 from streamrl.learner import lineage
@@ -101,18 +102,25 @@ class RolloutIO:
         )
         self._thread.start()
         self.redis = connect_async(cfg.broker, cfg.run.dir)
-        self.consumer = RolloutConsumer(self.redis, cfg, "learner-0", vocab_size)
-        self.admission = Admission(self.redis, cfg)
+        self.keys = Keys.from_config(cfg)
+        self.consumer = RolloutConsumer(
+            self.redis, self.keys, cfg.broker, Limits.from_config(cfg), "learner-0", vocab_size
+        )
+        self.admission = Admission(
+            self.redis, self.keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s
+        )
         # the live-actor count reads heartbeats with the tools' sync helper, on this thread
         self._heartbeats = connect_sync(cfg.broker, cfg.run.dir)
-        self.keys = Keys.from_config(cfg)
         self.alive_checked = 0.0
         self.publisher = None
         if transports.get(cfg.weightsync.transport).publishes:
             from streamrl.weightsync import make_publisher
 
             self.publisher = make_publisher(cfg)
-        self.metrics_port = broker_metrics.serve(cfg, "learner", "0", cfg.learner.metrics_port)
+        self.metrics_endpoint = broker_metrics.Endpoint.from_config(cfg)
+        self.metrics_port = broker_metrics.serve(
+            self.metrics_endpoint, "learner", "0", cfg.learner.metrics_port
+        )
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
@@ -279,7 +287,7 @@ class RolloutIO:
         if self.publisher is not None:
             self.publisher.close()
         if self.metrics_port:
-            broker_metrics.unregister(self.cfg, "learner", "0", self.metrics_port)
+            broker_metrics.unregister(self.metrics_endpoint, "learner", "0", self.metrics_port)
         self.steps_log.close()
         self.tracker.close()
         if self.commit_log is not None:

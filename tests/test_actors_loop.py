@@ -89,7 +89,7 @@ def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def scenario(redis_server, demo_policy, tmp_path_factory):
-    from streamrl.broker.admission import Admission
+    from streamrl.broker.admission import Admission, Bounds
     from streamrl.broker.client import connect_async
     from streamrl.broker.liveness import alive_actors
     from streamrl.weightsync import make_publisher
@@ -140,7 +140,11 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
         async def run():
             r = connect_async(cfg.broker, cfg.run.dir)
             try:
-                return await call(Admission(r, cfg))
+                return await call(
+                    Admission(
+                        r, Keys.from_config(cfg), Bounds.from_config(cfg), cfg.broker.lease_ttl_s
+                    )
+                )
             finally:
                 await r.aclose()
 

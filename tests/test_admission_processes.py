@@ -91,7 +91,7 @@ def _run_learner(cfg) -> None:
 
 def _bound_violations(client, keys: Keys, cfg) -> list[str]:
     """One atomic snapshot: every live lease's engine version bounds the groups ahead of it."""
-    from streamrl.broker.admission import lease_version, slots
+    from streamrl.broker.admission import Bounds, lease_version, slots
 
     pipe = client.pipeline(transaction=True)
     for key in (keys.accepted, keys.consumed, keys.discarded, keys.trimmed, keys.version):
@@ -105,7 +105,7 @@ def _bound_violations(client, keys: Keys, cfg) -> list[str]:
     ahead, taken = accepted + len(live), consumed + discarded + trimmed
     out = []
     for lease in live:
-        bound = taken + slots(lease_version(lease), version, cfg)
+        bound = taken + slots(lease_version(lease), version, Bounds.from_config(cfg))
         if ahead > bound:
             out.append(f"{ahead} groups started, bound {bound} for lease {lease} at v{version}")
     return out

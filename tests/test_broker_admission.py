@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from broker_helpers import VOCAB, make_group
 
-from streamrl.broker.admission import Admission
+from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import RolloutConsumer, RolloutProducer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,13 +31,17 @@ def _small(cfg, staleness: int = 1, groups_per_step: int = 3, ttl_s: float = 120
     return cfg
 
 
+def _admission(r, cfg) -> Admission:
+    return Admission(r, Keys.from_config(cfg), Bounds.from_config(cfg), cfg.broker.lease_ttl_s)
+
+
 def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
     # capacity (1 + 1) * 3 = 6
     cfg = _small(redis_cfg)
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
+        adm = _admission(r, cfg)
         leases = [await adm.try_start("a0", 0) for _ in range(8)]
         assert sum(lease is not None for lease in leases) == 6 and leases[6:] == [None, None]
         counts = await adm.counts()
@@ -54,8 +60,13 @@ def test_publish_counts_the_group_once_and_only_a_completed_step_reopens_slots(r
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        adm, producer = (
+            _admission(r, cfg),
+            RolloutProducer(r, Keys.from_config(cfg), cfg.broker),
+        )
+        consumer = RolloutConsumer(
+            r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "rank0", VOCAB
+        )
         for i in range(2):
             await producer.publish(make_group(f"g{i}"), await adm.try_start("a0", 0))
         counts = await adm.counts()
@@ -82,7 +93,7 @@ def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
+        adm = _admission(r, cfg)
         killed, live = await adm.try_start("killed", 0), await adm.try_start("live", 0)
         assert killed and live and await adm.try_start("a1", 0) is None
         await asyncio.sleep(0.12)
@@ -102,10 +113,10 @@ def test_expired_leases_of_a_killed_actor_free_their_slots(redis_cfg):
 def test_version_is_shared_through_redis(redis_cfg):
     async def main():
         r = connect_async(redis_cfg.broker, redis_cfg.run.dir)
-        adm = Admission(r, redis_cfg)
+        adm = _admission(r, redis_cfg)
         assert await adm.version() == 0
         await adm.set_version(7)
-        assert await Admission(r, redis_cfg).version() == 7
+        assert await _admission(r, redis_cfg).version() == 7
         await r.aclose()
 
     asyncio.run(main())
@@ -115,8 +126,9 @@ HAMMER = """
 import asyncio, os, sys, time
 sys.path.insert(0, "tests")
 from broker_helpers import make_group
-from streamrl.broker.admission import Admission
+from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
 from streamrl.broker.stream import RolloutProducer
 from streamrl.configs import Config
 
@@ -137,7 +149,9 @@ async def worker(adm, producer, name, stop_at):
 
 async def main():
     r = connect_async(cfg.broker, cfg.run.dir)
-    adm, producer = Admission(r, cfg), RolloutProducer(r, cfg)
+    keys = Keys.from_config(cfg)
+    adm = Admission(r, keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s)
+    producer = RolloutProducer(r, keys, cfg.broker)
     stop_at = time.monotonic() + float(sys.argv[2])
     await asyncio.gather(*(worker(adm, producer, f"{sys.argv[1]}.{t}", stop_at) for t in range(4)))
     await r.aclose()
@@ -158,8 +172,10 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
 
     async def watch():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        adm = _admission(r, cfg)
+        consumer = RolloutConsumer(
+            r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "rank0", VOCAB
+        )
         samples, trained = [], 0
         deadline = time.monotonic() + 30
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -198,7 +214,7 @@ def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning
     async def lease(actor_id: str) -> str:
         r = connect_async(cfg.broker, cfg.run.dir)
         try:
-            return await Admission(r, cfg).try_start(actor_id, 0)
+            return await _admission(r, cfg).try_start(actor_id, 0)
         finally:
             await r.aclose()
 
@@ -223,7 +239,10 @@ def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_le
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm, beats = Admission(r, cfg), Heartbeats(r, cfg)
+        adm, beats = (
+            _admission(r, cfg),
+            Heartbeats(r, Keys.from_config(cfg), cfg.actor.heartbeat_s),
+        )
         await r.set(adm.keys.accepted, 10)
         await adm.set_consumed(10)
         await adm.set_version(3)
@@ -259,7 +278,7 @@ def test_updates_per_batch_counts_batches_not_versions(redis_cfg):
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
+        adm = _admission(r, cfg)
         await adm.set_version(4)
         await adm.set_consumed(4)
         assert (await adm.check("a", 4))[2] == 8

@@ -11,16 +11,16 @@ import asyncio
 
 import pytest
 
-from streamrl.broker.admission import Admission, lease_version, slots
+from streamrl.broker.admission import Admission, Bounds, lease_version, slots
 from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
+
+# max_staleness 1, 3 groups per step, one version per step
+BOUNDS = Bounds(max_staleness=1, versions_per_batch=1, groups_per_step=3)
 
 
-def _cfg(cfg, staleness: int, groups_per_step: int, updates_per_batch: int = 1, ttl_s=120.0):
-    cfg.algo.max_staleness = staleness
-    cfg.learner.groups_per_step = groups_per_step
-    cfg.learner.updates_per_batch = updates_per_batch
-    cfg.broker.lease_ttl_s = ttl_s
-    return cfg
+def _admission(r, cfg, ttl_s: float = 120.0) -> Admission:
+    return Admission(r, Keys.from_config(cfg), BOUNDS, ttl_s)
 
 
 @pytest.mark.parametrize(
@@ -40,12 +40,11 @@ def _cfg(cfg, staleness: int, groups_per_step: int, updates_per_batch: int = 1, 
         (4, 2, 12),
     ],
 )
-def test_slots_count_the_steps_an_engine_version_may_still_feed(redis_cfg, engine, learner, want):
+def test_slots_count_the_steps_an_engine_version_may_still_feed(engine, learner, want):
     """max_staleness 1, 3 groups per step, one version per step. A group generated on version v
     may be trained by any step that starts at version <= v + 1; the stream is FIFO, so the groups
     it may occupy are those of the learner's next steps that start no later than that."""
-    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
-    assert slots(engine, learner, cfg) == want
+    assert slots(engine, learner, BOUNDS) == want
 
 
 @pytest.mark.parametrize(
@@ -61,11 +60,11 @@ def test_slots_count_the_steps_an_engine_version_may_still_feed(redis_cfg, engin
         (1, 0),
     ],
 )
-def test_slots_when_a_batch_publishes_two_versions(redis_cfg, engine, want):
+def test_slots_when_a_batch_publishes_two_versions(engine, want):
     """Two updates per batch: the learner, now on version 4, starts its next steps at versions
     4, 6, 8, ... (each batch moves the version by 2). max_staleness 2, 2 groups per step."""
-    cfg = _cfg(redis_cfg, staleness=2, groups_per_step=2, updates_per_batch=2)
-    assert slots(engine, 4, cfg) == want
+    bounds = Bounds(max_staleness=2, versions_per_batch=2, groups_per_step=2)
+    assert slots(engine, 4, bounds) == want
 
 
 @pytest.mark.parametrize(
@@ -84,11 +83,11 @@ def test_lease_version_reads_the_version_after_the_last_at_sign(lease, version):
 def test_a_lease_names_its_actor_and_engine_version(redis_cfg):
     """A lease id is ``{actor}:{pid}:{hex}@{version}``: the script matches the heartbeat of
     ``actor`` and bounds everybody by ``version``, so both must be the caller's."""
-    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
+    cfg = redis_cfg
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        lease = await Admission(r, cfg).try_start("actor-7", 3)
+        lease = await _admission(r, cfg).try_start("actor-7", 3)
         await r.aclose()
         return lease
 
@@ -101,11 +100,11 @@ def test_counts_report_each_counter_and_the_capacity(redis_cfg):
     starting at that version and the next one, 2 x 3 = 6 (the capacity). A fresh run reads all
     zeros; after 5 accepted, 2 consumed, 1 discarded, 4 trimmed, version 3 and one lease, each
     counter reads back as written."""
-    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
+    cfg = redis_cfg
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
+        adm = _admission(r, cfg)
         fresh = await adm.counts()
         k = adm.keys
         for key, value in ((k.accepted, 5), (k.discarded, 1), (k.trimmed, 4)):
@@ -135,11 +134,11 @@ def test_set_consumed_never_lowers_and_reset_does(redis_cfg):
     """The running total only grows through set_consumed: 4, then 9, then a stale 6 leaves 9
     (and says so). The version rides along only when given. reset_consumed (Redis lost the count)
     overwrites it, down to 3."""
-    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
+    cfg = redis_cfg
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
+        adm = _admission(r, cfg)
         seen = [await adm.set_consumed(4, version=2)]
         seen.append(await adm.version())
         seen.append(await adm.set_consumed(9))
@@ -160,11 +159,11 @@ def test_a_lease_expires_one_ttl_after_it_is_taken_on_redis_clock(redis_cfg):
     and a renewal moves it to the clock at the renewal plus 100 000 ms. Both calls take a few
     milliseconds, far less than the 50 ms tolerance, and far less than the 100 ms a TTL read as
     100.1 s would add."""
-    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3, ttl_s=100.0)
+    cfg = redis_cfg
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        adm = Admission(r, cfg)
+        adm = _admission(r, cfg, ttl_s=100.0)
 
         async def now_ms() -> int:
             sec, usec = await r.time()
@@ -189,7 +188,7 @@ def test_counts_read_all_counters_in_one_transaction(redis_cfg):
     """The counters are read as one snapshot (MULTI ... EXEC): read one by one, a step completing
     between the ``consumed`` and the ``leases`` reads would show more groups ahead than the bound
     allows. Redis counts each EXEC it runs: one counts() call runs exactly one."""
-    cfg = _cfg(redis_cfg, staleness=1, groups_per_step=3)
+    cfg = redis_cfg
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
@@ -198,7 +197,7 @@ def test_counts_read_all_counters_in_one_transaction(redis_cfg):
             return (await r.info("commandstats")).get("cmdstat_exec", {}).get("calls", 0)
 
         before = await execs()
-        await Admission(r, cfg).counts()
+        await _admission(r, cfg).counts()
         after = await execs()
         await r.aclose()
         return after - before

@@ -9,6 +9,7 @@ from streamrl.broker import metrics
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats, alive_actors
+from streamrl.configs.schema import BrokerConfig
 
 
 def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
@@ -20,7 +21,7 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        hb = Heartbeats(r, cfg)
+        hb = Heartbeats(r, Keys.from_config(cfg), cfg.actor.heartbeat_s)
         await hb.beat("a0", version=3, tokens_per_s=120.5)
         await hb.beat("a1")
         alive = alive_actors(sync, hb.keys)
@@ -42,7 +43,8 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
 
 def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_cfg):
     cfg = redis_cfg
-    port = metrics.serve(cfg, "learner", "0")
+    endpoint = metrics.Endpoint.from_config(cfg)
+    port = metrics.serve(endpoint, "learner", "0")
     try:
         target = connect_sync(cfg.broker, cfg.run.dir).hget(
             Keys.from_config(cfg).metrics_targets, "learner:0"
@@ -56,7 +58,7 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
         ):
             assert name in body
     finally:
-        metrics.unregister(cfg, "learner", "0", port)
+        metrics.unregister(endpoint, "learner", "0", port)
     assert (
         connect_sync(cfg.broker, cfg.run.dir).hget(
             Keys.from_config(cfg).metrics_targets, "learner:0"
@@ -65,6 +67,13 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
     )
 
 
-def test_disabled_metrics_serve_nothing(redis_cfg):
-    redis_cfg.metrics.enabled = False
-    assert metrics.serve(redis_cfg, "actor", "a0") == 0
+def test_disabled_metrics_serve_nothing_and_register_nowhere(tmp_path):
+    # no Redis configured: registering would raise RedisNotConfigured
+    endpoint = metrics.Endpoint(
+        enabled=False,
+        host="127.0.0.1",
+        broker=BrokerConfig(),
+        run_dir=str(tmp_path),
+        targets_key="streamrl:off:metrics:targets",
+    )
+    assert metrics.serve(endpoint, "actor", "a0") == 0

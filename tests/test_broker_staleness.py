@@ -9,9 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamrl.broker.admission import slots
+from streamrl.broker.admission import Bounds, slots
 from streamrl.broker.semantics import is_stale
-from streamrl.configs.schema import Config
 from streamrl.learner.batching import Sample
 from streamrl.learner.step import counted_tokens
 
@@ -43,14 +42,18 @@ def test_arrays_and_tensors_are_tested_token_by_token_as_ints_are(learner, token
     )
 
 
-@given(engine=versions, learner=versions, max_staleness=bounds, per_batch=st.integers(1, 4))
+@given(
+    engine=versions,
+    learner=versions,
+    max_staleness=bounds,
+    per_batch=st.integers(1, 4),
+    groups=st.integers(1, 8),
+)
 def test_admission_gives_no_slot_exactly_to_an_engine_whose_tokens_are_already_stale(
-    engine, learner, max_staleness, per_batch
+    engine, learner, max_staleness, per_batch, groups
 ):
-    cfg = Config()
-    cfg.algo.max_staleness = max_staleness
-    cfg.learner.updates_per_batch = per_batch
-    assert (slots(engine, learner, cfg) == 0) == is_stale(learner, engine, max_staleness)
+    limit = Bounds(max_staleness, versions_per_batch=per_batch, groups_per_step=groups)
+    assert (slots(engine, learner, limit) == 0) == is_stale(learner, engine, max_staleness)
 
 
 def _sample(token_versions: list[int]) -> Sample:

@@ -18,6 +18,7 @@ from broker_helpers import VOCAB, make_group
 from streamrl.broker import metrics
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits
 from streamrl.broker.server import EmbeddedRedis
 from streamrl.broker.stream import RolloutConsumer, RolloutProducer
 from streamrl.broker.wire import encode_group
@@ -43,10 +44,16 @@ def run(coro):
 
 async def _publish(cfg, ids):
     r = connect_async(cfg.broker, cfg.run.dir)
-    producer = RolloutProducer(r, cfg)
+    producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
     out = [await producer.publish(make_group(i)) for i in ids]
     await r.aclose()
     return out
+
+
+def _consumer(r, cfg, name: str) -> RolloutConsumer:
+    return RolloutConsumer(
+        r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), name, VOCAB
+    )
 
 
 def _counter(metric) -> float:
@@ -61,7 +68,7 @@ def test_published_groups_are_delivered_in_order_and_acked_entries_leave_the_str
     async def main():
         await _publish(cfg, [f"g{i}" for i in range(5)])
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        consumer = _consumer(r, cfg, "rank0")
         got = await consumer.read(10, block_ms=100)
         assert [d.group.group_id for d in got] == [f"g{i}" for i in range(5)]
         assert not any(d.redelivered for d in got)
@@ -88,10 +95,10 @@ def test_unacked_entries_are_redelivered_first_to_a_restarted_consumer_and_count
     async def main():
         await _publish(cfg, ["a", "b", "c", "d"])
         r = connect_async(cfg.broker, cfg.run.dir)
-        first = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(3, block_ms=100)
+        first = await _consumer(r, cfg, "rank0").read(3, block_ms=100)
         assert [d.group.group_id for d in first] == ["a", "b", "c"]
         # same name, state lost with the process
-        restarted = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        restarted = _consumer(r, cfg, "rank0")
         again = await restarted.read(10, block_ms=100)
         assert [(d.group.group_id, d.redelivered) for d in again] == [
             ("a", True),
@@ -115,7 +122,7 @@ def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
         # a retried XADD duplicates an entry
         await _publish(cfg, ["x", "x", "y"])
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        consumer = _consumer(r, cfg, "rank0")
         got = await consumer.read(10, block_ms=100)
         assert [d.group.group_id for d in got] == ["x", "y"]
         # duplicate while "y" is delivered but not yet acked
@@ -149,7 +156,7 @@ def test_undecodable_entries_go_to_the_dead_letter_stream_with_their_reason(redi
     async def main():
         await _publish(cfg, ["good"])
         r = connect_async(cfg.broker, cfg.run.dir)
-        got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(10, block_ms=100)
+        got = await _consumer(r, cfg, "rank0").read(10, block_ms=100)
         await r.aclose()
         return got
 
@@ -173,11 +180,11 @@ def test_held_entries_are_not_claimed_by_a_peer_but_idle_ones_are(redis_cfg):
     async def main():
         await _publish(cfg, ["h1", "h2", "i1"])
         r = connect_async(cfg.broker, cfg.run.dir)
-        holder = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        holder = _consumer(r, cfg, "rank0")
         held = await holder.read(2, block_ms=100)
-        idle = await RolloutConsumer(r, cfg, "rank-dead", VOCAB).read(1, block_ms=100)
+        idle = await _consumer(r, cfg, "rank-dead").read(1, block_ms=100)
         assert [d.group.group_id for d in held + idle] == ["h1", "h2", "i1"]
-        peer = RolloutConsumer(r, cfg, "rank1", VOCAB)
+        peer = _consumer(r, cfg, "rank1")
         deadline = time.monotonic() + 0.8
         claimed = []
         # the holder keeps reading (one slow step after another)
@@ -213,7 +220,7 @@ def test_a_trim_counts_only_unread_entries_the_learner_counts_those_it_read(redi
     async def main():
         await _publish(cfg, ["r0", "r1", "r2", "r3"])
         r = connect_async(cfg.broker, cfg.run.dir)
-        got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(2, block_ms=100)
+        got = await _consumer(r, cfg, "rank0").read(2, block_ms=100)
         assert [d.group.group_id for d in got] == ["r0", "r1"]
         # trims r0, r1 (read) and r2 (unread)
         await _publish(cfg, ["n0", "n1", "n2"])
@@ -232,7 +239,7 @@ def test_discarding_an_entry_twice_dead_letters_and_counts_it_once(redis_cfg):
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
         entry = await r.xadd(keys.stream, {"g": b"not msgpack"})
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        consumer = _consumer(r, cfg, "rank0")
         await consumer.ensure_group()
         await r.xreadgroup(cfg.broker.consumer_group, "rank0", {keys.stream: ">"})
         dead = [(entry.decode(), b"not msgpack", "bad")]
@@ -265,13 +272,13 @@ def test_redis_restart_with_aof_loses_no_entry_and_keeps_pending(tmp_path):
         async def main():
             await _publish(cfg, [f"r{i}" for i in range(12)])
             r = connect_async(cfg.broker, cfg.run.dir)
-            consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+            consumer = _consumer(r, cfg, "rank0")
             acked = await consumer.read(4, block_ms=100)
             await consumer.ack([d.entry_id for d in acked], [d.group.group_id for d in acked])
             held = await consumer.read(4, block_ms=100)
             server.restart()
             # the learner restarts too
-            after = RolloutConsumer(r, cfg, "rank0", VOCAB)
+            after = _consumer(r, cfg, "rank0")
             rest = await after.read(20, block_ms=100)
             await r.aclose()
             return acked, held, rest
@@ -291,8 +298,8 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
 
         async def main():
             r = connect_async(cfg.broker, cfg.run.dir)
-            producer = RolloutProducer(r, cfg)
-            consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+            producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
+            consumer = _consumer(r, cfg, "rank0")
             await producer.publish(make_group("before"))
             got = await consumer.read(5, block_ms=100)
             # stream, group and counters are gone
@@ -315,12 +322,14 @@ KILLED_CONSUMER = """
 import json, os, sys, time
 import asyncio
 from streamrl.broker.client import connect_async
+from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import RolloutConsumer
 from streamrl.configs import Config
 cfg = Config.model_validate(json.loads(os.environ["CFG"]))
 
 async def main():
-    consumer = RolloutConsumer(connect_async(cfg.broker, cfg.run.dir), cfg, "doomed", 1000)
+    consumer = RolloutConsumer(connect_async(cfg.broker, cfg.run.dir), Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "doomed", 1000)
     got = await consumer.read(int(sys.argv[1]), block_ms=2000)
     print(json.dumps([d.group.group_id for d in got]), flush=True)
     # SIGKILLed here, before any ack
@@ -352,7 +361,7 @@ def test_killed_consumer_entries_are_claimed_and_trained_once(redis_cfg):
 
     async def survivor():
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, cfg, "rank1", VOCAB)
+        consumer = _consumer(r, cfg, "rank1")
         trained: list[str] = []
         redelivered = []
         deadline = time.monotonic() + 10
@@ -383,7 +392,7 @@ def test_connection_refused_surfaces_after_bounded_retries(redis_cfg, tmp_path):
         try:
             start = time.monotonic()
             with pytest.raises(redis.ConnectionError):
-                await RolloutConsumer(r, cfg, "rank0", VOCAB).read(1, block_ms=10)
+                await _consumer(r, cfg, "rank0").read(1, block_ms=10)
             return time.monotonic() - start
         finally:
             await r.aclose()
@@ -402,7 +411,7 @@ def test_acks_larger_than_one_script_call_are_split_and_complete(redis_cfg, monk
     async def main():
         await _publish(cfg, ids)
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        consumer = _consumer(r, cfg, "rank0")
         got = await consumer.read(20, block_ms=100)
         assert [d.group.group_id for d in got] == ids
         await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got], 12)
@@ -430,7 +439,7 @@ def test_entries_acknowledged_to_producers_survive_a_sigkilled_redis_with_aof(tm
 
         async def main():
             r = connect_async(cfg.broker, cfg.run.dir)
-            got = await RolloutConsumer(r, cfg, "rank0", VOCAB).read(50, block_ms=100)
+            got = await _consumer(r, cfg, "rank0").read(50, block_ms=100)
             await r.aclose()
             return [d.group.group_id for d in got]
 

@@ -32,6 +32,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     redis_cfg, capsys
 ):
     from streamrl.broker.client import connect_async
+    from streamrl.broker.semantics import Limits
     from streamrl.broker.stream import RolloutConsumer
     from streamrl.launch.cli import main
 
@@ -49,7 +50,9 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     async def read():
         r = connect_async(cfg.broker, cfg.run.dir)
         try:
-            return await RolloutConsumer(r, cfg, "learner-0").read(2, 100)
+            return await RolloutConsumer(
+                r, keys, cfg.broker, Limits.from_config(cfg), "learner-0"
+            ).read(2, 100)
         finally:
             await r.aclose()
 

@@ -160,11 +160,11 @@ def short_run(redis_server, demo_policy, demo_dataset, tmp_path_factory):
     supervisor = supervisor_mod.Supervisor(cfg, actors=1).start()
     prom = None
     try:
-        out = prometheus_dir(cfg)
+        out = prometheus_dir(cfg.run.dir)
         prom = PrometheusServer(write_prometheus_config(out), out).start()
 
         def exercised() -> bool:
-            sync_targets(cfg, supervisor.redis, out)
+            sync_targets(supervisor.keys, supervisor.redis, out)
             # Several steps trained and weights reached the actor.
             return (
                 _value(prom, "max(streamrl_learner_steps_total)") >= 3

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import RolloutConsumer
 from streamrl.broker.wire import FINISH_REASONS, RolloutGroup, WireError, decode_group, encode_group
 
@@ -201,7 +202,7 @@ def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_on
 
     async def drain():
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, cfg, "rank0", VOCAB)
+        consumer = RolloutConsumer(r, keys, cfg.broker, Limits.from_config(cfg), "rank0", VOCAB)
         got = []
         for _ in range(50):
             batch = await consumer.read(7, block_ms=50)

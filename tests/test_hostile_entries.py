@@ -151,7 +151,9 @@ def test_an_entry_delivered_max_deliveries_times_untrained_is_dead_lettered(redi
     async def incarnation() -> list[str]:
         """A learner that reads, then dies before it trains (no ack): its restart re-reads."""
         r = connect_async(cfg.broker, cfg.run.dir)
-        got = await RolloutConsumer(r, cfg, "learner-0", VOCAB).read(1, block_ms=50)
+        got = await RolloutConsumer(
+            r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB
+        ).read(1, block_ms=50)
         await r.aclose()
         return [d.group.group_id for d in got]
 
@@ -174,7 +176,12 @@ def test_dead_letters_keep_a_bounded_prefix_with_size_and_hash(redis_cfg):
 
     async def drain():
         r = connect_async(cfg.broker, cfg.run.dir)
-        assert await RolloutConsumer(r, cfg, "learner-0", VOCAB).read(1, block_ms=50) == []
+        assert (
+            await RolloutConsumer(
+                r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB
+            ).read(1, block_ms=50)
+            == []
+        )
         await r.aclose()
 
     try:

@@ -55,12 +55,12 @@ def test_the_view_skips_a_beat_while_redis_is_down_and_resumes_when_it_is_back(t
         client = connect_sync(cfg.broker, cfg.run.dir)
         keys = Keys(cfg.run.name)
         prom = tmp_path / "prom"
-        assert refresh(cfg, client, keys, tmp_path, prom) is not None
+        assert refresh(cfg.broker.consumer_group, client, keys, tmp_path, prom) is not None
         server.proc.kill()
         server.proc.wait()
-        assert refresh(cfg, client, keys, tmp_path, prom) is None
+        assert refresh(cfg.broker.consumer_group, client, keys, tmp_path, prom) is None
         server.restart()
-        snap = refresh(cfg, client, keys, tmp_path, prom)
+        snap = refresh(cfg.broker.consumer_group, client, keys, tmp_path, prom)
         assert snap is not None and snap.version == 0
     finally:
         server.stop()

@@ -82,7 +82,7 @@ def test_sync_targets_lists_live_endpoints_with_identity_labels_and_drops_dead_o
     register(redis_cfg, redis_client, "no-ident", f"127.0.0.1:{actor.port}")
     register(redis_cfg, redis_client, "actor:badport", "127.0.0.1:notaport")
 
-    groups = sync_targets(redis_cfg, redis_client, tmp_path)
+    groups = sync_targets(Keys.from_config(redis_cfg), redis_client, tmp_path)
 
     run = redis_cfg.run.name
     assert groups == [
@@ -126,7 +126,7 @@ def test_prometheus_scrapes_synced_targets_with_their_labels_and_forgets_removed
     register(redis_cfg, redis_client, "actor:a1", f"127.0.0.1:{second.port}")
     out = tmp_path / "prometheus"
     config = write_prometheus_config(out)
-    sync_targets(redis_cfg, redis_client, out)
+    sync_targets(Keys.from_config(redis_cfg), redis_client, out)
 
     with PrometheusServer(config, out) as prom:
 
@@ -148,7 +148,7 @@ def test_prometheus_scrapes_synced_targets_with_their_labels_and_forgets_removed
         )
 
         second.close()
-        groups = sync_targets(redis_cfg, redis_client, out)
+        groups = sync_targets(Keys.from_config(redis_cfg), redis_client, out)
         assert [g["labels"]["actor"] for g in groups] == ["a0"]
         assert wait_for(
             lambda: [t["labels"]["actor"] for t in prom.targets()] == ["a0"], timeout=15

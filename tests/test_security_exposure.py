@@ -145,7 +145,8 @@ def _non_loopback_address() -> str | None:
 
 def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
     assert redis_cfg.metrics.host == "127.0.0.1"
-    port = metrics.serve(redis_cfg, "test", "exposure")
+    endpoint = metrics.Endpoint.from_config(redis_cfg)
+    port = metrics.serve(endpoint, "test", "exposure")
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
@@ -158,7 +159,7 @@ def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
             with pytest.raises(OSError), socket.create_connection((address, port), timeout=2):
                 pass
     finally:
-        metrics.unregister(redis_cfg, "test", "exposure", port)
+        metrics.unregister(endpoint, "test", "exposure", port)
 
 
 def _answers_without_password(port: int) -> bytes:
