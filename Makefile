@@ -96,13 +96,20 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # Mutation testing (mutmut, settings and test files in pyproject's [tool.mutmut]): mutates
-# learner/ and broker/, runs the mutants of MUTATE (dotted module name, glob allowed), then prints
-# every mutant not killed and the count per status. `$(BIN)/mutmut show NAME` shows one mutant's diff.
-# Also: MUTATE="broker.admission*" or MUTATE="broker.wire*".
-MUTATE ?= learner.algorithm*
+# streamrl.learner and streamrl.broker, runs the mutants of MUTATE (dotted module name, glob
+# allowed), then prints every mutant not killed and the count per status. mutmut names a mutant
+# after its file's path, which must be the module's import path, so it runs in a copy laid out as
+# the installed package (build/mutate/streamrl/learner/...). `cd build/mutate && ../../$(BIN)/mutmut
+# show NAME` shows one mutant's diff. Also: MUTATE="streamrl.broker.admission*" or "streamrl.broker.wire*".
+MUTATE ?= streamrl.learner.algorithm*
+MUTATE_DIR := build/mutate
+PACKAGE_DIRS := learner actors broker weightsync configs launch examples
 mutate: $(STAMP)
-	$(BIN)/mutmut run --max-children 2 "$(MUTATE)"
-	$(BIN)/mutmut results --all true | grep -F "$(subst *,,$(MUTATE))" | sed 's/^ *//' | awk -F': ' '{n[$$2]++; if ($$2 != "killed") print} END {for (s in n) printf "%s: %d\n", s, n[s]}'
+	rm -rf $(MUTATE_DIR) && mkdir -p $(MUTATE_DIR)
+	cp -r streamrl tests bench pyproject.toml README.md $(MUTATE_DIR)/
+	for d in $(PACKAGE_DIRS); do cp -r $$d $(MUTATE_DIR)/streamrl/$$d; done
+	cd $(MUTATE_DIR) && $(abspath $(BIN))/mutmut run --max-children 2 "$(MUTATE)"
+	cd $(MUTATE_DIR) && $(abspath $(BIN))/mutmut results --all true | grep -F "$(subst *,,$(MUTATE))" | sed 's/^ *//' | awk -F': ' '{n[$$2]++; if ($$2 != "killed") print} END {for (s in n) printf "%s: %d\n", s, n[s]}'
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
