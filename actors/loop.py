@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl import weightsync
 from streamrl.actors import inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
@@ -51,6 +50,7 @@ from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
 from streamrl.weightsync import transports
 from streamrl.weightsync.policy import load_policy, load_tokenizer, parameter_template
+from streamrl.weightsync.subscriber import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +179,7 @@ class Actor:
         # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
         vllm_reads_shm = cfg.actor.engine == "vllm" and transport.shared_memory
         if transport.publishes and not vllm_reads_shm:
-            self.subscriber = weightsync.make_subscriber(
-                cfg, self.actor_id, self._weight_template()
-            )
+            self.subscriber = Subscriber.from_config(cfg, self.actor_id, self._weight_template())
         seed = sampling_seed(cfg.run.seed, self.actor_id)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
         if self.subscriber is not None:

@@ -114,9 +114,9 @@ class RolloutIO:
         self.alive_checked = 0.0
         self.publisher = None
         if transports.get(cfg.weightsync.transport).publishes:
-            from streamrl.weightsync import make_publisher
+            from streamrl.weightsync.publisher import Publisher
 
-            self.publisher = make_publisher(cfg)
+            self.publisher = Publisher.from_config(cfg)
         self.metrics_endpoint = broker_metrics.Endpoint.from_config(cfg)
         self.metrics_port = broker_metrics.serve(
             self.metrics_endpoint, "learner", "0", cfg.learner.metrics_port

@@ -33,9 +33,10 @@ from streamrl.actors.engines.vllm import (
     weight_transfer_backend,
 )
 from streamrl.configs import Config
-from streamrl.weightsync import make_publisher, make_subscriber
 from streamrl.weightsync.naming import canonical_tensors, map_to_template
 from streamrl.weightsync.policy import load_policy, parameter_template
+from streamrl.weightsync.publisher import Publisher
+from streamrl.weightsync.subscriber import Subscriber
 from streamrl.weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
 
 needs_vllm = pytest.mark.skipif(
@@ -344,8 +345,8 @@ def rig(redis_cfg, demo_policy):
         update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
     )
     params = dict(load_policy(demo_policy).named_parameters())
-    pub = make_publisher(cfg)
-    sub = make_subscriber(cfg, "vllm-actor", parameter_template(demo_policy)).start()
+    pub = Publisher.from_config(cfg)
+    sub = Subscriber.from_config(cfg, "vllm-actor", parameter_template(demo_policy)).start()
     log: list = []
     state = {"engine": None}
 
