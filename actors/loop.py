@@ -69,12 +69,6 @@ def sampling_seed(run_seed: int, actor_id: str) -> int:
     return (run_seed * 1_000_003 + zlib.crc32(actor_id.encode())) % (1 << 32)
 
 
-def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
-    if cfg.actor.engine == "vllm":
-        return VLLMEngine.from_config(cfg, weight_source=weight_source, seed=seed)
-    return HFEngine(model, tokenizer, cfg.actor.batch_slots, weight_source=weight_source, seed=seed)
-
-
 def stop_token_ids(tokenizer, model_config) -> list[int]:
     ids = {tokenizer.eos_token_id}
     eos = getattr(model_config, "eos_token_id", None)
@@ -181,7 +175,17 @@ class Actor:
         if transport.publishes and not vllm_reads_shm:
             self.subscriber = Subscriber.from_config(cfg, self.actor_id, self._weight_template())
         seed = sampling_seed(cfg.run.seed, self.actor_id)
-        self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
+        self.engine: Engine
+        if cfg.actor.engine == "vllm":
+            self.engine = VLLMEngine.from_config(cfg, weight_source=self.subscriber, seed=seed)
+        else:
+            self.engine = HFEngine(
+                self.model,
+                self.tokenizer,
+                cfg.actor.batch_slots,
+                weight_source=self.subscriber,
+                seed=seed,
+            )
         if self.subscriber is not None:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
             self.subscriber.start()
