@@ -124,7 +124,7 @@ class RolloutIO:
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
-        self.tracker = Tracker(cfg)
+        self.tracker = Tracker(cfg.run, cfg.model.path, cfg.model_dump(mode="json"))
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer: list[Delivery] = []
         self.wait_s = 0.0
