@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl import weightsync
 from streamrl.actors import inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
@@ -51,6 +50,7 @@ from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
 from streamrl.weightsync import transports
 from streamrl.weightsync.policy import load_policy, load_tokenizer, parameter_template
+from streamrl.weightsync.subscriber import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,6 @@ def sampling_seed(run_seed: int, actor_id: str) -> int:
 
     Below 2**32: vLLM seeds numpy with it, which refuses larger seeds."""
     return (run_seed * 1_000_003 + zlib.crc32(actor_id.encode())) % (1 << 32)
-
-
-def build_engine(cfg: Config, model, tokenizer, weight_source, seed: int) -> Engine:
-    if cfg.actor.engine == "vllm":
-        return VLLMEngine.from_config(cfg, weight_source=weight_source, seed=seed)
-    return HFEngine(model, tokenizer, cfg.actor.batch_slots, weight_source=weight_source, seed=seed)
 
 
 def stop_token_ids(tokenizer, model_config) -> list[int]:
@@ -179,11 +173,19 @@ class Actor:
         # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
         vllm_reads_shm = cfg.actor.engine == "vllm" and transport.shared_memory
         if transport.publishes and not vllm_reads_shm:
-            self.subscriber = weightsync.make_subscriber(
-                cfg, self.actor_id, self._weight_template()
-            )
+            self.subscriber = Subscriber.from_config(cfg, self.actor_id, self._weight_template())
         seed = sampling_seed(cfg.run.seed, self.actor_id)
-        self.engine = build_engine(cfg, self.model, self.tokenizer, self.subscriber, seed)
+        self.engine: Engine
+        if cfg.actor.engine == "vllm":
+            self.engine = VLLMEngine.from_config(cfg, weight_source=self.subscriber, seed=seed)
+        else:
+            self.engine = HFEngine(
+                self.model,
+                self.tokenizer,
+                cfg.actor.batch_slots,
+                weight_source=self.subscriber,
+                seed=seed,
+            )
         if self.subscriber is not None:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
             self.subscriber.start()

@@ -75,9 +75,9 @@ def _emit(**event) -> None:
 
 
 def publisher_main(url: str, run: str, transport: str, slots: int, params: int) -> None:
-    from streamrl.weightsync import make_publisher
+    from streamrl.weightsync.publisher import Publisher
 
-    pub = make_publisher(_cfg(url, run, transport, slots))
+    pub = Publisher.from_config(_cfg(url, run, transport, slots))
     weights = {
         f"module.layer{i}": torch.full((n,), float(i)) for i, n in enumerate(_shapes(params))
     }
@@ -105,15 +105,14 @@ def publisher_main(url: str, run: str, transport: str, slots: int, params: int) 
 
 
 def subscriber_main(url: str, run: str, transport: str, slots: int, params: int) -> None:
-    from streamrl.weightsync import make_subscriber
-    from streamrl.weightsync.subscriber import swap_into_model
+    from streamrl.weightsync.subscriber import Subscriber, swap_into_model
 
     model = torch.nn.Module()
     for i, n in enumerate(_shapes(params)):
         model.register_parameter(
             f"layer{i}", torch.nn.Parameter(torch.zeros(n), requires_grad=False)
         )
-    sub = make_subscriber(
+    sub = Subscriber.from_config(
         _cfg(url, run, transport, slots), "bench", dict(model.named_parameters())
     ).start()
     _emit(event="ready")

@@ -73,8 +73,11 @@ def refresh(consumer_group: str, redis_client, keys, run_dir, prom_dir) -> Snaps
     return snap
 
 
-def _watch(sup: Supervisor, cfg: Config, console: Console, started: float) -> str:
-    """Tick the supervisor and show the live view until the learner stops; returns why it ended."""
+def _watch(
+    sup: Supervisor, max_time_s: float, consumer_group: str, console: Console, started: float
+) -> str:
+    """Tick the supervisor and show the live view until the learner stops, or ``max_time_s``
+    (0: no limit) is past by more than the grace; returns why it ended."""
     prom_dir = prometheus_dir(sup.run_dir)
     write_prometheus_config(prom_dir)
     console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
@@ -87,9 +90,9 @@ def _watch(sup: Supervisor, cfg: Config, console: Console, started: float) -> st
         while not sup.learner_finished:
             sup.tick()
             elapsed = time.monotonic() - started
-            if cfg.run.max_time_s and elapsed > cfg.run.max_time_s + TIME_LIMIT_GRACE_S:
+            if max_time_s and elapsed > max_time_s + TIME_LIMIT_GRACE_S:
                 return "time limit"
-            snap = refresh(cfg.broker.consumer_group, sup.redis, sup.keys, sup.run_dir, prom_dir)
+            snap = refresh(consumer_group, sup.redis, sup.keys, sup.run_dir, prom_dir)
             if snap is None:
                 time.sleep(REFRESH_S)
                 continue
@@ -119,7 +122,7 @@ def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
     previous = _set_handlers(_raise_stop)
     try:
         sup.start()
-        reason = _watch(sup, cfg, console, started)
+        reason = _watch(sup, cfg.run.max_time_s, cfg.broker.consumer_group, console, started)
     except _Stop as stop:
         reason = f"{stop} received"
     finally:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from streamrl.configs import config_from_cli
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import ModelConfig, RunConfig
 
 EXPORT_DIR = "policy"
 INFO_FILE = "streamrl_export.json"
@@ -33,8 +33,8 @@ INFO_FILE = "streamrl_export.json"
 MODEL_STATES = "mp_rank_00_model_states.pt"
 
 
-def default_out(cfg: Config) -> Path:
-    return Path(cfg.run.dir) / EXPORT_DIR
+def default_out(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / EXPORT_DIR
 
 
 def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
@@ -67,33 +67,41 @@ def checkpoint_weights(folder: str | os.PathLike) -> tuple[dict[str, torch.Tenso
     return state["module"], progress
 
 
-def export_checkpoint(cfg: Config, checkpoint: str | os.PathLike | None, out: Path) -> Path:
+def export_checkpoint(
+    model_cfg: ModelConfig,
+    run_dir: str | os.PathLike,
+    checkpoint: str | os.PathLike | None,
+    out: Path,
+) -> Path:
+    """Export ``checkpoint`` (default: the newest under ``<run_dir>/checkpoints``) into the model
+    of ``model_cfg``."""
     from streamrl.learner import checkpoint as ckpt
     from streamrl.weightsync.policy import load_policy, load_tokenizer
 
-    folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(cfg.run.dir) / "checkpoints")
+    folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(run_dir) / "checkpoints")
     if folder is None:
-        raise FileNotFoundError(f"no checkpoint under {Path(cfg.run.dir) / 'checkpoints'}")
+        raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
     weights, progress = checkpoint_weights(folder)
-    model = load_policy(cfg.model.path, cfg.model.dtype)
+    model = load_policy(model_cfg.path, model_cfg.dtype)
     model.load_state_dict(weights, strict=True)
     info = {
         "step": progress.get("step"),
         "version": progress.get("version"),
-        "source": cfg.model.path,
+        "source": model_cfg.path,
         "checkpoint": str(folder),
     }
-    return export_policy(model, load_tokenizer(cfg.model.path), out, info)
+    return export_policy(model, load_tokenizer(model_cfg.path), out, info)
 
 
-def export_at_end(cfg: Config, model, step: int, version: int) -> Path | None:
-    """The learner's end-of-run export of its live weights (rank 0), when ``run.export_at_end``."""
-    if not cfg.run.export_at_end or step == 0:
+def export_at_end(run: RunConfig, source: str, model, step: int, version: int) -> Path | None:
+    """The learner's end-of-run export of its live weights (rank 0), when ``run.export_at_end``;
+    ``source`` is ``model.path``, where the tokenizer comes from."""
+    if not run.export_at_end or step == 0:
         return None
     from streamrl.weightsync.policy import load_tokenizer
 
-    info = {"step": step, "version": version, "source": cfg.model.path}
-    return export_policy(model, load_tokenizer(cfg.model.path), default_out(cfg), info)
+    info = {"step": step, "version": version, "source": source}
+    return export_policy(model, load_tokenizer(source), default_out(run.dir), info)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.run.torch_threads)
     try:
         out = export_checkpoint(
-            cfg, args.checkpoint, Path(args.out) if args.out else default_out(cfg)
+            cfg.model,
+            cfg.run.dir,
+            args.checkpoint,
+            Path(args.out) if args.out else default_out(cfg.run.dir),
         )
     except (FileNotFoundError, RuntimeError, KeyError) as exc:
         print(f"export: {exc}", file=sys.stderr)

@@ -176,7 +176,13 @@ class Learner:
             if self.progress.step > self.last_ckpt_step or self.commits.pending:
                 self.save_checkpoint()
             if self.io is not None:
-                export_at_end(self.cfg, self.model, self.progress.step, self.progress.version)
+                export_at_end(
+                    self.cfg.run,
+                    self.cfg.model.path,
+                    self.model,
+                    self.progress.step,
+                    self.progress.version,
+                )
         finally:
             if self.io is not None:
                 self.io.close()

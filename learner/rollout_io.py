@@ -114,9 +114,9 @@ class RolloutIO:
         self.alive_checked = 0.0
         self.publisher = None
         if transports.get(cfg.weightsync.transport).publishes:
-            from streamrl.weightsync import make_publisher
+            from streamrl.weightsync.publisher import Publisher
 
-            self.publisher = make_publisher(cfg)
+            self.publisher = Publisher.from_config(cfg)
         self.metrics_endpoint = broker_metrics.Endpoint.from_config(cfg)
         self.metrics_port = broker_metrics.serve(
             self.metrics_endpoint, "learner", "0", cfg.learner.metrics_port
@@ -124,7 +124,7 @@ class RolloutIO:
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
-        self.tracker = Tracker(cfg)
+        self.tracker = Tracker(cfg.run, cfg.model.path, cfg.model_dump(mode="json"))
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer: list[Delivery] = []
         self.wait_s = 0.0

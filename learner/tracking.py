@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import RunConfig
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -60,39 +60,41 @@ def _markdown(rows: list[dict]) -> str:
 
 
 class Tracker:
-    """Rank 0's tracking backends; ``log`` once per step row."""
+    """Rank 0's tracking backends; ``log`` once per step row.
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self.backends = list(cfg.run.report_to)
+    ``tokenizer_path`` decodes the sample tables (``model.path``); ``hyperparameters`` is the run's
+    whole configuration as W&B and trackio record it."""
+
+    def __init__(self, run: RunConfig, tokenizer_path: str, hyperparameters: dict):
+        self.run = run
+        self.tokenizer_path = tokenizer_path
+        self.backends = list(run.report_to)
         self._tokenizer = None
         self.tb = self.wandb = self.trackio = None
         if "tensorboard" in self.backends:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(Path(cfg.run.dir) / TENSORBOARD_DIR))
+            self.tb = SummaryWriter(log_dir=str(Path(run.dir) / TENSORBOARD_DIR))
         if "wandb" in self.backends:
             self.wandb = _import("wandb")
-            self.wandb_run = self.wandb.init(
-                name=cfg.run.name, dir=cfg.run.dir, config=cfg.model_dump(mode="json")
-            )
+            self.wandb_run = self.wandb.init(name=run.name, dir=run.dir, config=hyperparameters)
         if "trackio" in self.backends:
             self.trackio = _import("trackio")
-            self.trackio.init(project=cfg.run.name, config=cfg.model_dump(mode="json"))
+            self.trackio.init(project=run.name, config=hyperparameters)
 
     def tokenizer(self):
         if self._tokenizer is None:
             from streamrl.weightsync.policy import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.cfg.model.path)
+            self._tokenizer = load_tokenizer(self.tokenizer_path)
         return self._tokenizer
 
     def log(self, row: dict, batch) -> None:
         step = int(row["step"])
         values = scalars(row)
-        every = self.cfg.run.log_samples_every
+        every = self.run.log_samples_every
         table = (
-            sample_rows(batch.samples, self.tokenizer(), self.cfg.run.log_samples)
+            sample_rows(batch.samples, self.tokenizer(), self.run.log_samples)
             if every and step % every == 0 and batch.samples
             else []
         )

@@ -92,7 +92,7 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
     from streamrl.broker.admission import Admission, Bounds
     from streamrl.broker.client import connect_async
     from streamrl.broker.liveness import alive_actors
-    from streamrl.weightsync import make_publisher
+    from streamrl.weightsync.publisher import Publisher
 
     tmp = tmp_path_factory.mktemp("actors-loop")
     data = tmp / "train.jsonl"
@@ -132,7 +132,7 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
     client = redis.Redis.from_url(redis_server.url)
     procs = {}
     out = {"keys": keys, "client": client}
-    publisher = make_publisher(cfg)
+    publisher = Publisher.from_config(cfg)
 
     def admission(call):
         """Run one Admission call (the learner's side of admission) with a client of its own."""

@@ -32,10 +32,11 @@ from streamrl.actors.engines.vllm import (
     to_output,
     weight_transfer_backend,
 )
-from streamrl.configs import Config
-from streamrl.weightsync import make_publisher, make_subscriber
+from streamrl.configs.schema import ActorConfig, ModelConfig
 from streamrl.weightsync.naming import canonical_tensors, map_to_template
 from streamrl.weightsync.policy import load_policy, parameter_template
+from streamrl.weightsync.publisher import Publisher
+from streamrl.weightsync.subscriber import Subscriber
 from streamrl.weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
 
 needs_vllm = pytest.mark.skipif(
@@ -73,38 +74,36 @@ class WeightVersionSpan:
 
 
 def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer():
-    cfg = Config.model_validate(
-        {"actor": {"engine": "vllm", "batch_slots": 128}, "weightsync": {"transport": "dist"}}
-    )
-    args = engine_args(cfg, seed=7)
-    assert args["logprobs_mode"] == "processed_logprobs"
+    model, actor = ModelConfig(), ActorConfig(engine="vllm", batch_slots=128)
     # the backend is the hop from this process to its own engine: one GPU shared -> CUDA IPC
+    backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
+    assert backend == "ipc"
+    args = engine_args(model, actor, backend, seed=7)
+    assert args["logprobs_mode"] == "processed_logprobs"
     assert args["weight_transfer_config"] == {"backend": "ipc"}
-    assert args["max_num_seqs"] == 128 and args["seed"] == 7 and args["model"] == cfg.model.path
-    assert isinstance(make_sender(cfg), IPCSender)
+    assert args["max_num_seqs"] == 128 and args["seed"] == 7 and args["model"] == model.path
+    assert isinstance(make_sender(backend, actor), IPCSender)
 
 
 def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_build_runs_eager():
-    cfg = Config.model_validate({"actor": {"engine": "vllm"}, "weightsync": {"transport": "shm"}})
-    assert weight_transfer_backend(cfg) == "streamrl_shm" and make_sender(cfg) is None
-    args = engine_args(cfg, gpu=False)
+    model, actor = ModelConfig(), ActorConfig(engine="vllm")
+    backend = weight_transfer_backend("shm", actor.tensor_parallel_size)
+    assert backend == "streamrl_shm" and make_sender(backend, actor) is None
+    args = engine_args(model, actor, backend, gpu=False)
     assert args["weight_transfer_config"] == {"backend": "streamrl_shm"}
     # float32 like the learner on CPU (auto), no torch.compile on the CPU build
     assert args["dtype"] == "float32" and args["enforce_eager"] is True
-    assert engine_args(cfg, gpu=True)["dtype"] == "bfloat16" and "enforce_eager" not in engine_args(
-        cfg
-    )
+    on_gpu = engine_args(model, actor, backend, gpu=True)
+    assert on_gpu["dtype"] == "bfloat16" and "enforce_eager" not in on_gpu
 
 
 def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info():
-    cfg = Config.model_validate(
-        {
-            "actor": {"engine": "vllm", "tensor_parallel_size": 2, "device": "cuda:2"},
-            "weightsync": {"transport": "dist"},
-        }
-    )
-    assert engine_args(cfg)["weight_transfer_config"] == {"backend": "nccl"}
-    sender = make_sender(cfg)
+    actor = ActorConfig(engine="vllm", tensor_parallel_size=2, device="cuda:2")
+    backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
+    assert engine_args(ModelConfig(), actor, backend)["weight_transfer_config"] == {
+        "backend": "nccl"
+    }
+    sender = make_sender(backend, actor)
     assert isinstance(sender, NCCLSender)
     info = sender.init_info()
     # this process is rank 0, the two workers follow it
@@ -344,8 +343,8 @@ def rig(redis_cfg, demo_policy):
         update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
     )
     params = dict(load_policy(demo_policy).named_parameters())
-    pub = make_publisher(cfg)
-    sub = make_subscriber(cfg, "vllm-actor", parameter_template(demo_policy)).start()
+    pub = Publisher.from_config(cfg)
+    sub = Subscriber.from_config(cfg, "vllm-actor", parameter_template(demo_policy)).start()
     log: list = []
     state = {"engine": None}
 

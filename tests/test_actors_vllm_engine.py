@@ -32,9 +32,9 @@ from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
 from streamrl.learner.engine import token_logprobs  # noqa: E402
 from streamrl.learner.export import export_policy  # noqa: E402
-from streamrl.weightsync import make_publisher  # noqa: E402
 from streamrl.weightsync.announce import read_announcement  # noqa: E402
 from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from streamrl.weightsync.publisher import Publisher  # noqa: E402
 from streamrl.weightsync.vllm_adapter import EngineFailed  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -68,7 +68,7 @@ class Rig:
         self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
         self.model = load_policy(policy)
         self.weights = {0: self.base}
-        self.publisher = make_publisher(cfg)
+        self.publisher = Publisher.from_config(cfg)
         self.engine = VLLMEngine.from_config(cfg, seed=0)
 
     def versioned(self, version: int, only: str | None = None) -> dict[str, torch.Tensor]:
@@ -225,7 +225,7 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
     other = rig.cfg.model_copy(
         update={"run": rig.cfg.run.model_copy(update={"name": f"other-{uuid.uuid4().hex[:8]}"})}
     )
-    side = make_publisher(other)
+    side = Publisher.from_config(other)
     try:
         side.publish(live + 1, {"module." + n: t for n, t in rig.versioned(live + 1).items()})
         ann = read_announcement(connect_sync(other.broker, other.run.dir), Keys.from_config(other))

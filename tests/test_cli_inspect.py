@@ -12,7 +12,7 @@ import torch
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup, encode_group
-from streamrl.weightsync import make_publisher
+from streamrl.weightsync.publisher import Publisher
 
 
 def _group(group_id: str) -> RolloutGroup:
@@ -65,7 +65,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     shm_cfg = redis_cfg.model_copy(
         update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
     )
-    publisher = make_publisher(shm_cfg)
+    publisher = Publisher.from_config(shm_cfg)
     try:
         publisher.publish(4, {"w": torch.ones(8)})
         assert main(["inspect", "--json", *overrides]) == 0

@@ -63,7 +63,7 @@ def test_the_run_ends_with_a_from_pretrained_policy_equal_to_the_learners(traine
     from streamrl.learner import export
 
     cfg, learner = trained
-    folder = export.default_out(cfg)
+    folder = export.default_out(cfg.run.dir)
     assert (folder / "model.safetensors").exists() and (folder / "config.json").exists()
     assert json.loads((folder / export.INFO_FILE).read_text())["step"] == STEPS
     exported = AutoModelForCausalLM.from_pretrained(folder)

@@ -16,10 +16,12 @@ from weightsync_procs import engine_template, learner_tensors
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs.schema import WeightSyncConfig
-from streamrl.weightsync import make_publisher, make_subscriber, transports
+from streamrl.weightsync import transports
 from streamrl.weightsync.announce import read_announcement
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.naming import canonical_tensors
+from streamrl.weightsync.publisher import Publisher
+from streamrl.weightsync.subscriber import Subscriber
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "broker", "configs", "launch", "learner", "weightsync")
@@ -58,7 +60,7 @@ def test_the_capabilities_say_who_publishes_and_who_reads_shared_memory():
 
 def test_over_none_a_version_is_announced_without_moving_a_byte(redis_cfg):
     ws = redis_cfg.weightsync.model_copy(update={"transport": "none"})
-    pub = make_publisher(redis_cfg.model_copy(update={"weightsync": ws}))
+    pub = Publisher.from_config(redis_cfg.model_copy(update={"weightsync": ws}))
     try:
         stats = pub.publish(3, learner_tensors(3, 16, 1))
         announced = read_announcement(pub.client, pub.keys)
@@ -78,7 +80,7 @@ def test_a_broadcast_that_never_comes_is_counted_as_a_timeout(redis_cfg):
     tensors, aliases = canonical_tensors(learner_tensors(1, 64, 2))
     layout = Layout.build([TensorSpec.of(name, t) for name, t in tensors.items()])
     sender = transports.get("dist").sender(ws, client, keys, layout)
-    sub = make_subscriber(cfg, "member", engine_template(64, 2)).start()
+    sub = Subscriber.from_config(cfg, "member", engine_template(64, 2)).start()
     try:
         deadline = time.monotonic() + 20
         while sender.live_members() != ["member"]:

@@ -86,10 +86,10 @@ class InProcessActor:
     def __init__(self, cfg, actor_id: str, hidden: int, layers: int):
         from weightsync_procs import check, engine_template
 
-        from streamrl.weightsync import make_subscriber
+        from streamrl.weightsync.subscriber import Subscriber
 
         self.template = engine_template(hidden, layers)
-        self.sub = make_subscriber(cfg, actor_id, self.template).start()
+        self.sub = Subscriber.from_config(cfg, actor_id, self.template).start()
         self.applied: list[tuple[int, bool]] = []
         self._check = lambda v, t: check(v, t, hidden, layers)
         self._stop = threading.Event()

@@ -70,10 +70,10 @@ def config(args):
 
 
 def subscriber(args) -> None:
-    from streamrl.weightsync import make_subscriber
+    from streamrl.weightsync.subscriber import Subscriber
 
     template = engine_template(args.hidden, args.layers)
-    sub = make_subscriber(config(args), args.id, template).start()
+    sub = Subscriber.from_config(config(args), args.id, template).start()
     print(json.dumps({"event": "started", "pid": os.getpid()}), flush=True)
     deadline = time.monotonic() + args.duration
     seen = []
@@ -99,9 +99,9 @@ def subscriber(args) -> None:
 
 
 def publisher(args) -> None:
-    from streamrl.weightsync import make_publisher
+    from streamrl.weightsync.publisher import Publisher
 
-    pub = make_publisher(config(args))
+    pub = Publisher.from_config(config(args))
     for version in range(args.until + 1):
         pub.publish(version, learner_tensors(version, args.hidden, args.layers))
         print(json.dumps({"event": "published", "version": version}), flush=True)

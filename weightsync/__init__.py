@@ -11,28 +11,3 @@ the vLLM weight-transfer adapter (``vllm_adapter``).
 Talks to: Redis through ``broker`` (version announcements, rendezvous).
 May import: ``configs``, ``broker``. Must not import ``actors`` or ``learner``.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
-
-    from streamrl.configs.schema import Config
-    from streamrl.weightsync.publisher import Publisher
-    from streamrl.weightsync.subscriber import Subscriber
-
-
-def make_publisher(cfg: Config) -> Publisher:
-    """The learner rank-0 publisher for ``cfg.weightsync.transport``; connects to the run's Redis."""
-    from streamrl.weightsync.publisher import Publisher
-
-    return Publisher.from_config(cfg)
-
-
-def make_subscriber(cfg: Config, actor_id: str, template: dict[str, torch.Tensor]) -> Subscriber:
-    """An actor's subscriber; ``template`` is the engine's named parameters (names, shapes, dtypes, device)."""
-    from streamrl.weightsync.subscriber import Subscriber
-
-    return Subscriber.from_config(cfg, actor_id, template)

@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -63,6 +64,10 @@ from streamrl.weightsync.vllm_adapter import (
     staged_buckets,
     token_versions,
 )
+
+if TYPE_CHECKING:
+    from streamrl.broker.keys import Keys
+    from streamrl.configs.schema import ActorConfig, Config, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +110,7 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def weight_transfer_backend(cfg) -> str:
+def weight_transfer_backend(transport: str, tensor_parallel_size: int) -> str:
     """The vLLM weight-transfer backend between this actor process and its own engine's workers.
 
     ``shm``: ``streamrl_shm``, the workers read the learner's published slot
@@ -115,28 +120,31 @@ def weight_transfer_backend(cfg) -> str:
     ranks on one GPU); tensor parallel ``nccl``, a broadcast to every worker,
     so ``actor.device`` must then be a GPU the engine does not use.
     """
-    if transports.get(cfg.weightsync.transport).shared_memory:
+    if transports.get(transport).shared_memory:
         return SHM_BACKEND
-    return "ipc" if cfg.actor.tensor_parallel_size == 1 else "nccl"
+    return "ipc" if tensor_parallel_size == 1 else "nccl"
 
 
-def engine_args(cfg, seed: int = 0, gpu: bool = True) -> dict:
-    """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build)."""
+def engine_args(
+    model: ModelConfig, actor: ActorConfig, backend: str, seed: int = 0, gpu: bool = True
+) -> dict:
+    """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build);
+    ``backend`` is its ``weight_transfer_backend``."""
     from streamrl.weightsync.policy import resolve_dtype
 
-    dtype = str(resolve_dtype(cfg.model.dtype, "cuda" if gpu else "cpu")).removeprefix("torch.")
+    dtype = str(resolve_dtype(model.dtype, "cuda" if gpu else "cpu")).removeprefix("torch.")
     args = {
-        "model": cfg.model.path,
+        "model": model.path,
         "dtype": dtype,
-        "gpu_memory_utilization": cfg.actor.gpu_memory_utilization,
-        "tensor_parallel_size": cfg.actor.tensor_parallel_size,
-        "max_num_seqs": cfg.actor.batch_slots,
+        "gpu_memory_utilization": actor.gpu_memory_utilization,
+        "tensor_parallel_size": actor.tensor_parallel_size,
+        "max_num_seqs": actor.batch_slots,
         "logprobs_mode": "processed_logprobs",
         "seed": seed,
         # the G completions of a group share their prompt
         "enable_prefix_caching": True,
         # a WeightTransferConfig(**this) when the engine is built
-        "weight_transfer_config": {"backend": weight_transfer_backend(cfg)},
+        "weight_transfer_config": {"backend": backend},
     }
     if not gpu:
         # torch.compile roughly doubles the CPU build's start-up: AsyncLLM on the demo policy started
@@ -145,14 +153,14 @@ def engine_args(cfg, seed: int = 0, gpu: bool = True) -> dict:
     return args
 
 
-def make_sender(cfg) -> BucketSender | None:
-    """This process's side of ``weight_transfer_backend(cfg)`` (None: the workers read shm themselves)."""
-    backend = weight_transfer_backend(cfg)
+def make_sender(backend: str, actor: ActorConfig) -> BucketSender | None:
+    """This process's side of ``backend`` (a ``weight_transfer_backend``; None: the workers read shm
+    themselves)."""
     if backend == SHM_BACKEND:
         return None
     if backend == "ipc":
         return IPCSender()
-    return NCCLSender(world_size=1 + cfg.actor.tensor_parallel_size, device=cfg.actor.device)
+    return NCCLSender(world_size=1 + actor.tensor_parallel_size, device=actor.device)
 
 
 def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict:
@@ -199,13 +207,11 @@ def to_output(request_id: str, completion, version_at_start: int) -> Output:
 class ShmAnnouncements:
     """The learner's newest shm announcement, read from Redis (the ``streamrl_shm`` path's weight source)."""
 
-    def __init__(self, cfg) -> None:
-        from streamrl.broker.client import connect_sync
-        from streamrl.broker.keys import Keys
-
-        self.client = connect_sync(cfg.broker, cfg.run.dir)
-        self.keys = Keys.from_config(cfg)
-        self.transport = cfg.weightsync.transport
+    def __init__(self, client, keys: Keys, transport: str) -> None:
+        """``client``: a sync Redis client, closed with this; ``transport``: the announcements to follow."""
+        self.client = client
+        self.keys = keys
+        self.transport = transport
 
     def __call__(self):
         from streamrl.weightsync.announce import read_announcement
@@ -266,7 +272,7 @@ class VLLMEngine(Engine):
         )
 
     @classmethod
-    def from_config(cls, cfg, weight_source=None, seed: int = 0) -> VLLMEngine:
+    def from_config(cls, cfg: Config, weight_source=None, seed: int = 0) -> VLLMEngine:
         gpu = on_gpu()
         transport = transports.get(cfg.weightsync.transport)
         if not gpu:
@@ -285,19 +291,27 @@ class VLLMEngine(Engine):
                     f"weightsync.transport={cfg.weightsync.transport}: the vLLM CPU build takes weights "
                     "over shm only (its ipc and nccl backends need CUDA)"
                 )
+        backend = weight_transfer_backend(cfg.weightsync.transport, cfg.actor.tensor_parallel_size)
         announcements = None
         sender = None
         if transport.shared_memory:
-            announcements = ShmAnnouncements(cfg)
+            from streamrl.broker.client import connect_sync
+            from streamrl.broker.keys import Keys
+
+            announcements = ShmAnnouncements(
+                connect_sync(cfg.broker, cfg.run.dir),
+                Keys.from_config(cfg),
+                cfg.weightsync.transport,
+            )
             weight_source = None
         elif weight_source is not None:
-            sender = make_sender(cfg)
+            sender = make_sender(backend, cfg.actor)
         if isinstance(sender, IPCSender):
             # vLLM's workers (children of this process) unpickle the CUDA IPC handles of our own staged
             # tensors only with this set (docs.vllm.ai/en/latest/training/weight_transfer/ipc/)
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         return cls(
-            engine_args(cfg, seed, gpu=gpu),
+            engine_args(cfg.model, cfg.actor, backend, seed, gpu=gpu),
             seed,
             weight_source=weight_source,
             sender=sender,
