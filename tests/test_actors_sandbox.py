@@ -3,6 +3,8 @@ run by a root actor and by an unprivileged one (a test user is created when the 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import multiprocessing
 import os
@@ -21,7 +23,6 @@ from accounts import system_user_uid
 from streamrl.actors import sandbox
 from streamrl.actors.sandbox import SandboxResult, layers, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 TEST_USER = "streamrl-sandbox-test"
 HOOK = [pytest.param(True, id="all_layers"), pytest.param(False, id="kernel_only")]
 AS = [pytest.param("actor", id="as_actor"), pytest.param("user", id="as_user")]
@@ -30,7 +31,7 @@ AS = [pytest.param("actor", id="as_actor"), pytest.param("user", id="as_user")]
 _AS_USER = (
     "import json, sys\n"
     "from dataclasses import asdict\n"
-    "from streamrl.actors.sandbox import run_python, layers\n"
+    "from sandbox import run_python, layers\n"
     "kw = json.loads(sys.argv[1])\n"
     "result = run_python(**kw) if kw else None\n"
     "print(json.dumps({'result': result and asdict(result), 'layers': asdict(layers())}))\n"
@@ -39,6 +40,19 @@ _AS_USER = (
 
 def _test_uid() -> int:
     return system_user_uid(TEST_USER)
+
+
+@functools.cache
+def _module_the_test_user_can_read() -> str:
+    """A world-readable copy of the sandbox module (standard library only): the clone may sit
+    under a directory the test user cannot enter (a 0700 mktemp folder, /root)."""
+    folder = tempfile.mkdtemp(prefix="streamrl-sandbox-module-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.chmod(folder, 0o755)
+    copy = Path(folder) / "sandbox.py"
+    shutil.copyfile(sandbox.__file__, copy)
+    copy.chmod(0o644)
+    return folder
 
 
 def _as_user(**kwargs) -> dict:
@@ -57,7 +71,7 @@ def _as_user(**kwargs) -> dict:
         text=True,
         timeout=120,
         cwd="/",
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": _module_the_test_user_can_read(), "PATH": "/usr/bin:/bin"},
         preexec_fn=drop,
     )
     assert out.returncode == 0, out.stderr
