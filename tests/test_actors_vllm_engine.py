@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 from dataclasses import replace
@@ -188,25 +187,43 @@ def test_a_pushed_version_is_served_and_its_tied_lm_head_follows_the_embedding(r
     _assert_matches_learner(rig, requests, outputs, 1.0)
 
 
+class _PublishWhileGenerating:
+    """A ``should_abort`` that never aborts and publishes ``version`` at its second poll.
+
+    The engine polls it between generation steps: the second poll comes after the first tokens
+    were sampled, with at least one completion unfinished. Publishing there puts the push inside
+    the generation, instead of racing a thread's start against a sleep."""
+
+    def __init__(self, rig: Rig, version: int) -> None:
+        self.rig, self.version, self.polls = rig, version, 0
+
+    @property
+    def published(self) -> bool:
+        return self.polls >= 2
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        if self.polls == 2:
+            self.rig.publish(self.version, wait=False)
+        return False
+
+
 def test_a_push_during_generation_tags_each_span_with_the_weights_that_produced_it(rig):
     requests = rig.requests(32)
     params = SamplingParams(max_new_tokens=48, temperature=1.0)
-    for _attempt in range(4):
-        before = rig.engine.version
-        result: dict = {}
-        worker = threading.Thread(
-            target=lambda r=result: r.update(outputs=rig.engine.generate(requests, params))
-        )
-        worker.start()
-        time.sleep(0.3)
-        rig.publish(before + 1, wait=False)
-        worker.join(120)
-        _until(lambda b=before: rig.engine.version == b + 1)
-        outputs = result["outputs"]
+    for _attempt in range(3):
+        # From a wholly perturbed version the policy is near-random: completions run for tens of
+        # tokens instead of the trained policy's handful, so generation outlasts a push by far.
+        before = rig.engine.version + 1
+        rig.publish(before)
+        hook = _PublishWhileGenerating(rig, before + 1)
+        outputs = rig.engine.generate(requests, params, should_abort=hook)
+        if hook.published:
+            _until(lambda b=before: rig.engine.version == b + 1)
         straddling = [o for o in outputs if len(set(o.versions.tolist())) > 1]
         if straddling:
             break
-    assert straddling, "no completion straddled a push in 4 tries"
+    assert straddling, "no completion straddled a push in 3 tries"
     for output in straddling:
         versions = output.versions.tolist()
         assert versions == sorted(versions) and set(versions) <= {before, before + 1}
