@@ -1,7 +1,7 @@
 """Peak GPU memory of one learner rank per memory knob: an estimate from the model's shape, and a measurement.
 
     python -m bench.learner_memory                        # the estimate table of docs/gpu.md
-    python -m bench.learner_memory --measure --device cuda  # measure at the Qwen2.5-0.5B shape (about a minute)
+    python -m bench.learner_memory --measure --device cuda  # measure at the Qwen2.5-0.5B shape
     python -m bench.learner_memory --measure --cpu          # the same code at a tiny shape on the CPU (smoke)
 
 The estimate counts bytes, per rank, at the peak of a micro-batch's backward pass (bf16 weights,
@@ -14,19 +14,16 @@ DeepSpeed ZeRO-2 with ``learner.ranks`` ranks):
 - DeepSpeed's gradient reduction bucket: ``reduce_bucket_size`` (5e8) bf16 elements, allocated
   whole whatever the model's size;
 - activations saved for the backward pass, per token of the micro-batch's padded tensor
-  (``learner.micro_batch_tokens`` bounds it): per decoder layer 26h + 8i bytes (two RMSNorms in
-  fp32 and bf16 = 8h each, q, GQA-repeated k and v, attention output and o_proj input = 10h, the
-  MLP's gate, up, SiLU and product = 8i); with gradient checkpointing only each layer's 2h input
-  stays, plus one layer recomputed at a time;
-- the log-prob head, per token: the logits' fp32 log-softmax and, while the entropy is taken with
-  gradients (``algo.entropy_coef`` path of ``learner.step`` today), its probabilities and the
-  backward's fp32 gradients of both: 20 bytes per vocabulary entry (12 without the entropy).
+  (``learner.micro_batch_tokens`` bounds it): ``activation_bytes_per_token``;
+- the log-prob head, per token: ``head_bytes_per_token`` (today's learner step always takes the
+  entropy with gradients).
 
 Left out: the CUDA context (~0.5 GiB, outside PyTorch's allocator), allocator fragmentation and
 cuBLAS/attention workspaces. Against the two peaks measured on an H200 at the 0.5B shape (45.7
 GiB at 8,192 tokens, 84.0 at 16,384) the count comes out 6-8 % low. ``--measure`` runs the
 learner's real ``train_batch`` (DeepSpeed, the loss, the optimizer) on a random-init model of the
-shape and reports PyTorch's peak allocated and reserved memory and trained tokens per second.
+shape, once per knob set in a fresh process (about a minute of training in all, plus start-ups),
+and reports PyTorch's peak allocated and reserved memory and trained tokens per second.
 """
 
 from __future__ import annotations
@@ -160,6 +157,28 @@ def estimate(s: Shape, k: Knobs) -> Estimate:
         logits=k.micro_batch_tokens * head_bytes_per_token(s, k.entropy_grad)[1],
         host=16 * trainable // k.ranks if k.offload_optimizer else 0,
     )
+
+
+def shape_of(model_path: str) -> Shape:
+    """The shape of a Qwen2.5 model named in ``model.path`` (hub id or folder name)."""
+    for name, shape in SHAPES.items():
+        if name.lower() in model_path.lower():
+            return shape
+    raise ValueError(f"model.path {model_path!r}: no known shape (known: {', '.join(SHAPES)})")
+
+
+def config_estimate(cfg) -> Estimate:
+    """The estimate for a run's learner (``cfg``: a ``Config``), today's entropy with gradients included."""
+    lc = cfg.learner
+    knobs = Knobs(
+        lc.micro_batch_tokens,
+        gradient_checkpointing=lc.gradient_checkpointing,
+        offload_optimizer=lc.offload_optimizer,
+        ranks=lc.ranks,
+        # a GSM8K-sized prompt (~128 tokens with the chat template) before the longest completion
+        seq_len=128 + cfg.rollout.max_new_tokens,
+    )
+    return estimate(shape_of(cfg.model.path), knobs)
 
 
 KNOB_ROWS = {
@@ -358,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=20.0, help="training time per measured knob set"
     )
     parser.add_argument("--no-entropy-grad", action="store_true", help="estimate without it")
+    parser.add_argument("--config", help="estimate this run config's learner instead of the table")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of --config")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cpu:
@@ -367,6 +388,18 @@ def main(argv: list[str] | None = None) -> int:
         shape = TINY if job["shape"] == "tiny" else SHAPES[job["shape"]]
         print(
             json.dumps(measure_one(shape, job["knobs"], job["tokens"], job["seconds"], args.device))
+        )
+        return 0
+    if args.config:
+        from streamrl.configs import load_config
+
+        est = config_estimate(load_config(args.config, args.overrides, env={}))
+        parts = ", ".join(
+            f"{part} {getattr(est, part) / GiB:.1f}"
+            for part in ("weights", "trainable_state", "bucket", "activations", "logits")
+        )
+        print(
+            f"{args.config}: estimated learner peak {est.gpu / GiB:.1f} GiB per rank ({parts} GiB)"
         )
         return 0
     if not args.measure:

@@ -195,3 +195,17 @@ def test_the_cpu_smoke_measures_every_knob_set_with_the_learners_step():
 def test_measuring_on_cuda_without_a_gpu_is_refused():
     done = _bench("--measure", "--device", "cuda")
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+# the bar for the learner's GPU, and the count's shortfall against measurements (above)
+LEARNER_BAR_GIB = 70
+SHORTFALL = 1.10
+
+
+@pytest.mark.parametrize("preset", ["configs/gpu_gsm8k_qwen05b.yaml", "configs/gpu.yaml"])
+def test_the_gpu_recipes_fit_the_learner_bar_at_their_defaults(preset):
+    from bench.learner_memory import config_estimate
+    from streamrl.configs import load_config
+
+    est = config_estimate(load_config(preset, env={}))
+    assert est.gpu * SHORTFALL < LEARNER_BAR_GIB * GiB, est.gpu / GiB
