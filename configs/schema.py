@@ -609,7 +609,16 @@ class Config(Section):
                     'actor.gpus="share" puts learner and actors on one GPU, where NCCL cannot join them: '
                     "use weightsync.transport=shm"
                 )
-        elif actor.gpus is not None:
+        if actor.gpus is not None:
+            # a placed actor sees only its own GPUs, numbered from 0
+            group = 1 if actor.gpus == "share" else actor.tensor_parallel_size
+            kind, _, index = actor.device.partition(":")
+            if kind == "cuda" and index.isdigit() and int(index) >= group:
+                raise ValueError(
+                    f"actor.device={actor.device} with actor.gpus={actor.gpus}: each actor sees only "
+                    f"its own {group} GPU(s) as cuda:0..{group - 1}"
+                )
+        if isinstance(actor.gpus, list):
             _check_indices("actor.gpus", actor.gpus)
             if len(actor.gpus) % actor.tensor_parallel_size:
                 raise ValueError(

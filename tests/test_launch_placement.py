@@ -68,6 +68,10 @@ def test_indices_count_the_launchers_own_visible_devices():
             {"actor": {"gpus": "share"}, "weightsync": {"transport": "dist"}},
             ["share", "NCCL", "weightsync.transport=shm"],
         ),
+        (
+            {"learner": {"gpus": [0]}, "actor": {"gpus": [1, 2], "device": "cuda:1"}},
+            ["actor.device=cuda:1", "cuda:0..0"],
+        ),
     ],
 )
 def test_a_bad_placement_fails_at_load_naming_the_key(sections, names):
