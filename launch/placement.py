@@ -67,6 +67,12 @@ def check(cfg: Config, available: int) -> None:
         raise PlacementError('actor.gpus="share" needs a GPU, but the launcher sees none')
 
 
+def check_launcher(cfg: Config, launcher: list[str] | None) -> None:
+    """``check`` against the devices the launcher sees; nothing to count (or import) without placement."""
+    if cfg.learner.gpus is not None or cfg.actor.gpus is not None:
+        check(cfg, gpu_count(launcher))
+
+
 def gpu_count(launcher: list[str] | None) -> int:
     """How many devices the launcher sees: its CUDA_VISIBLE_DEVICES, else what CUDA reports."""
     if launcher is not None:

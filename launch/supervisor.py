@@ -114,7 +114,7 @@ class Supervisor:
         # Children load this file, not the launcher's argv: a config made in Python has no file
         # of its own, and argv would show a password given as an override to every local user.
         write_config(self.cfg, self.config_file)
-        placement.check(self.cfg, placement.gpu_count(self.launcher_devices))
+        placement.check_launcher(self.cfg, self.launcher_devices)
         self._prepare_inputs()
         self._start_redis()
         self.redis = connect_sync(self.cfg.broker, self.run_dir)

@@ -87,6 +87,11 @@ def test_an_index_past_the_launchers_devices_is_refused_before_anything_starts()
     check(cfg, 5)
     with pytest.raises(PlacementError, match="share"):
         check(_cfg(actor={"gpus": "share"}), 0)
+    # the launcher's CUDA_VISIBLE_DEVICES is what it sees, whatever the host has
+    with pytest.raises(PlacementError, match="sees 1 GPU"):
+        placement.check_launcher(_cfg(learner={"gpus": [1]}), ["3"])
+    placement.check_launcher(_cfg(learner={"gpus": [1]}), ["3", "5"])
+    placement.check_launcher(_cfg(), [])
 
 
 def _environ(pid: int) -> dict[str, str]:
