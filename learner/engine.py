@@ -105,8 +105,9 @@ def deepspeed_config(lc: LearnerConfig, world_size: int, bf16: bool) -> dict:
     }
 
 
-def make_optimizer(lc: LearnerConfig, params) -> torch.optim.Optimizer:
-    """AdamW over ``params``: DeepSpeedCPUAdam when ZeRO offloads the optimizer from a GPU, else torch's.
+def make_optimizer(lc: LearnerConfig, params, on_gpu: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over ``params``: DeepSpeedCPUAdam when ZeRO offloads the optimizer from a GPU (``on_gpu``,
+    default: the accelerator is cuda), else torch's.
 
     DeepSpeed's PyPI wheel ships no prebuilt ops, so DeepSpeedCPUAdam JIT-builds its C++ op on first
     use (ninja and a C++ compiler; cached in TORCH_EXTENSIONS_DIR). Where that fails, torch AdamW
@@ -116,7 +117,9 @@ def make_optimizer(lc: LearnerConfig, params) -> torch.optim.Optimizer:
     """
     params = list(params)
     kwargs = {"lr": lc.lr, "betas": tuple(lc.betas), "weight_decay": lc.weight_decay}
-    if lc.offload_optimizer and accelerator() == "cuda":
+    if on_gpu is None:
+        on_gpu = accelerator() == "cuda"
+    if lc.offload_optimizer and on_gpu:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         try:

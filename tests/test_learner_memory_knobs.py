@@ -4,7 +4,9 @@ recomputed in the backward) and ZeRO optimizer offload (DeepSpeed's own, torch A
 from __future__ import annotations
 
 import copy
+import warnings
 
+import pytest
 import torch
 
 from bench.learner import _model, _samples
@@ -15,6 +17,7 @@ from streamrl.learner.engine import (
     build_engine,
     enable_gradient_checkpointing,
     init_distributed,
+    make_optimizer,
     token_logprobs,
 )
 from streamrl.learner.step import train_batch
@@ -103,3 +106,24 @@ def test_without_the_knobs_nothing_is_checkpointed_or_offloaded():
     assert not any(layer.gradient_checkpointing for layer in engine.module.model.layers)
     assert engine.zero_offload_optimizer() is None
     assert not engine.optimizer.cpu_offload
+
+
+def test_without_a_compiler_an_offloaded_gpu_optimizer_degrades_to_torch_adamw(
+    tmp_path, monkeypatch
+):
+    """DeepSpeedCPUAdam is built on first use; a host that cannot build it (here: no working C++
+    compiler) gets a warning naming why and torch AdamW stepping the offloaded state."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "/bin/false")
+    lc = Config.model_validate({"learner": {"offload_optimizer": True, "lr": 3e-4}}).learner
+    params = list(_model(*SHAPE).parameters())
+    with pytest.warns(UserWarning, match="DeepSpeedCPUAdam unavailable.*torch AdamW"):
+        optimizer = make_optimizer(lc, params, on_gpu=True)
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.defaults["lr"] == 3e-4 and len(optimizer.param_groups[0]["params"]) == len(
+        params
+    )
+    # a CPU learner never tries the build
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert type(make_optimizer(lc, params, on_gpu=False)) is torch.optim.AdamW
