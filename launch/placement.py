@@ -8,7 +8,7 @@ names pass through unchanged). The learner process gets all of its ranks' GPUs a
 ``actor.tensor_parallel_size`` indices, so more actors than groups share them round-robin.
 The schema checks the lists against each other (``Config._placement``); ``check`` checks them
 against the devices present. The supervisor records what it gave in ``<run.dir>/placement.json``,
-which the live view and ``streamrl inspect`` show. Imports only the config schema.
+which the live view and ``streamrl inspect`` show. Imports the config schema (and torch, to count GPUs).
 """
 
 from __future__ import annotations
