@@ -350,6 +350,10 @@ class ActorConfig(Section):
         False,
         description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).",
     )
+    gpus: list[int] | Literal["share"] | None = Field(
+        None,
+        description='GPUs of the supervised actors, as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of `tensor_parallel_size` indices as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
+    )
 
     def engine_of(self, index: int) -> str:
         """The engine of the supervised actor with this index (a0, a1, ...)."""
@@ -480,7 +484,18 @@ class LearnerConfig(Section):
         8192, ge=1, description="Token budget of one micro-batch; samples are never split."
     )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
-    offload_optimizer: bool = Field(False, description="ZeRO-2 optimizer state offload to CPU.")
+    offload_optimizer: bool = Field(
+        False,
+        description="DeepSpeed ZeRO offload_optimizer to CPU (stage 1 or 2): the fp32 master weights, gradients and Adam moments live in pinned host memory and the optimizer steps on the CPU, with DeepSpeedCPUAdam on a GPU host (built once on first use, ~1-2 min, cached under TORCH_EXTENSIONS_DIR; torch AdamW if it cannot build) and torch AdamW on a CPU learner. Frees ~16 bytes per parameter on the GPU.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass (transformers' gradient checkpointing, non-reentrant) instead of keeping them: activation memory per token drops from every layer's to about one layer's, for ~30 % more forward compute.",
+    )
+    gpus: list[int] | None = Field(
+        None,
+        description="GPUs of the learner ranks, one per rank (length = `ranks`), as indices into the devices the launcher sees; the learner gets them as its CUDA_VISIBLE_DEVICES and rank r takes the r-th. None = no placement (inherited CUDA_VISIBLE_DEVICES; rank r takes cuda:r).",
+    )
     checkpoint_every: int = Field(
         50, ge=1, description="Save a resumable checkpoint every N steps (and at shutdown)."
     )
@@ -505,6 +520,13 @@ class LearnerConfig(Section):
         False,
         description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).",
     )
+
+
+def _check_indices(key: str, gpus: list[int]) -> None:
+    if any(i < 0 for i in gpus):
+        raise ValueError(f"{key}={gpus}: GPU indices must be >= 0")
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"{key}={gpus}: an index is listed twice")
 
 
 class WeightSyncConfig(Section):
@@ -562,6 +584,56 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weightsync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _placement(self) -> Config:
+        learner, actor = self.learner, self.actor
+        if learner.gpus is not None:
+            _check_indices("learner.gpus", learner.gpus)
+            if len(learner.gpus) != learner.ranks:
+                raise ValueError(
+                    f"learner.gpus={learner.gpus} lists {len(learner.gpus)} GPU(s) for learner.ranks={learner.ranks}: one per rank"
+                )
+        if actor.gpus == "share":
+            if learner.ranks != 1:
+                raise ValueError(
+                    f'actor.gpus="share" puts the actors on the learner\'s one GPU, but learner.ranks={learner.ranks}'
+                )
+            if actor.tensor_parallel_size != 1:
+                raise ValueError(
+                    f'actor.gpus="share" gives each actor one GPU; actor.tensor_parallel_size={actor.tensor_parallel_size}'
+                )
+            # NCCL refuses two ranks of one communicator on one GPU
+            if self.weightsync.transport == "dist" and self.weightsync.backend != "gloo":
+                raise ValueError(
+                    'actor.gpus="share" puts learner and actors on one GPU, where NCCL cannot join them: '
+                    "use weightsync.transport=shm"
+                )
+        if actor.gpus is not None:
+            # a placed actor sees only its own GPUs, numbered from 0
+            group = 1 if actor.gpus == "share" else actor.tensor_parallel_size
+            kind, _, index = actor.device.partition(":")
+            if kind == "cuda" and index.isdigit() and int(index) >= group:
+                raise ValueError(
+                    f"actor.device={actor.device} with actor.gpus={actor.gpus}: each actor sees only "
+                    f"its own {group} GPU(s) as cuda:0..{group - 1}"
+                )
+        if isinstance(actor.gpus, list):
+            _check_indices("actor.gpus", actor.gpus)
+            if len(actor.gpus) % actor.tensor_parallel_size:
+                raise ValueError(
+                    f"actor.gpus={actor.gpus}: its length must be a multiple of actor.tensor_parallel_size={actor.tensor_parallel_size}"
+                )
+            # unplaced, learner rank r takes cuda:r of the devices it inherits
+            learner_gpus = learner.gpus if learner.gpus is not None else list(range(learner.ranks))
+            shared = sorted(set(actor.gpus) & set(learner_gpus))
+            if shared:
+                raise ValueError(
+                    f"actor.gpus={actor.gpus} and the learner's GPUs {learner_gpus} (learner.gpus={learner.gpus}) "
+                    f"share GPU(s) {shared}: "
+                    'give them disjoint GPUs, or actor.gpus="share" to put the actors on the learner\'s GPU'
+                )
+        return self
 
     @model_validator(mode="after")
     def _target_parts_are_reward_parts(self) -> Config:

@@ -1,7 +1,7 @@
 """launch: `make run` — supervisor, live view, scrape config and dashboards.
 
 Owns starting and stopping a whole run (``supervisor``; ``run``, which is ``streamrl.run``
-and ``streamrl run``), the terminal view and
+and ``streamrl run``), which GPUs each of its processes gets (``placement``), the terminal view and
 end-of-run summary (``view``, ``status``), live scaling (``scale``) and the
 Prometheus side (``scrape``, ``dashboard``), the ``streamrl`` console script
 (``cli``) and the decoded view of a run's Redis (``inspect``). May import every streamrl package;

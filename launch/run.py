@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.live import Live
 
 from streamrl.configs import Config
+from streamrl.launch.placement import describe as describe_placement
 from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 from streamrl.launch.status import Snapshot, read_steps, snapshot
 from streamrl.launch.supervisor import Supervisor
@@ -81,6 +82,8 @@ def _watch(
     prom_dir = prometheus_dir(sup.run_dir)
     write_prometheus_config(prom_dir)
     console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
+    if any(v is not None for v in sup.placement.values()):
+        console.print(f"GPUs (CUDA_VISIBLE_DEVICES): {describe_placement(sup.placement)}")
     last_plain = 0.0
     with (
         Live(console=console, refresh_per_second=2, transient=False)
@@ -97,7 +100,7 @@ def _watch(
                 time.sleep(REFRESH_S)
                 continue
             if console.is_terminal:
-                live.update(live_table(snap, elapsed, sup.events))
+                live.update(live_table(snap, elapsed, sup.events, sup.placement))
             elif elapsed - last_plain >= PLAIN_EVERY_S:
                 last_plain = elapsed
                 print(plain_line(snap, elapsed), flush=True)

@@ -32,6 +32,7 @@ from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
+from streamrl.launch import placement
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -64,6 +65,8 @@ class Child:
     exit_codes: list[int] = field(default_factory=list)
     # exited 0 or was stopped on purpose: never restarted
     done: bool = False
+    # its CUDA_VISIBLE_DEVICES (launch.placement); None = inherited
+    devices: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -98,6 +101,9 @@ class Supervisor:
         self.started_at = 0.0
         self.events: list[str] = []
         self._redis_next_start = 0.0
+        self.launcher_devices = placement.launcher_devices()
+        # child name -> its CUDA_VISIBLE_DEVICES (None = inherited), also in <run.dir>/placement.json
+        self.placement: dict[str, str | None] = {}
 
     # ----- start -------------------------------------------------------------------------
     def start(self) -> Supervisor:
@@ -108,13 +114,13 @@ class Supervisor:
         # Children load this file, not the launcher's argv: a config made in Python has no file
         # of its own, and argv would show a password given as an override to every local user.
         write_config(self.cfg, self.config_file)
+        placement.check_launcher(self.cfg, self.launcher_devices)
         self._prepare_inputs()
         self._start_redis()
         self.redis = connect_sync(self.cfg.broker, self.run_dir)
         self._write_run_file()
-        self.learner = self._spawn(
-            Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
-        )
+        learner = Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
+        self.learner = self._spawn(self._place(learner, self.cfg.learner.gpus))
         for _ in range(self.want_actors):
             self._add_actor()
         return self
@@ -179,7 +185,14 @@ class Supervisor:
         ]
         return launcher + self._argv("streamrl.learner")[1:]
 
-    def _env(self) -> dict[str, str]:
+    def _place(self, child: Child, gpus: list[int] | None) -> Child:
+        if gpus is not None:
+            child.devices = placement.visible_devices(gpus, self.launcher_devices)
+        self.placement[child.name] = child.devices
+        placement.write(self.run_dir, self.placement)
+        return child
+
+    def _env(self, child: Child) -> dict[str, str]:
         # A rendezvous inherited from the launching shell (a torchrun/SLURM job, or a process that
         # already ran a learner in-process) would make a learner of one join it through a TCP
         # store on every interface; torchrun sets these itself for learner.ranks > 1.
@@ -188,6 +201,8 @@ class Supervisor:
         env.setdefault("OMP_NUM_THREADS", str(self.cfg.run.torch_threads))
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
+        if child.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = child.devices
         return env
 
     def _spawn(self, child: Child) -> Child:
@@ -197,7 +212,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self._env(),
+                env=self._env(child),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
@@ -212,7 +227,8 @@ class Supervisor:
         if self.cfg.actor.engines:
             # the one setting that differs between the actors of a run
             argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
-        child = self._spawn(Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log"))
+        child = Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log")
+        child = self._spawn(self._place(child, placement.actor_gpus(self.cfg, index)))
         self.actors.append(child)
         self.event(f"actor {ident} started (pid {child.proc.pid})")
         return child
@@ -309,6 +325,8 @@ class Supervisor:
             self._stop_child(child)
             self.actors.remove(child)
             self.retired.append(child)
+            self.placement.pop(child.name, None)
+        placement.write(self.run_dir, self.placement)
         self.event(f"scaled to {wanted} actors")
 
     @property

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from rich.table import Table
 
+from streamrl.launch import placement as gpus
 from streamrl.launch.status import Snapshot, time_to_target
 from streamrl.learner import target
 
@@ -21,7 +23,13 @@ def trained_tokens_per_s(step: dict) -> float | None:
     return step.get("tokens", 0) / step["step_s"]
 
 
-def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
+def live_table(
+    snap: Snapshot,
+    elapsed_s: float,
+    events: list[str],
+    placement: Mapping[str, str | None] | None = None,
+) -> Table:
+    """``placement``: the supervisor's child -> CUDA_VISIBLE_DEVICES; shown when any child is placed."""
     step = snap.last_step or {}
     table = Table(title=f"streamrl  {elapsed_s:6.0f} s", show_header=False, expand=False)
     table.add_column("what", style="bold")
@@ -39,6 +47,8 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
     table.add_row("dead letters", str(snap.dead_letters))
     alive = ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in snap.actors) or "none"
     table.add_row("actors alive", f"{len(snap.actors)}: {alive}")
+    if placement and any(v is not None for v in placement.values()):
+        table.add_row("GPUs", gpus.describe(placement))
     for line in events[-4:]:
         table.add_row("", f"[dim]{line}[/dim]")
     return table

@@ -1,7 +1,11 @@
 """The DeepSpeed ZeRO engine around the policy: process group, config, optimizer, log-probs.
 
 CPU: gloo, fp32, torch AdamW as client optimizer (DeepSpeed's fused/CPU Adam
-compile for 100+ s here). GPU: NCCL and bf16. The number of micro-batches of
+compile for 100+ s here). GPU: NCCL and bf16 (``model.dtype``); the log-prob and
+loss math runs in fp32 whatever the weights (``sequence_logprobs`` upcasts the
+logits), and ZeRO keeps fp32 master weights and Adam moments. With
+``learner.offload_optimizer`` on a GPU the optimizer is DeepSpeedCPUAdam (see
+``make_optimizer``). The number of micro-batches of
 a step varies with the token budget, so gradient accumulation is set per step
 (``set_micro_batches``); each micro-batch is ``backward`` + ``step`` and the
 last one is the accumulation boundary.
@@ -10,6 +14,7 @@ last one is the accumulation boundary.
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 
 import torch
@@ -100,17 +105,56 @@ def deepspeed_config(lc: LearnerConfig, world_size: int, bf16: bool) -> dict:
     }
 
 
+def make_optimizer(lc: LearnerConfig, params, on_gpu: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over ``params``: DeepSpeedCPUAdam when ZeRO offloads the optimizer from a GPU (``on_gpu``,
+    default: the accelerator is cuda), else torch's.
+
+    DeepSpeed's PyPI wheel ships no prebuilt ops, so DeepSpeedCPUAdam JIT-builds its C++ op on first
+    use (ninja and a C++ compiler; cached in TORCH_EXTENSIONS_DIR). Where that fails, torch AdamW
+    steps the offloaded fp32 partition instead: the same update, several times slower on the CPU.
+    A CPU learner never offloads anything that is not already on the CPU, so it keeps torch AdamW
+    rather than pay the compile.
+    """
+    params = list(params)
+    kwargs = {"lr": lc.lr, "betas": tuple(lc.betas), "weight_decay": lc.weight_decay}
+    if on_gpu is None:
+        on_gpu = accelerator() == "cuda"
+    if lc.offload_optimizer and on_gpu:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        try:
+            return DeepSpeedCPUAdam(params, adamw_mode=True, **kwargs)
+        except RuntimeError as exc:
+            warnings.warn(
+                f"learner.offload_optimizer: DeepSpeedCPUAdam unavailable ({exc}: {exc.__cause__}); "
+                "torch AdamW steps the offloaded state on the CPU, slower",
+                stacklevel=2,
+            )
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """transformers' activation checkpointing per decoder layer, non-reentrant (the reentrant form
+    gives the parameters no gradient unless a layer's input requires grad, and torch recommends
+    against it). transformers 5.24 renamed the call; the vLLM venv's 5.19 has only the old name."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
-    """``deepspeed.initialize`` with torch AdamW and a linear warmup; returns the engine."""
+    """``deepspeed.initialize`` with AdamW (``make_optimizer``) and a linear warmup; returns the engine."""
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
     import deepspeed
 
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay
-    )
+    if lc.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    optimizer = make_optimizer(lc, model.parameters())
     warmup = lc.warmup_steps
     # lr_k = lr * min(1, (k + 1) / warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -129,12 +129,15 @@ def engine_args(
     model: ModelConfig, actor: ActorConfig, backend: str, seed: int = 0, gpu: bool = True
 ) -> dict:
     """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build);
-    ``backend`` is its ``weight_transfer_backend``."""
-    from streamrl.weightsync.policy import resolve_dtype
+    ``backend`` is its ``weight_transfer_backend``. A hub id ``model.path`` (``org/name[@revision]``)
+    becomes the snapshot folder the learner loads too (``model_folder``): vLLM has no ``@revision``
+    form (it takes ``revision`` apart) and would look up a repository named ``name@revision``; a
+    folder also keeps learner and actors on the same files, offline included."""
+    from streamrl.weightsync.policy import model_folder, resolve_dtype
 
     dtype = str(resolve_dtype(model.dtype, "cuda" if gpu else "cpu")).removeprefix("torch.")
     args = {
-        "model": model.path,
+        "model": model_folder(model.path),
         "dtype": dtype,
         "gpu_memory_utilization": actor.gpu_memory_utilization,
         "tensor_parallel_size": actor.tensor_parallel_size,
