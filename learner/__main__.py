@@ -18,9 +18,7 @@ from streamrl.configs import config_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m streamrl.learner", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="streamrl learner", description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
     torch.set_num_threads(cfg.run.torch_threads)
