@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from streamrl.configs import foreign
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.redact import redacted
 from streamrl.configs.schema import Config
@@ -141,6 +142,9 @@ def _model_at(loc: tuple) -> type | None:
 
 
 def _did_you_mean(loc: tuple) -> str:
+    """TRL's or verl's name for the key, else the closest key of its section."""
+    if isinstance(loc[-1], str) and foreign.hint(loc[-1]):
+        return foreign.hint(loc[-1])
     model = _model_at(loc)
     if model is None or not isinstance(loc[-1], str):
         return ""
@@ -272,7 +276,8 @@ def config_from_cli(
         help=f"a preset name ({', '.join(presets())}), a YAML file or a run directory; built-in defaults without it",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5")
-    args = parser.parse_args(argv)
+    # overrides may come before, between and after the options
+    args = parser.parse_intermixed_args(argv)
     try:
         return args, load_config(args.config, args.overrides)
     except ConfigError as exc:

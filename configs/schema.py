@@ -289,11 +289,11 @@ class RewardSpec(Section):
 
     fn: str = Field(
         ...,
-        description="Built-in reward name, or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict.",
+        description="Built-in reward (exact_match, gsm8k, math, think_format, code), or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict, or TRL's batched form (see `batched`).",
     )
-    batched: bool = Field(
-        False,
-        description="TRL's batched form: fn(prompts, completions, **columns) -> list[float | None], every argument a list over a chunk of samples.",
+    batched: bool | None = Field(
+        None,
+        description="TRL's batched form: fn(prompts, completions, completion_ids, **columns) -> list[float | None], every argument a list over a chunk of samples. None = read from the signature: a `prompts`, `completions` or `completion_ids` parameter and no `messages` is TRL's form; true/false force it.",
     )
     name: str | None = Field(
         None,

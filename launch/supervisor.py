@@ -37,13 +37,12 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
 from streamrl.launch import rundir
+from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
-# a child's exit code for "stopped on purpose, do not restart, the run failed" (learner.__main__)
-FATAL_EXIT = 3
 # the resolved config, saved with the run and loaded by every child (secrets redacted: the
 # children get the Redis URL through REDIS_URL; configs.redact); mode 0600
 CONFIG_FILE = "config.yaml"
@@ -113,8 +112,10 @@ class Supervisor:
         self._next_actor = 0
         self.started_at = 0.0
         self.events: list[str] = []
-        # how many of the events are in logs/supervisor.log
+        # how many of the events are in logs/supervisor.log, which is written to only once this
+        # run has decided what to do with run.dir (launch.rundir)
         self._logged = 0
+        self._dir_ready = False
         self._redis_next_start = 0.0
         # why the run must end now (a learner crash loop, a fatal learner exit); None while it runs
         self.failure: str | None = None
@@ -127,6 +128,7 @@ class Supervisor:
         self._prepare_inputs()
         said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_ready = True
         self.event(said)
         # Children load this file, not the launcher's argv: a config made in Python has no file
         # of its own, and argv would show a password given as an override to every local user.
@@ -284,7 +286,7 @@ class Supervisor:
                 return
             if code == FATAL_EXIT:
                 child.done = True
-                self.failure = f"{child.name} stopped the run:\n{last_error(child.log)}"
+                self.failure = last_error(child.log, FATAL_MARK)
                 self.event(f"{child.name} stopped the run (log: {child.log})")
                 return
             child.crash_times.append(now)
@@ -377,7 +379,7 @@ class Supervisor:
         ready (the events of the checks before it are written then)."""
         stamp = time.strftime("%H:%M:%S")
         self.events.append(f"{stamp} {text}")
-        if not self.log_dir.is_dir():
+        if not self._dir_ready:
             return
         with open(self.log_dir / "supervisor.log", "a") as f:
             f.writelines(f"{line}\n" for line in self.events[self._logged :])
@@ -426,13 +428,14 @@ class Supervisor:
             self.event(f"removed {len(removed)} stale shared-memory segment(s)")
 
 
-def last_error(log: Path, max_lines: int = 40) -> str:
-    """The last traceback in a child's log (else its last lines), for the terminal."""
+def last_error(log: Path, mark: str = "Traceback", max_lines: int = 40) -> str:
+    """From the last line of a child's log that starts with ``mark`` (a traceback), else its
+    last lines, for the terminal."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError as exc:
         return f"(no log: {exc.strerror})"
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+    starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
     shown = lines[starts[-1] :] if starts else lines
     return "\n".join(shown[-max_lines:])
 

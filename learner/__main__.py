@@ -15,6 +15,7 @@ import sys
 import torch
 
 from streamrl.configs import config_from_cli
+from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("stopped at step %d, version %d", progress.step, progress.version)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    if learner.failure:
+        # the supervisor shows this line and does not restart the learner (launch.supervisor)
+        print(f"{FATAL_MARK} {learner.failure}", flush=True)
+        return FATAL_EXIT
     return 0
 
 

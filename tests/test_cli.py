@@ -7,6 +7,7 @@ not the repository, so what it checks is what a shell shows.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -139,3 +140,34 @@ def test_list_index_overrides_append_and_fill_an_empty_list(tmp_path):
         ("gsm8k", 2.0),
     ]
     assert shown["rollout"]["stop"] == ["</answer>"]
+
+
+def test_trl_and_verl_names_fail_naming_streamrls_key_as_docs_migrating_maps_them(tmp_path):
+    from pathlib import Path
+
+    from streamrl.configs import load_config
+    from streamrl.configs.foreign import FOREIGN
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "migrating.md").read_text()
+    for name, (_who, ours) in FOREIGN.items():
+        assert re.search(rf"[`.]{name}[`:]", page), name
+        # every target is a real key: setting it (the list's first item for reward keys) loads
+        key = ours.replace("<i>", "0")
+        if key == "reward.functions":
+            continue
+        assert f"`{ours.split('.<i>')[0]}" in page, ours
+        *section, leaf = key.split(".")
+        node = load_config("demo_cpu", env={})
+        for part in section:
+            node = node[int(part)] if part.isdigit() else getattr(node, part)
+        assert hasattr(node, leaf), ours
+    done = streamrl(
+        "config", "show", "--config", "demo_cpu", "rollout.num_generations=8", "beta=0.1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        "rollout.num_generations: unknown key; num_generations is TRL's name: "
+        "streamrl's is rollout.group_size (docs/migrating.md)" in done.stderr
+    )
+    assert "beta is TRL's name: streamrl's is algo.kl_coef" in done.stderr

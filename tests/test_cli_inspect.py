@@ -6,7 +6,6 @@ import asyncio
 import json
 
 import numpy as np
-import pytest
 import redis
 import torch
 
