@@ -38,6 +38,10 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     A numeric part indexes a list: ``reward.functions.0.weight=0.5`` changes the first reward
     of the file's list, and an index one past its end appends (``reward.functions.1.fn=math``).
     """
+    return _plain(_override_tree(overrides))
+
+
+def _override_tree(overrides: Iterable[str]) -> dict[str, Any]:
     pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -49,6 +53,22 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
         pairs.append((key, value))
     return _tree(pairs)
+
+
+class _Value:
+    """An override's value: it replaces what the file has there, even a mapping
+    (``run.target_parts={}`` clears the bars), where the sections above it merge."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _plain(tree: Any) -> Any:
+    if isinstance(tree, _Value):
+        return tree.value
+    return {k: _plain(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
 
 
 def _tree(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -65,7 +85,7 @@ def _tree(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"override {key}: {part} is set to a value and used as a section")
             node = child
-        node[leaf] = value
+        node[leaf] = _Value(value)
     return tree
 
 
@@ -77,7 +97,9 @@ def _merge(base: dict[str, Any], extra: dict[str, Any], where: str = "") -> dict
     out = dict(base)
     for key, value in extra.items():
         here = f"{where}{key}"
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, _Value):
+            out[key] = value.value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value, f"{here}.")
         elif isinstance(value, dict) and isinstance(out.get(key), list):
             out[key] = _merge_list(out[key], value, here)
@@ -98,7 +120,13 @@ def _merge_list(base: list, extra: dict[str, Any], where: str) -> list:
                 f"override {where}.{key}: {where} has {len(out)} item(s); "
                 f"indices run 0..{len(out)} ({len(out)} appends one)"
             )
-        if index == len(out):
+        if isinstance(value, _Value):
+            value = value.value
+            if index == len(out):
+                out.append(value)
+            else:
+                out[index] = value
+        elif index == len(out):
             out.append(_listify(value, f"{where}.{key}"))
         elif isinstance(value, dict) and isinstance(out[index], dict):
             out[index] = _merge(out[index], value, f"{where}.{key}.")
@@ -110,6 +138,8 @@ def _merge_list(base: list, extra: dict[str, Any], where: str) -> list:
 def _listify(value: Any, where: str) -> Any:
     """Index-keyed override dicts with no list under them (``reward.functions.0.fn=x`` with no
     reward in the file) become lists; indices must then run from 0 without gaps."""
+    if isinstance(value, _Value):
+        return value.value
     if not isinstance(value, dict):
         return value
     if value and all(_is_index(k) for k in value):
@@ -234,7 +264,7 @@ def load_config(
     if isinstance(overrides, Mapping):
         tree = _tree(overrides.items())
     else:
-        tree = parse_overrides(overrides or ())
+        tree = _override_tree(overrides or ())
     if tree:
         data = _merge(data, tree)
         source += " + overrides"
