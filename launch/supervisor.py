@@ -308,7 +308,7 @@ class Supervisor:
         """Past ``learner.max_crashes`` crashes within ``learner.crash_window_s``, the learner
         stays down and the run fails with its last traceback: a restart would crash again."""
         window = self.cfg.learner.crash_window_s
-        recent = [t for t in child.crash_times if now - t <= window]
+        recent = child.crash_times = [t for t in child.crash_times if now - t <= window]
         if len(recent) < self.cfg.learner.max_crashes:
             return False
         child.done = True
