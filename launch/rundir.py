@@ -28,7 +28,6 @@ RUN_ENTRIES = frozenset(
         STEPS_LOG,
         RUN_FILE,
         "config.yaml",
-        "config.resolved.yaml",
         "logs",
         "redis",
         "redis.url",
