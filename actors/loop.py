@@ -37,7 +37,7 @@ from streamrl.actors.engines.vllm import VLLMEngine
 from streamrl.actors.evaluation import Evaluator
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.reference import ReferenceScorer
-from streamrl.actors.rewards import RewardInput, RewardPool, Score
+from streamrl.actors.rewards import RewardInput, RewardPool, Score, failure_meta
 from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.audit import JsonlLog, published_path
 from streamrl.broker.client import connect_async
@@ -113,7 +113,11 @@ def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score])
         prompt_token_ids=np.asarray(pending.prompt.token_ids, dtype=np.int32),
         completions=completions,
         created_at=time.time(),
-        meta={"epoch": pending.prompt.epoch, "row": pending.prompt.index},
+        meta={
+            "epoch": pending.prompt.epoch,
+            "row": pending.prompt.index,
+            **failure_meta(scores),
+        },
     )
 
 
@@ -280,6 +284,7 @@ class Actor:
                 p.prompt.answer,
                 p.prompt.columns,
                 conversational,
+                o.token_ids.tolist(),
             )
             for p in complete
             for o in p.outputs

@@ -7,13 +7,38 @@ so a typo fails at start instead of silently doing nothing.
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+def _takes_list(annotation) -> bool:
+    """Whether a field's type is a list (``list[X]`` or ``list[X] | None``)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_list(a) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is list
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalar_to_list(cls, data):
+        """One value where a list is expected is a list of one, as TRL reads
+        ``--report_to wandb``: ``run.report_to=wandb`` is ``[wandb]``."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: [value]
+            if key in cls.model_fields
+            and isinstance(value, (str, int, float, dict))
+            and _takes_list(cls.model_fields[key].annotation)
+            else value
+            for key, value in data.items()
+        }
 
 
 class RunConfig(Section):
@@ -264,11 +289,11 @@ class RewardSpec(Section):
 
     fn: str = Field(
         ...,
-        description="Built-in reward name, or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict.",
+        description="Built-in reward (exact_match, gsm8k, math, think_format, code), or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict, or TRL's batched form (see `batched`).",
     )
-    batched: bool = Field(
-        False,
-        description="TRL's batched form: fn(prompts, completions, **columns) -> list[float | None], every argument a list over a chunk of samples.",
+    batched: bool | None = Field(
+        None,
+        description="TRL's batched form: fn(prompts, completions, completion_ids, **columns) -> list[float | None], every argument a list over a chunk of samples. None = read from the signature: a `prompts`, `completions` or `completion_ids` parameter and no `messages` is TRL's form; true/false force it.",
     )
     name: str | None = Field(
         None,
@@ -297,6 +322,11 @@ class RewardConfig(Section):
         1024,
         ge=16,
         description="Memory a reward worker may allocate beyond its start-up size (address-space limit); past it the sample scores 0.",
+    )
+    max_failing_steps: int = Field(
+        3,
+        ge=1,
+        description="The learner stops the run, printing the reward function's last exception, after this many steps in a row in which one function failed on more than half of the step's samples.",
     )
     sandbox_memory_mb: int = Field(
         512, ge=16, description="Address-space limit of the code-execution sandbox."
@@ -515,6 +545,14 @@ class LearnerConfig(Section):
         1,
         ge=1,
         description="Learner processes `make run` starts on this host (data parallel, torchrun --nproc_per_node); several hosts launch with torchrun/deepspeed directly.",
+    )
+    max_crashes: int = Field(
+        5,
+        ge=1,
+        description="`make run` stops the run, showing the learner's last traceback, once the learner has crashed this many times within `crash_window_s` (instead of restarting it forever).",
+    )
+    crash_window_s: float = Field(
+        600.0, gt=0, description="The window of `max_crashes`, in seconds."
     )
     commit_log: bool = Field(
         False,

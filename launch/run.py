@@ -36,13 +36,15 @@ TIME_LIMIT_GRACE_S = 30.0
 @dataclass(frozen=True)
 class RunSummary:
     """What a finished run did: learner steps, the last step's mean reward (None without a
-    step), why it stopped, where its files are, and its wall time."""
+    step), why it stopped, where its files are, its wall time, and what failed (None when the
+    learner stopped by itself or was asked to)."""
 
     steps: int
     final_reward: float | None
     reason: str
     run_dir: Path
     elapsed_s: float
+    failure: str | None = None
 
 
 class _Stop(Exception):
@@ -92,6 +94,8 @@ def _watch(
     ):
         while not sup.learner_finished:
             sup.tick()
+            if sup.failure:
+                return "failed"
             elapsed = time.monotonic() - started
             if max_time_s and elapsed > max_time_s + TIME_LIMIT_GRACE_S:
                 return "time limit"
@@ -108,17 +112,17 @@ def _watch(
     return "learner finished"
 
 
-def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
+def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = False) -> RunSummary:
     """Run ``cfg`` (from ``streamrl.load_config``) with ``actors`` actor processes until the
     learner stops (``run.max_steps``, ``run.max_time_s``, its target) or SIGINT/SIGTERM; prints
-    the live view and the end-of-run summary. ``resume`` keeps the run directory, so the learner
-    continues from its checkpoint.
+    the live view and the end-of-run summary. A checkpoint in ``run.dir`` is resumed;
+    ``overwrite`` starts over instead, ``resume`` fails without one (``launch.rundir``).
 
     Raises a ``StreamRLError`` (a broken dataset, no vLLM for a vLLM actor, Redis that will not
     start, ...) before any child starts; the children are stopped whatever happens.
     """
     console = Console()
-    sup = Supervisor(cfg, actors=actors, resume=resume)
+    sup = Supervisor(cfg, actors=actors, resume=resume, overwrite=overwrite)
     started = time.monotonic()
     started_unix = time.time()
     reason = "start failed"
@@ -138,6 +142,8 @@ def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
     elapsed = time.monotonic() - started
     steps = read_steps(sup.run_dir)
     console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run))
+    if sup.failure:
+        print(f"run failed: {sup.failure}", file=sys.stderr, flush=True)
     last = steps[-1] if steps else {}
     return RunSummary(
         steps=int(last.get("step", 0)),
@@ -145,4 +151,5 @@ def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
         reason=reason,
         run_dir=sup.run_dir,
         elapsed_s=elapsed,
+        failure=sup.failure,
     )

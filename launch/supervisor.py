@@ -5,9 +5,14 @@ tool knows (the learner resumes from its checkpoint, a clean exit of the
 learner ends the run, actors are scaled from Redis commands, shutdown goes
 actors -> learner -> Redis), and it is ~200 lines.
 
-Policy: a child that exits 0 is done (intentional stop); any other exit is a
-crash and the child is restarted after an exponential backoff (1 s doubling
-to 30 s, reset once it has stayed up for a minute). Children run in their own
+Policy: a child that exits 0 is done (intentional stop); one that exits with
+``FATAL_EXIT`` stopped on purpose over something a restart cannot fix (a reward
+failing on most samples) and ends the run; any other exit is a crash and the child
+is restarted after an exponential backoff (1 s doubling to 30 s, reset once it has
+stayed up for a minute). A learner that crashes ``learner.max_crashes`` times within
+``learner.crash_window_s`` ends the run with its last traceback instead of looping.
+What the run does with an existing ``run.dir`` is ``launch.rundir``'s: it resumes
+from a checkpoint and deletes nothing it did not write. Children run in their own
 session, so a terminal Ctrl-C reaches only the supervisor, which then stops
 them in order; they also get SIGTERM if the supervisor itself dies
 (PR_SET_PDEATHSIG), so nothing is orphaned.
@@ -19,7 +24,6 @@ import ctypes
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,13 +36,15 @@ from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
-from streamrl.launch import placement
+from streamrl.launch import placement, rundir
+from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
-# the resolved config every child loads (the run's overrides and REDIS_URL applied; mode 0600)
+# the resolved config, saved with the run and loaded by every child (secrets redacted: the
+# children get the Redis URL through REDIS_URL; configs.redact); mode 0600
 CONFIG_FILE = "config.yaml"
 # the rendezvous variables a learner of one must not inherit (see Supervisor._env)
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -63,6 +69,8 @@ class Child:
     next_start: float = 0.0
     started_at: float = 0.0
     exit_codes: list[int] = field(default_factory=list)
+    # monotonic times of its crashes, for the crash-loop limit
+    crash_times: list[float] = field(default_factory=list)
     # exited 0 or was stopped on purpose: never restarted
     done: bool = False
     # its CUDA_VISIBLE_DEVICES (launch.placement); None = inherited
@@ -74,7 +82,11 @@ class Child:
 
 
 class Supervisor:
-    """``Supervisor(cfg, actors=2).start()``; call ``tick()`` periodically; ``stop()``."""
+    """``Supervisor(cfg, actors=2).start()``; call ``tick()`` periodically; ``stop()``.
+
+    ``overwrite`` starts over in a ``run.dir`` that holds an earlier run (removing only what
+    streamrl wrote there); ``resume`` insists on a checkpoint to continue from. Without either,
+    a checkpoint there is resumed (``launch.rundir``)."""
 
     def __init__(
         self,
@@ -82,10 +94,12 @@ class Supervisor:
         actors: int = 2,
         resume: bool = False,
         python: str = sys.executable,
+        overwrite: bool = False,
     ):
         self.cfg = cfg
         self.want_actors = actors
         self.resume = resume
+        self.overwrite = overwrite
         self.python = python
         self.run_dir = Path(cfg.run.dir)
         self.log_dir = self.run_dir / "logs"
@@ -100,22 +114,31 @@ class Supervisor:
         self._next_actor = 0
         self.started_at = 0.0
         self.events: list[str] = []
+        # how many of the events are in logs/supervisor.log, which is written to only once this
+        # run has decided what to do with run.dir (launch.rundir)
+        self._logged = 0
+        self._dir_ready = False
         self._redis_next_start = 0.0
         self.launcher_devices = placement.launcher_devices()
         # child name -> its CUDA_VISIBLE_DEVICES (None = inherited), also in <run.dir>/placement.json
         self.placement: dict[str, str | None] = {}
+        # why the run must end now (a learner crash loop, a fatal learner exit); None while it runs
+        self.failure: str | None = None
 
     # ----- start -------------------------------------------------------------------------
     def start(self) -> Supervisor:
         self.started_at = time.monotonic()
-        if not self.resume and self.run_dir.exists():
-            shutil.rmtree(self.run_dir)
+        # everything that can be checked is, before run.dir is touched: a failing start leaves
+        # an earlier run there as it was
+        self._prepare_inputs()
+        placement.check_launcher(self.cfg, self.launcher_devices)
+        said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_ready = True
+        self.event(said)
         # Children load this file, not the launcher's argv: a config made in Python has no file
         # of its own, and argv would show a password given as an override to every local user.
         write_config(self.cfg, self.config_file)
-        placement.check_launcher(self.cfg, self.launcher_devices)
-        self._prepare_inputs()
         self._start_redis()
         self.redis = connect_sync(self.cfg.broker, self.run_dir)
         self._write_run_file()
@@ -276,6 +299,14 @@ class Supervisor:
                 child.done = True
                 self.event(f"{child.name} exited cleanly")
                 return
+            if code == FATAL_EXIT:
+                child.done = True
+                self.failure = last_error(child.log, FATAL_MARK)
+                self.event(f"{child.name} stopped the run (log: {child.log})")
+                return
+            child.crash_times.append(now)
+            if child.role == "learner" and self._crash_loop(child, now):
+                return
             child.crashes += 1
             delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (child.crashes - 1))
             child.next_start = now + delay
@@ -287,6 +318,22 @@ class Supervisor:
             self._spawn(child)
             child.restarts += 1
             self.event(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+
+    def _crash_loop(self, child: Child, now: float) -> bool:
+        """Past ``learner.max_crashes`` crashes within ``learner.crash_window_s``, the learner
+        stays down and the run fails with its last traceback: a restart would crash again."""
+        window = self.cfg.learner.crash_window_s
+        recent = child.crash_times = [t for t in child.crash_times if now - t <= window]
+        if len(recent) < self.cfg.learner.max_crashes:
+            return False
+        child.done = True
+        self.failure = (
+            f"the learner crashed {len(recent)} times within {window:.0f} s "
+            f"(learner.max_crashes={self.cfg.learner.max_crashes}); its last error:\n"
+            f"{last_error(child.log)}"
+        )
+        self.event(f"learner crash loop: {len(recent)} crashes in {window:.0f} s; not restarted")
+        return True
 
     def _apply_control(self) -> None:
         """``python -m streamrl.launch.scale`` pushes the wanted actor count onto a Redis list."""
@@ -345,10 +392,15 @@ class Supervisor:
         return False
 
     def event(self, text: str) -> None:
+        """Shown in the live view, and kept in logs/supervisor.log once the run directory is
+        ready (the events of the checks before it are written then)."""
         stamp = time.strftime("%H:%M:%S")
         self.events.append(f"{stamp} {text}")
+        if not self._dir_ready:
+            return
         with open(self.log_dir / "supervisor.log", "a") as f:
-            f.write(f"{stamp} {text}\n")
+            f.writelines(f"{line}\n" for line in self.events[self._logged :])
+        self._logged = len(self.events)
 
     # ----- stop --------------------------------------------------------------------------
     def _stop_child(self, child: Child) -> None:
@@ -391,6 +443,18 @@ class Supervisor:
         removed = cleanup_stale_segments(self.cfg.run.name)
         if removed:
             self.event(f"removed {len(removed)} stale shared-memory segment(s)")
+
+
+def last_error(log: Path, mark: str = "Traceback", max_lines: int = 40) -> str:
+    """From the last line of a child's log that starts with ``mark`` (a traceback), else its
+    last lines, for the terminal."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no log: {exc.strerror})"
+    starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
+    shown = lines[starts[-1] :] if starts else lines
+    return "\n".join(shown[-max_lines:])
 
 
 def _kill_group(pgid: int) -> None:

@@ -16,6 +16,12 @@ def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _failed(rate: float) -> str:
+    """A reward function's failure rate; past half it is what stops the run, so it stands out."""
+    text = f"{rate:.0%}"
+    return f"[bold red]{text}[/bold red]" if rate > 0.5 else text
+
+
 def trained_tokens_per_s(step: dict) -> float | None:
     """Completion tokens per second of the last step (its own time, without waiting for data)."""
     if not step.get("step_s"):
@@ -38,6 +44,8 @@ def live_table(
     table.add_row("reward (last step)", _fmt(step.get("reward_mean")))
     for name, value in step.get("reward_parts", {}).items():
         table.add_row(f"  {name}", _fmt(value))
+    for name, rate in step.get("reward_failure_rate", {}).items():
+        table.add_row(f"  {name} failed", _failed(rate))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
     table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
     table.add_row(
@@ -57,6 +65,9 @@ def live_table(
 def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     step = snap.last_step or {}
     parts = "".join(f"{name}={_fmt(v)} " for name, v in step.get("reward_parts", {}).items())
+    parts += "".join(
+        f"{name}:failed={rate:.0%} " for name, rate in step.get("reward_failure_rate", {}).items()
+    )
     return (
         f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
         f"{parts}gen={snap.generate_tokens_per_s:,.0f} tok/s "

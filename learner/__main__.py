@@ -15,12 +15,11 @@ import sys
 import torch
 
 from streamrl.configs import config_from_cli
+from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m streamrl.learner", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="streamrl learner", description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
     torch.set_num_threads(cfg.run.torch_threads)
@@ -42,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("stopped at step %d, version %d", progress.step, progress.version)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    if learner.failure:
+        # the supervisor shows this line and does not restart the learner (launch.supervisor)
+        print(f"{FATAL_MARK} {learner.failure}", flush=True)
+        return FATAL_EXIT
     return 0
 
 

@@ -106,7 +106,7 @@ def export_at_end(run: RunConfig, source: str, model, step: int, version: int) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streamrl.learner.export", description=__doc__.strip().splitlines()[0]
+        prog="streamrl export", description=__doc__.strip().splitlines()[0]
     )
     parser.add_argument("--checkpoint", help="checkpoint folder (default: the run's latest)")
     parser.add_argument("--out", help="output folder (default: <run.dir>/policy)")

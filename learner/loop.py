@@ -64,6 +64,10 @@ class Learner:
         self.last_ckpt_step = self.progress.step
         # the recent step records' figures for cfg.run.target_* (rank 0 decides the stop)
         self.recent: deque[dict[str, float]] = deque(maxlen=cfg.run.target_window)
+        # per reward function, the steps in a row on which it failed on most samples
+        self.failing_steps: dict[str, int] = {}
+        # why the run must stop (a reward that keeps failing); rank 0 decides, None while fine
+        self.failure: str | None = None
         self.io = RolloutIO(cfg, model.config.vocab_size, self.progress) if self.rank == 0 else None
         self.commits = (
             self.io.commits
@@ -141,6 +145,7 @@ class Learner:
             row = io.record(progress, batch, updates, time.perf_counter() - t0)
             if updates:
                 self.recent.append(target.measures(row))
+            self._watch_rewards(row, batch.reward_errors)
         if updates and progress.step % cfg.learner.checkpoint_every == 0:
             self.save_checkpoint()
         return row
@@ -155,11 +160,27 @@ class Learner:
             m.STEP_PHASE.labels("checkpoint").observe(time.perf_counter() - t0)
         self.commits.checkpointed()
 
+    def _watch_rewards(self, row: dict, errors: dict[str, str]) -> None:
+        """Count the steps in a row on which a reward function failed on more than half of the
+        samples; at ``reward.max_failing_steps`` the run stops with its exception: a reward that
+        scores 0 on most samples trains the policy on noise."""
+        limit = self.cfg.reward.max_failing_steps
+        for name, rate in row.get("reward_failure_rate", {}).items():
+            streak = self.failing_steps.get(name, 0) + 1 if rate > 0.5 else 0
+            self.failing_steps[name] = streak
+            if streak >= limit and self.failure is None:
+                self.failure = (
+                    f"reward {name!r} failed on more than half of the samples of {streak} steps in "
+                    f"a row (reward.max_failing_steps={limit}; {rate:.0%} at step {row['step']}); "
+                    f"its exception: {errors.get(name, 'not reported')}"
+                )
+
     def stop_requested(self) -> bool:
         cfg = self.cfg
         done = bool(cfg.run.max_steps) and self.progress.step >= cfg.run.max_steps
         late = bool(cfg.run.max_time_s) and time.monotonic() - self.started > cfg.run.max_time_s
-        return done or late or self.target_reached() or self.should_stop()
+        failed = self.failure is not None
+        return done or late or failed or self.target_reached() or self.should_stop()
 
     def target_reached(self) -> bool:
         r = self.cfg.run
@@ -198,6 +219,11 @@ def _broadcast(obj, rank: int, world: int):
 
 def _format(row: dict) -> str:
     parts = "".join(f" {name} {value:.3f}" for name, value in row["reward_parts"].items())
+    parts += "".join(
+        f" {name} FAILED {rate:.0%}"
+        for name, rate in row.get("reward_failure_rate", {}).items()
+        if rate > 0
+    )
     return (
         f"step {row['step']:5d} v{row['version']:<5d} reward {row['reward_mean']:.3f}{parts} "
         f"loss {row['loss']:+.4f} tokens {row['tokens']:6d} stale {row['staleness_mean']:.2f} "

@@ -36,6 +36,7 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import alive_actors
 from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import Delivery, RolloutConsumer
+from streamrl.configs.redact import redacted
 from streamrl.configs.schema import Config
 from streamrl.learner import lineage
 from streamrl.learner import metrics as m
@@ -124,7 +125,9 @@ class RolloutIO:
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
-        self.tracker = Tracker(cfg.run, cfg.model.path, cfg.model_dump(mode="json"))
+        self.tracker = Tracker(cfg.run, cfg.model.path, redacted(cfg))
+        # how the actors name each reward function's failures (its `name`, else `fn`)
+        self.reward_names = [spec.name or spec.fn for spec in cfg.reward.functions]
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer: list[Delivery] = []
         self.wait_s = 0.0
@@ -181,7 +184,7 @@ class RolloutIO:
                 )
                 return NoBatch.STOP
         deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
-        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s)
+        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s, self.reward_names)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
         return batch

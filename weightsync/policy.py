@@ -37,6 +37,7 @@ def model_folder(path: str | os.PathLike) -> str:
 
     Raises FileNotFoundError naming the path and the reason when it is neither.
     """
+    import huggingface_hub.constants
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 
@@ -54,6 +55,12 @@ def model_folder(path: str | os.PathLike) -> str:
         ) from None
     # offline cache miss, unknown repo, gated repo, network down
     except Exception as exc:
+        if huggingface_hub.constants.HF_HUB_OFFLINE:
+            raise FileNotFoundError(
+                f"model.path {path!r} is not a local folder nor in the hub cache "
+                f"({huggingface_hub.constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE=1 keeps to the "
+                "cache: download it first (huggingface-cli download) or unset HF_HUB_OFFLINE"
+            ) from None
         raise FileNotFoundError(
             f"model.path {path!r} is not a local folder and the hub id could not be resolved "
             f"({type(exc).__name__}: {exc})"
