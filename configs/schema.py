@@ -21,6 +21,14 @@ def _takes_list(annotation) -> bool:
     return typing.get_origin(annotation) is list
 
 
+def _literal_allows(annotation, value) -> bool:
+    """Whether a ``Literal`` arm of the field's type takes ``value`` as it is (``actor.gpus``'s
+    ``"share"`` stays a string)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_literal_allows(a, value) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is typing.Literal and value in typing.get_args(annotation)
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -36,6 +44,7 @@ class Section(BaseModel):
             if key in cls.model_fields
             and isinstance(value, (str, int, float, dict))
             and _takes_list(cls.model_fields[key].annotation)
+            and not _literal_allows(cls.model_fields[key].annotation, value)
             else value
             for key, value in data.items()
         }
