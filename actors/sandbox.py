@@ -42,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
 import os
 import platform
 import resource
@@ -52,6 +53,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,8 @@ SECCOMP_TABLES = {
     ),
 }
 NONCE_BYTES = 16
+DISK_MB = 64
+DISK_POLL_S = 0.05
 # Tried in order; the first that starts a program on this host is used (user namespace first:
 # it is what lets a non-root process create the others).
 NAMESPACE_FLAGS = (
@@ -309,6 +313,8 @@ class SandboxResult:
     network_namespace: bool
     # with ``tests``: whether they ran to their last statement (the nonce came back); else None
     tests_completed: bool | None = None
+    # killed for passing ``disk_mb`` in its work dir (or hiding a folder from the count)
+    disk_exceeded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -499,6 +505,7 @@ def run_python(
     memory_mb: int = 512,
     audit_hook: bool = True,
     tests: str | None = None,
+    disk_mb: int = DISK_MB,
 ) -> SandboxResult:
     """Run ``code`` as a program in the sandbox and return its exit status and (truncated) output.
 
@@ -506,6 +513,8 @@ def run_python(
     they ran to their end. Their last statement prints a nonce drawn per call and handed over a
     pipe that the boot reads and closes before the program starts; the program never sees it,
     so exiting early (``sys.exit``, ``os._exit``, ``atexit``, closing stdout) cannot pass.
+    ``disk_mb``: the work dir's size (allocated blocks) is counted every ``DISK_POLL_S`` and the
+    program killed past it (``RLIMIT_FSIZE`` bounds one file only).
     ``audit_hook=False`` leaves only the kernel-enforced layers (tests check each layer alone).
     """
     granted = layers()
@@ -552,11 +561,13 @@ def run_python(
             if tests is not None:
                 os.close(nonce_fd)
             timed_out = False
+            disk = _DiskWatch(workdir, disk_mb << 20, proc.pid)
             try:
                 proc.communicate(stdin.encode(), timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
+                disk.stop()
                 _kill_group(proc.pid)
                 if uid is not None:
                     _kill_uid(uid)
@@ -571,9 +582,56 @@ def run_python(
                 timed_out=timed_out,
                 network_namespace="net" in granted.namespaces,
                 tests_completed=completed,
+                disk_exceeded=disk.exceeded,
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _DiskWatch:
+    """Counts the work dir's allocated bytes every DISK_POLL_S on a thread of its own and kills
+    the program's process group past the cap. Between two counts the program writes at disk
+    speed; a file deleted while still open is not seen (at most RLIMIT_NOFILE x RLIMIT_FSIZE)."""
+
+    def __init__(self, workdir: str, cap: int, pgid: int):
+        self.workdir, self.cap, self.pgid = workdir, cap, pgid
+        self.exceeded = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="sandbox-disk", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(DISK_POLL_S):
+            if _allocated(self.workdir) > self.cap:
+                self.exceeded = True
+                _kill_group(self.pgid)
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _allocated(root: str) -> float:
+    """Bytes allocated beneath ``root``; infinite when a folder cannot be listed (the program
+    made one unreadable to hide what it holds)."""
+    total, todo = 0, [root]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        todo.append(entry.path)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            return math.inf
+    return total
 
 
 def _kill_group(pgid: int) -> None:

@@ -202,3 +202,23 @@ def test_the_hook_bypasses_of_the_second_attack_are_closed(who, bypass):
 def test_the_program_cannot_read_its_own_memory(who):
     result = run(who, "open('/proc/self/mem', 'rb')\nprint('opened')")
     assert "opened" not in result.stdout and "sandbox:" in result.stderr
+
+
+@pytest.mark.parametrize("who", AS)
+def test_total_disk_use_is_capped_not_only_each_file(who):
+    """The issue's 24 files of 8 MiB, without end: the count of the work dir stops it, long
+    before the timeout (RLIMIT_FSIZE alone bounds one file)."""
+    code = (
+        "import os\ni = 0\nwhile True:\n"
+        "    with open(f'f{i}', 'wb') as f:\n        f.write(os.urandom(8 << 20))\n    i += 1\n"
+    )
+    result = run(who, code, timeout_s=120, disk_mb=64)
+    assert result.disk_exceeded and not result.timed_out and not result.ok
+
+
+def test_a_folder_hidden_from_the_count_ends_the_program():
+    """A non-root actor cannot list a folder its program made unreadable; root reads any, so this
+    runs as the unprivileged test user when the suite is root."""
+    code = "import os, time\nos.mkdir('hide')\nos.chmod('hide', 0)\ntime.sleep(60)\n"
+    result = run("user", code, timeout_s=120)
+    assert result.disk_exceeded and not result.timed_out
