@@ -4,7 +4,8 @@
 first ``run_python`` logs it once. Each layer, and how strong it is:
 
 - **Resources (kernel):** rlimits on CPU seconds, address space (``memory_mb``),
-  output file size, open files, no core files.
+  output file size, open files, no core files; the work dir's total size is
+  counted every ``DISK_POLL_S`` and the program killed past ``disk_mb``.
 - **Process tree (kernel):** the program runs as pid 1 of its own pid namespace
   (``unshare --pid --fork --kill-child``). The sandbox process carries
   ``PR_SET_PDEATHSIG=SIGKILL``, so whoever dies first (the timeout here, or the
@@ -22,19 +23,25 @@ first ``run_python`` logs it once. Each layer, and how strong it is:
 - **Landlock (kernel, Linux >= 5.13, any user):** writes, file creation and
   removal only beneath its work dir; no TCP bind/connect (ABI >= 4); no signals
   or abstract unix sockets outside the sandbox (ABI >= 6).
+- **Seccomp (kernel, x86_64 and aarch64, any user):** ``socket`` (so no unix
+  socket, pathname or abstract, and no TCP), ``execve``, ``fork`` and non-thread
+  ``clone``, ``ptrace``, ``io_uring``, namespaces and mounts fail with EPERM.
 - **Interpreter (best effort, not a security boundary):** ``python -I -S -B`` with
   an empty environment and an audit hook that refuses sockets, fork/exec,
-  ``ctypes``, writes outside the work dir, other processes' ``/proc`` entries
-  and the introspection that could reach the hook (``gc`` object walks, frame
-  access). The hook keeps its settings as constants of its own code and its
-  helpers as default arguments, so no global user code can rebind changes it.
-  Native code (or a bug in CPython) bypasses any audit hook.
+  ``ctypes``, writes outside the work dir, other processes' ``/proc`` entries and
+  its own memory, tracing, and the introspection that reaches code objects or the
+  hook (``gc`` object walks, ``f_code``/``__code__``/``tb_frame``). Its settings
+  are constants of its own code, and it resolves paths with primitives captured
+  when it was installed, so rebinding a global or a module attribute (``os.fspath``,
+  ``os.path.realpath``) changes nothing it checks. Gaps: a path-like object whose
+  ``__fspath__`` answers differently on each call, and native code (an extension
+  module loaded through the import machinery's internals, a bug in CPython), get
+  past it; the kernel layers above are what hold then.
 
-What is not kept: without unprivileged user namespaces and Landlock a non-root
-actor gets rlimits and the audit hook only (``layers()`` says so); the program
-can read any file the actor's user can read (no read allow-list); a non-root
-actor's fork bomb is bounded by the timeout, not by ``RLIMIT_NPROC``. Use a VM or
-gVisor for workloads that are hostile on purpose.
+What is not kept: without unprivileged user namespaces, Landlock and seccomp a
+non-root actor gets rlimits, the disk count and the audit hook only (``layers()``
+says so); the program can read any file the actor's user can read (no read
+allow-list). Use a VM or gVisor for workloads that are hostile on purpose.
 """
 
 from __future__ import annotations
