@@ -227,7 +227,7 @@ def _install_hook():
         except OSError:
             return "/"
 
-    def hook(event, args, resolve=resolve, fd_dir=fd_dir, getpid=os.getpid,
+    def hook(event, args, resolve=resolve, fd_dir=fd_dir, getpid=os.getpid, fsdecode=os.fsdecode,
              isinstance=isinstance, str=str, bytes=bytes, int=int, any=any,
              PermissionError=PermissionError):
         if event.startswith(("socket.", "subprocess.", "os.fork", "os.forkpty", "os.exec",
@@ -245,10 +245,13 @@ def _install_hook():
                 return
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 isinstance(flags, int) and flags & 0o3103)
+            if isinstance(path, bytes):
+                path = path.decode("utf-8", "surrogateescape")
+            elif not isinstance(path, str):
+                path = fsdecode(path)
             # os.open's event (mode None) omits dir_fd, so a relative path there could name
             # any directory: refused, open() or an absolute path work
-            if mode is None and not (path.startswith("/" if isinstance(path, str) else b"/")
-                                     if isinstance(path, (str, bytes)) else False):
+            if mode is None and not path.startswith("/"):
                 raise PermissionError(f"sandbox: os.open of a relative path {path!r}")
             real = resolve(path)
             inside = real == @ROOT@ or real.startswith(@ROOT@ + "/")

@@ -300,6 +300,8 @@ def test_a_one_rank_learner_listens_on_loopback_where_the_host_name_resolves_to_
     import subprocess
     import sys
 
+    from streamrl.launch.supervisor import DIST_ENV
+
     unshare, ip = shutil.which("unshare"), shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin")
     if not (unshare and ip):
         pytest.skip("needs unshare and ip")
@@ -311,12 +313,16 @@ def test_a_one_rank_learner_listens_on_loopback_where_the_host_name_resolves_to_
         f'mount --bind {hosts} /etc/hosts && exec {sys.executable} -c "$0"'
     )
     user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    # a plain `python -m streamrl.learner`: no launcher's variables (an earlier test of this
+    # process may have set them), no interface chosen
+    env = {k: v for k, v in os.environ.items() if k not in (*DIST_ENV, "GLOO_SOCKET_IFNAME")}
     out = subprocess.run(
         [unshare, *user, "--net", "--mount", "sh", "-c", inside, _ONE_RANK_LEARNER],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT,
+        env=env,
     )
     if "LISTENING" not in out.stdout and "Operation not permitted" in out.stderr:
         pytest.skip(f"this host refuses the namespaces: {out.stderr[-300:]}")
