@@ -435,11 +435,14 @@ def _starts(command: list[str], uid: int | None) -> bool:
         return False
 
 
-def _seccomp_available() -> bool:
-    if platform.machine() not in SECCOMP_TABLES:
+def _seccomp_installs(interpreter: str, uid: int | None) -> bool:
+    """Whether the boot's seccomp filter installs here (a known machine, a kernel and a container
+    runtime that allow it), tried in a throwaway process as the program would run."""
+    table = SECCOMP_TABLES.get(platform.machine())
+    if table is None:
         return False
-    with open("/proc/self/status") as f:
-        return any(line.startswith("Seccomp:") for line in f)
+    probe = _BOOT.split("def _sealed")[0] + f"_seccomp({table!r})\n"
+    return _starts([interpreter, "-I", "-S", "-c", probe], uid)
 
 
 @functools.cache
@@ -466,7 +469,8 @@ def layers() -> Layers:
         if _starts([unshare, *flags, interpreter, *check], uid):
             namespaces = _names(flags)
             break
-    granted = Layers(interpreter, uid_drop, namespaces, _landlock_abi(), _seccomp_available())
+    seccomp = _seccomp_installs(interpreter, uid)
+    granted = Layers(interpreter, uid_drop, namespaces, _landlock_abi(), seccomp)
     log.info("sandbox layers: %s", asdict(granted))
     return granted
 
