@@ -135,3 +135,51 @@ def test_the_consumer_dead_letters_each_with_its_reason_and_delivers_the_valid(r
         assert sync.smembers(keys.trained) == set()
     finally:
         sync.close()
+
+
+def test_a_forged_entry_reusing_a_group_id_cannot_suppress_the_real_group(redis_cfg):
+    """Hole 9: a group written first under another actor's group id, trained or still in flight,
+    used to make the real group drop as a duplicate. Groups are told apart by content: the real
+    one is trained under a qualified id, and its own redelivery is still a duplicate."""
+    cfg = redis_cfg.model_copy(deep=True)
+    cfg.rollout.group_size = 2
+    keys = Keys.from_config(cfg)
+    real = make_group("actor-1-7-0badcafe")
+    forged = dataclasses.replace(make_group("forged"), group_id=real.group_id)
+    sync = redis.Redis.from_url(cfg.broker.redis_url)
+
+    async def main() -> list[list[str]]:
+        r = connect_async(cfg.broker, cfg.run.dir)
+        consumer = RolloutConsumer(r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB)
+        seen = []
+
+        async def read_and_ack() -> None:
+            got = await consumer.read(10, block_ms=50)
+            seen.append([d.group.group_id for d in got])
+            await consumer.ack([d.entry_id for d in got], [d.group.group_id for d in got])
+
+        # trained before the real one arrives
+        sync.xadd(keys.stream, {"g": encode_group(forged)})
+        await read_and_ack()
+        sync.xadd(keys.stream, {"g": encode_group(real)})
+        await read_and_ack()
+        # the real group again (a retried XADD): a duplicate
+        sync.xadd(keys.stream, {"g": encode_group(real)})
+        await read_and_ack()
+        # both in flight at once, under a second id
+        other = make_group("actor-1-8-0ddba11")
+        sync.xadd(keys.stream, {"g": encode_group(_parts(other, {"forged": 1.0}))})
+        sync.xadd(keys.stream, {"g": encode_group(other)})
+        await read_and_ack()
+        await r.aclose()
+        return seen
+
+    try:
+        seen = asyncio.run(main())
+    finally:
+        sync.close()
+    gid = real.group_id
+    assert seen[0] == [gid]
+    assert len(seen[1]) == 1 and seen[1][0].startswith(f"{gid}~")
+    assert seen[2] == []
+    assert seen[3][0] == "actor-1-8-0ddba11" and seen[3][1].startswith("actor-1-8-0ddba11~")
