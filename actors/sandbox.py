@@ -29,8 +29,9 @@ first ``run_python`` logs it once. Each layer, and how strong it is:
 - **Interpreter (best effort, not a security boundary):** ``python -I -S -B`` with
   an empty environment and an audit hook that refuses sockets, fork/exec,
   ``ctypes``, writes outside the work dir, other processes' ``/proc`` entries and
-  its own memory, tracing, and the introspection that reaches code objects or the
-  hook (``gc`` object walks, ``f_code``/``__code__``/``tb_frame``). Its settings
+  its own memory, tracing, hand-made code objects, and the introspection that
+  reaches frames' code or the hook (``gc`` object walks, ``f_code``, ``gi_code``,
+  ``tb_frame``; a function's own ``__code__`` and defaults stay readable). Its settings
   are constants of its own code, and it resolves paths with primitives captured
   when it was installed, so rebinding a global or a module attribute (``os.fspath``,
   ``os.path.realpath``) changes nothing it checks. Gaps: a path-like object whose
@@ -170,7 +171,7 @@ def _sealed(tests_path, fd):
     # (then closed) before any program code runs. The nonce lives only in this code object's
     # constants: it sits on the boot's evaluation stack while the program runs and is the tests'
     # frame's f_code while they run, both out of reach of Python code under the hook (f_code,
-    # __code__, gc, tracing and ctypes are refused).
+    # gi_code, tb_frame, gc, tracing, hand-made code objects and ctypes are refused).
     import ast, os
     source = open(tests_path).read()
     tree = ast.parse(source, tests_path)
@@ -230,12 +231,17 @@ def _install_hook():
     def hook(event, args, resolve=resolve, fd_dir=fd_dir, getpid=os.getpid, fsdecode=os.fsdecode,
              isinstance=isinstance, str=str, bytes=bytes, int=int, any=any,
              PermissionError=PermissionError):
+        # a function's own code and defaults (dataclasses and inspect read them) lead to no frame
+        # and to no enclosing code object: frame, traceback and generator attributes stay refused
+        if event == "object.__getattr__" and args[1] in ("__code__", "__defaults__",
+                                                         "__kwdefaults__"):
+            return
         if event.startswith(("socket.", "subprocess.", "os.fork", "os.forkpty", "os.exec",
                              "os.posix_spawn", "os.spawn", "os.system", "os.kill", "os.killpg",
                              "ctypes.", "pty.", "gc.get_", "sys._current_frames",
                              "object.__getattr__", "sys.settrace", "sys.setprofile",
                              "sys.monitoring", "sys._setprofileallthreads",
-                             "sys._settraceallthreads")):
+                             "sys._settraceallthreads", "code.__new__")):
             raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "import" and args[0] in ("ctypes", "_ctypes", "_posixsubprocess"):
             raise PermissionError(f"sandbox: import {args[0]} is not allowed")

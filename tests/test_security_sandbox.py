@@ -87,6 +87,12 @@ def _completion(code: str) -> list[dict]:
 
 def test_a_solution_that_passes_its_tests_scores_1():
     assert code_execution(_completion(SOLUTION), TESTS) == 1.0
+    # what the hook still lets through for ordinary code (dataclasses read __code__/__defaults__)
+    typed = (
+        "from dataclasses import dataclass\n@dataclass\nclass Pair:\n    a: int\n    b: int\n"
+        "def add(a, b):\n    return Pair(a, b).a + Pair(a, b).b\n"
+    )
+    assert code_execution(_completion(typed), TESTS) == 1.0
     # output the program buffered after the tests, and a line of its own, do not hide the pass
     noisy = SOLUTION + "import atexit\natexit.register(print, 'bye')\nprint('hello', end='')"
     assert code_execution(_completion(noisy), TESTS) == 1.0
