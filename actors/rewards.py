@@ -108,15 +108,13 @@ def extract_code(text: str) -> str:
 def code_execution(messages, answer, timeout_s: float = 5.0, memory_mb: int = 512, **_) -> float:
     """Run the completion's code in the sandbox against the tests in ``answer``.
 
-    ``answer`` is either test code (asserts appended after the solution; 1 if it
-    exits 0) or a list of ``{"input": stdin, "output": expected stdout}`` cases
+    ``answer`` is either test code (run after the solution in its namespace; 1 only if the
+    tests ran to their end, checked with a nonce the program never sees, and it exits 0) or a list of ``{"input": stdin, "output": expected stdout}`` cases
     (the fraction that print the expected output).
     """
     code = extract_code(completion_turn(messages)["content"])
     if isinstance(answer, str):
-        return float(
-            run_python(code + "\n\n" + answer, timeout_s=timeout_s, memory_mb=memory_mb).ok
-        )
+        return float(run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, tests=answer).ok)
     if not isinstance(answer, list) or not answer:
         raise ValueError(
             "code reward: answer must be test code or a non-empty list of {input, output} cases"

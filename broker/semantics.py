@@ -60,6 +60,12 @@ def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = N
                 f"completion[{i}].r: reward {completion.reward!r} exceeds "
                 f"broker.max_abs_reward={limits.max_abs_reward}"
             )
+        for name, value in completion.reward_parts.items():
+            if abs(value) > limits.max_abs_reward:
+                raise WireError(
+                    f"completion[{i}].rp[{name!r}]: {value!r} exceeds "
+                    f"broker.max_abs_reward={limits.max_abs_reward}"
+                )
         if limits.needs_ref_logprobs and completion.ref_logprobs is None:
             raise WireError(
                 f"completion[{i}]: no reference log-probs (rlp), which algo.reference_on=actors "

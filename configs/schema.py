@@ -136,6 +136,16 @@ class BrokerConfig(Section):
         "everysec",
         description="AOF fsync policy. A killed redis-server loses nothing either way (the AOF is written before replies); on a machine crash everysec loses up to ~1 s of acknowledged entries, always none (slower writes).",
     )
+    maxmemory_mb: int = Field(
+        4096,
+        ge=16,
+        description="maxmemory of the embedded Redis, with policy noeviction: when full, writes (an actor's publish) fail with Redis's OOM error and nothing already in the stream is evicted; reads and acks (which free memory) go on. Size it above broker.maxlen x a group's entry size.",
+    )
+    client_output_buffer_mb: int = Field(
+        256,
+        ge=1,
+        description="Hard output-buffer limit for normal clients of the embedded Redis: a client whose unread replies pass it is disconnected (a local user flooding commands without reading, even unauthenticated). Must exceed the largest read: learner.groups_per_step x a group's entry size.",
+    )
     stream: str = Field(
         "rollouts",
         description="Stream name (under the run prefix) that carries scored rollout groups.",

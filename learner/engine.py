@@ -13,6 +13,7 @@ last one is the accumulation boundary.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from datetime import timedelta
@@ -26,6 +27,8 @@ from streamrl.learner.batching import MicroBatch
 from streamrl.weightsync.policy import sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
+# the loopback interface (Linux)
+LOOPBACK_IFNAME = "lo"
 
 
 def accelerator() -> str:
@@ -51,6 +54,19 @@ def skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+@contextlib.contextmanager
+def _gloo_on_loopback():
+    """GLOO_SOCKET_IFNAME=lo while the default group is made (a value the user set is kept),
+    restored after, so the dist weight transport's own gloo devices are unaffected."""
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = saved or LOOPBACK_IFNAME
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+
+
 def init_distributed() -> tuple[int, int]:
     """Join (or, for plain ``python -m streamrl.learner``, create) the process group; returns (rank, world size).
 
@@ -66,13 +82,16 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         if not torch.distributed.is_initialized():
             # A world of one needs no rendezvous: env:// would host a TCPStore on every interface.
-            torch.distributed.init_process_group(
-                backend,
-                store=torch.distributed.HashStore(),
-                rank=0,
-                world_size=1,
-                timeout=DIST_TIMEOUT,
-            )
+            # gloo still opens a pair listener, on the address the host's name resolves to (a
+            # LAN address on many hosts) unless told an interface: loopback, for this process only.
+            with _gloo_on_loopback():
+                torch.distributed.init_process_group(
+                    backend,
+                    store=torch.distributed.HashStore(),
+                    rank=0,
+                    world_size=1,
+                    timeout=DIST_TIMEOUT,
+                )
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(
             dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False
