@@ -137,9 +137,24 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
 
 
 def token_logprobs(
-    model, batch: MicroBatch, temperature: float, with_entropy: bool = False
+    model,
+    batch: MicroBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``weightsync.policy.sequence_logprobs`` of a micro-batch: [B, L - 1] (and the entropy)."""
-    return sequence_logprobs(
-        model, batch.input_ids, batch.attention_mask, temperature, with_entropy
+    """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows, in its sample
+    layout: [B, L - 1] (and the entropy; ``entropy_grad``: with its gradient)."""
+    out = sequence_logprobs(
+        model,
+        batch.packed_ids,
+        None,
+        temperature,
+        with_entropy,
+        position_ids=batch.position_ids,
+        entropy_grad=entropy_grad,
     )
+    index = batch.packed_index.to(out[0].device if with_entropy else out.device)
+    if with_entropy:
+        return tuple(t.flatten()[index] for t in out)
+    return out.flatten()[index]
