@@ -5,7 +5,7 @@ ranks with balanced token counts (longest first, to the lightest rank), then
 packed into micro-batches under a token budget, then collated.
 
 The model runs on packed rows: a micro-batch's samples, longest first, are
-placed first-fit into rows as wide as its longest sample, several short samples
+placed best-fit into rows as wide as its longest sample, several short samples
 end to end in one row, each with its own position ids (0, 1, ...). Given
 position ids and no attention mask, transformers attends only within each
 sample (its packed-sequence masks), so a forward pass costs the real tokens plus
@@ -17,6 +17,7 @@ gathered back, so the RL math never sees the packing.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -80,25 +81,28 @@ def partition_across_ranks(samples: list[Sample], world_size: int) -> list[list[
 
 
 class _Rows:
-    """Rows of ``width`` tokens filled first-fit: each item goes to the first row with room."""
+    """Rows of ``width`` tokens filled best-fit: each item goes to the row with the least room
+    that holds it (ties: the earliest row), found by bisection in the rows sorted by room."""
 
     def __init__(self, width: int):
         self.width = width
         self.members: list[list[int]] = []
-        self.free: list[int] = []
+        # (room left, row) of every row, ascending
+        self.rooms: list[tuple[int, int]] = []
 
     def place(self, item: int, length: int) -> bool:
-        """Put ``item`` into the first row with room for it; False when none has."""
-        for row, room in enumerate(self.free):
-            if length <= room:
-                self.members[row].append(item)
-                self.free[row] -= length
-                return True
-        return False
+        """Put ``item`` into the best-fitting row; False when no row has room for it."""
+        at = bisect.bisect_left(self.rooms, (length, -1))
+        if at == len(self.rooms):
+            return False
+        room, row = self.rooms.pop(at)
+        self.members[row].append(item)
+        bisect.insort(self.rooms, (room - length, row))
+        return True
 
     def open(self, item: int, length: int) -> None:
+        bisect.insort(self.rooms, (self.width - length, len(self.members)))
         self.members.append([item])
-        self.free.append(self.width - length)
 
     @property
     def tokens(self) -> int:
@@ -106,7 +110,7 @@ class _Rows:
 
 
 def pack_rows(lengths: list[int]) -> list[list[int]]:
-    """First-fit decreasing: indices into ``lengths`` shared out into rows as wide as the longest.
+    """Best-fit decreasing: indices into ``lengths`` shared out into rows as wide as the longest.
 
     Rows hold their indices longest first; ties keep the given order.
     """

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -101,12 +102,16 @@ def split_minibatches(
 
 def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> tuple[int, int]:
     """(completion tokens not stale, sequences with at least one such token) over the whole batch."""
-    tokens = seqs = 0
-    for s in samples:
-        fresh = int((~is_stale(version, s.versions, max_staleness)).sum())
-        tokens += fresh
-        seqs += fresh > 0
-    return tokens, seqs
+    if not samples:
+        return 0, 0
+    fresh = ~is_stale(version, np.concatenate([s.versions for s in samples]), max_staleness)
+    # one sum per sample over its run of the concatenation
+    lengths = np.fromiter((len(s.versions) for s in samples), dtype=np.int64, count=len(samples))
+    per_sample = np.add.reduceat(
+        np.append(fresh, False).astype(np.int64), np.cumsum(lengths) - lengths
+    )
+    per_sample[lengths == 0] = 0
+    return int(fresh.sum()), int((per_sample > 0).sum())
 
 
 def loss_normalizer(
