@@ -5,7 +5,7 @@ ranks with balanced token counts (longest first, to the lightest rank), then
 packed into micro-batches under a token budget, then collated.
 
 The model runs on packed rows: a micro-batch's samples, longest first, are
-placed best-fit into rows as wide as its longest sample, several short samples
+placed best-fit into rows as wide as its longest sample (at least ``MIN_ROW_WIDTH``), several short samples
 end to end in one row, each with its own position ids (0, 1, ...). Given
 position ids and no attention mask, transformers attends only within each
 sample (its packed-sequence masks), so a forward pass costs the real tokens plus
@@ -80,6 +80,12 @@ def partition_across_ranks(samples: list[Sample], world_size: int) -> list[list[
     return shares
 
 
+# Short samples (the demo's are 6-9 tokens) pack several to a row only in rows wider than the
+# longest; attention over a 64-token row costs little next to the linear layers, and samples
+# longer than this set the width themselves.
+MIN_ROW_WIDTH = 64
+
+
 class _Rows:
     """Rows of ``width`` tokens filled best-fit: each item goes to the row with the least room
     that holds it (ties: the earliest row), found by bisection in the rows sorted by room."""
@@ -109,13 +115,20 @@ class _Rows:
         return len(self.members) * self.width
 
 
-def pack_rows(lengths: list[int]) -> list[list[int]]:
-    """Best-fit decreasing: indices into ``lengths`` shared out into rows as wide as the longest.
+def row_width(longest: int, token_budget: int | None = None) -> int:
+    """Packed rows are as wide as the longest sample, and at least ``MIN_ROW_WIDTH`` (or the
+    micro-batches' token budget, when smaller)."""
+    floor = MIN_ROW_WIDTH if token_budget is None else min(MIN_ROW_WIDTH, token_budget)
+    return max(longest, floor)
+
+
+def pack_rows(lengths: list[int], token_budget: int | None = None) -> list[list[int]]:
+    """Best-fit decreasing: indices into ``lengths`` shared out into rows of ``row_width``.
 
     Rows hold their indices longest first; ties keep the given order.
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    rows = _Rows(max(lengths, default=0))
+    rows = _Rows(row_width(max(lengths, default=0), token_budget))
     for i in order:
         if not rows.place(i, lengths[i]):
             rows.open(i, lengths[i])
@@ -123,7 +136,7 @@ def pack_rows(lengths: list[int]) -> list[list[int]]:
 
 
 def pack_micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
-    """Runs of length-sorted samples whose packed rows (``pack_rows``: rows x the longest) fit the budget.
+    """Runs of length-sorted samples whose packed rows (``pack_rows``: rows x their width) fit the budget.
 
     A sample longer than the budget gets a micro-batch of its own. Each run is
     what ``pack_rows`` packs the same way again in ``collate``.
@@ -140,7 +153,7 @@ def pack_micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sa
             batches.append(current)
             current = []
         if not current:
-            rows = _Rows(n)
+            rows = _Rows(row_width(n, token_budget))
         rows.open(len(current), n)
         current.append(sample)
     if current:
@@ -160,12 +173,12 @@ class MicroBatch:
     behaviour_logprobs: Tensor  # [B, L - 1] float32, 0 outside the completion
     versions: Tensor  # [B, L - 1] int64, -1 outside the completion
     advantages: Tensor  # [B] float32
-    packed_ids: Tensor  # [R, L] int64: ``pack_rows``'s rows, pad_id after the last sample of a row
-    position_ids: (
-        Tensor  # [R, L] int64: each sample's own positions; a row's padding continues the row's
-    )
+    # [R, W] int64: ``pack_rows``'s rows, pad_id after the last sample of a row
+    packed_ids: Tensor
+    # [R, W] int64: each sample's own positions; a row's padding continues the row's
+    position_ids: Tensor
     # [B, L - 1] int64: where each target position of the sample layout sits in the packed
-    # rows' targets flattened ([R * (L - 1)]); 0 at padding
+    # rows' targets flattened ([R * (W - 1)]); 0 at padding
     packed_index: Tensor
     # [B, L - 1] float32, 0 outside the completion; None unless every sample carries them
     ref_logprobs: Tensor | None = None
@@ -201,11 +214,11 @@ def _ragged_positions(
     return np.repeat(rows, lengths), columns
 
 
-def _packing(lengths: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+def _packing(lengths: np.ndarray, token_budget: int | None) -> tuple[int, np.ndarray, np.ndarray]:
     """(row count, each sample's row, each sample's first column) of ``pack_rows``."""
     row_of = np.zeros(len(lengths), dtype=np.int64)
     column_of = np.zeros(len(lengths), dtype=np.int64)
-    packed = pack_rows(lengths.tolist())
+    packed = pack_rows(lengths.tolist(), token_budget)
     for row, members in enumerate(packed):
         column = 0
         for i in members:
@@ -214,8 +227,9 @@ def _packing(lengths: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     return len(packed), row_of, column_of
 
 
-def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    """The micro-batch of ``samples``, in the sample layout (row i is ``samples[i]``) and packed.
+def collate(samples: list[Sample], pad_id: int, token_budget: int | None = None) -> MicroBatch:
+    """The micro-batch of ``samples``, in the sample layout (row i is ``samples[i]``) and packed
+    (``token_budget``: the one ``pack_micro_batches`` planned it under).
 
     One scatter per tensor instead of a copy per row: a 256-sample demo batch collated row by
     row cost ~3 % of a learner step."""
@@ -238,17 +252,18 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
     versions = np.full((rows, width - 1), -1, dtype=np.int64)
     versions[target] = np.concatenate([s.versions for s in samples])
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    packed_rows, row_of, column_of = _packing(lengths)
+    packed_rows, row_of, column_of = _packing(lengths, token_budget)
     packed_at = _ragged_positions(lengths, column_of, row_of)
-    packed_ids = np.full((packed_rows, width), pad_id, dtype=np.int64)
+    packed_width = row_width(width, token_budget)
+    packed_ids = np.full((packed_rows, packed_width), pad_id, dtype=np.int64)
     packed_ids[packed_at] = input_ids[at]
-    position_ids = np.tile(np.arange(width, dtype=np.int64), (packed_rows, 1))
+    position_ids = np.tile(np.arange(packed_width, dtype=np.int64), (packed_rows, 1))
     position_ids[packed_at] = at[1]
     # sample target position t (predicting token t + 1) is packed target position column + t
     sample_targets = _ragged_positions(lengths - 1, np.zeros_like(lengths))
     packed_targets = _ragged_positions(lengths - 1, column_of, row_of)
     packed_index = np.zeros((rows, width - 1), dtype=np.int64)
-    packed_index[sample_targets] = packed_targets[0] * (width - 1) + packed_targets[1]
+    packed_index[sample_targets] = packed_targets[0] * (packed_width - 1) + packed_targets[1]
     ref = None
     if all(s.ref_logprobs is not None for s in samples):
         ref = np.zeros((rows, width - 1), dtype=np.float32)

@@ -204,8 +204,10 @@ def _rank_micro_batches(
     device: torch.device,
 ) -> list[MicroBatch]:
     mine, count = plan_rank_micro_batches(samples, world, rank, token_budget)
-    batches = [collate(b, pad_id).to(device) for b in mine]
-    filler = masked_out(batches[0] if batches else collate(samples[:1], pad_id).to(device))
+    batches = [collate(b, pad_id, token_budget).to(device) for b in mine]
+    filler = masked_out(
+        batches[0] if batches else collate(samples[:1], pad_id, token_budget).to(device)
+    )
     return batches + [filler] * (count - len(batches))
 
 
