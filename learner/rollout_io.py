@@ -240,7 +240,8 @@ class RolloutIO:
     ) -> dict:
         """Write the step's row (step log, trackers) and set the learner's metrics; returns the row."""
         last = updates[-1] if updates else None
-        # every pass's tokens: the learner's throughput (the row's token counts are the batch's)
+        # every pass's tokens over step_s (training and publishing, not the read): the learner's
+        # throughput (the row's token counts are the batch's, first pass only)
         trained = sum(u.sequence_tokens for u in updates)
         row = {
             "step": progress.step,
