@@ -136,25 +136,56 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
     engine.set_gradient_accumulation_boundary(index == count - 1)
 
 
+# transformers keeps packed samples apart through the mask it builds from their position ids
+# (these implementations), or, for flash attention, through the position ids alone and only in
+# a batch of one row
+MASKED_PACKING = ("sdpa", "eager", "flex_attention")
+
+
+def attention_implementation(model) -> str:
+    """The policy's attention implementation, through a DeepSpeed engine or a peft wrapper."""
+    return getattr(model, "module", model).config._attn_implementation
+
+
 def token_logprobs(
     model,
     batch: MicroBatch,
     temperature: float,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    one_row: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows, in its sample
-    layout: [B, L - 1] (and the entropy; ``entropy_grad``: with its gradient)."""
+    layout: [B, L - 1] (and the entropy; ``entropy_grad``: with its gradient).
+
+    ``one_row`` runs the rows end to end as a single row, as flash attention needs; None picks
+    it from the model's attention implementation, and refuses one that cannot keep packed
+    samples apart.
+    """
+    attention = attention_implementation(model)
+    if one_row is None:
+        one_row = attention.startswith("flash_attention")
+        if not one_row and attention not in MASKED_PACKING:
+            raise ValueError(
+                f"attention implementation {attention!r} cannot keep packed samples apart: "
+                f"use one of {', '.join(MASKED_PACKING)} or flash_attention_*"
+            )
+    ids, positions = batch.packed_ids, batch.position_ids
+    rows, width = ids.shape
     out = sequence_logprobs(
         model,
-        batch.packed_ids,
+        ids.reshape(1, -1) if one_row else ids,
         None,
         temperature,
         with_entropy,
-        position_ids=batch.position_ids,
+        position_ids=positions.reshape(1, -1) if one_row else positions,
         entropy_grad=entropy_grad,
     )
-    index = batch.packed_index.to(out[0].device if with_entropy else out.device)
-    if with_entropy:
-        return tuple(t.flatten()[index] for t in out)
-    return out.flatten()[index]
+    outs = out if with_entropy else (out,)
+    if one_row:
+        # target t of row r is position r x width + t of the single row; each row's last
+        # position (it predicts the next row's first token) is dropped
+        outs = tuple(torch.nn.functional.pad(t, (0, 1)).view(rows, width)[:, :-1] for t in outs)
+    index = batch.packed_index.to(outs[0].device)
+    gathered = tuple(t.flatten()[index] for t in outs)
+    return gathered if with_entropy else gathered[0]

@@ -125,6 +125,26 @@ def test_packed_log_probs_and_entropy_equal_the_padded_ones(model64):
     assert_close(packed_entropy[real], padded_entropy[real], "entropy")
 
 
+def test_rows_run_end_to_end_as_one_row_give_the_same_log_probs(model64):
+    """Flash attention keeps packed samples apart only in a batch of one row: the one-row layout
+    (here under sdpa, which reads the same position ids) must give what the rows give."""
+    mb = collate(_samples([5, 31, 7, 12, 3, 9, 9, 20, 4, 16, 6, 11, 70, 40], prompt=2, seed=6), PAD)
+    assert mb.packed_ids.shape[0] > 1
+    with torch.no_grad():
+        rows, rows_entropy = token_logprobs(model64, mb, 0.7, with_entropy=True, one_row=False)
+        one, one_entropy = token_logprobs(model64, mb, 0.7, with_entropy=True, one_row=True)
+    real = mb.attention_mask[:, 1:].bool()
+    assert_close(one[real], rows[real], "log-probs")
+    assert_close(one_entropy[real], rows_entropy[real], "entropy")
+
+
+def test_an_attention_that_cannot_keep_packed_samples_apart_is_refused(demo_policy):
+    model = load_policy(demo_policy)
+    model.config._attn_implementation = "paged|sdpa"
+    with pytest.raises(ValueError, match="cannot keep packed samples apart"):
+        token_logprobs(model, collate(_samples([9, 6], prompt=3, seed=7), PAD), 1.0)
+
+
 def assert_close(ours: torch.Tensor, reference: torch.Tensor, name: str) -> None:
     """Equal up to float32 rounding: the model runs in float64 but Qwen2's RMSNorm computes in
     float32. A sample attending to its row neighbours, or a wrong normaliser, is off by percents."""
