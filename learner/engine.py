@@ -155,8 +155,10 @@ def token_logprobs(
     entropy_grad: bool = True,
     one_row: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows, in its sample
-    layout: [B, L - 1] (and the entropy; ``entropy_grad``: with its gradient).
+    """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows at its completion
+    tokens, in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
+    ``entropy_grad``: with its gradient). The loss reads nothing else, so the output layer runs
+    on the completion positions only.
 
     ``one_row`` runs the rows end to end as a single row, as flash attention needs; None picks
     it from the model's attention implementation, and refuses one that cannot keep packed
@@ -171,7 +173,10 @@ def token_logprobs(
                 f"use one of {', '.join(MASKED_PACKING)} or flash_attention_*"
             )
     ids, positions = batch.packed_ids, batch.position_ids
-    rows, width = ids.shape
+    width = ids.shape[1]
+    completions = batch.completion_mask
+    # packed target t of row r predicts from input position r x width + t (one row or many)
+    target = batch.packed_index[completions]
     out = sequence_logprobs(
         model,
         ids.reshape(1, -1) if one_row else ids,
@@ -180,12 +185,9 @@ def token_logprobs(
         with_entropy,
         position_ids=positions.reshape(1, -1) if one_row else positions,
         entropy_grad=entropy_grad,
+        keep=target + target // (width - 1),
     )
     outs = out if with_entropy else (out,)
-    if one_row:
-        # target t of row r is position r x width + t of the single row; each row's last
-        # position (it predicts the next row's first token) is dropped
-        outs = tuple(torch.nn.functional.pad(t, (0, 1)).view(rows, width)[:, :-1] for t in outs)
-    index = batch.packed_index.to(outs[0].device)
-    gathered = tuple(t.flatten()[index] for t in outs)
-    return gathered if with_entropy else gathered[0]
+    mask = completions.to(outs[0].device)
+    laid_out = tuple(t.new_zeros(mask.shape).masked_scatter(mask, t) for t in outs)
+    return laid_out if with_entropy else laid_out[0]

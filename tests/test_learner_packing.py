@@ -120,7 +120,7 @@ def test_packed_log_probs_and_entropy_equal_the_padded_ones(model64):
         padded, padded_entropy = sequence_logprobs(
             model64, mb.input_ids, mb.attention_mask, 0.7, with_entropy=True
         )
-    real = mb.attention_mask[:, 1:].bool()
+    real = mb.completion_mask
     assert_close(packed[real], padded[real], "log-probs")
     assert_close(packed_entropy[real], padded_entropy[real], "entropy")
 
@@ -133,7 +133,7 @@ def test_rows_run_end_to_end_as_one_row_give_the_same_log_probs(model64):
     with torch.no_grad():
         rows, rows_entropy = token_logprobs(model64, mb, 0.7, with_entropy=True, one_row=False)
         one, one_entropy = token_logprobs(model64, mb, 0.7, with_entropy=True, one_row=True)
-    real = mb.attention_mask[:, 1:].bool()
+    real = mb.completion_mask
     assert_close(one[real], rows[real], "log-probs")
     assert_close(one_entropy[real], rows_entropy[real], "entropy")
 
