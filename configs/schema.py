@@ -530,7 +530,9 @@ class LearnerConfig(Section):
         return self.updates_per_batch * self.minibatches
 
     micro_batch_tokens: int = Field(
-        8192, ge=1, description="Token budget of one micro-batch; samples are never split."
+        8192,
+        ge=1,
+        description="Token budget of one micro-batch: its packed rows (short samples end to end, each attending only to itself) x the longest sample; samples are never split. It bounds the activations (logits are rows x width x vocabulary); the loss is the mini-batch's whatever the split.",
     )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
     offload_optimizer: bool = Field(

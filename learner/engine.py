@@ -199,10 +199,58 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
     engine.set_gradient_accumulation_boundary(index == count - 1)
 
 
+# transformers keeps packed samples apart through the mask it builds from their position ids
+# (these implementations), or, for flash attention, through the position ids alone and only in
+# a batch of one row
+MASKED_PACKING = ("sdpa", "eager", "flex_attention")
+
+
+def attention_implementation(model) -> str:
+    """The policy's attention implementation, through a DeepSpeed engine or a peft wrapper."""
+    return getattr(model, "module", model).config._attn_implementation
+
+
 def token_logprobs(
-    model, batch: MicroBatch, temperature: float, with_entropy: bool = False
+    model,
+    batch: MicroBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    one_row: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``weightsync.policy.sequence_logprobs`` of a micro-batch: [B, L - 1] (and the entropy)."""
-    return sequence_logprobs(
-        model, batch.input_ids, batch.attention_mask, temperature, with_entropy
+    """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows at its completion
+    tokens, in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
+    ``entropy_grad``: with its gradient). The loss reads nothing else, so the output layer runs
+    on the completion positions only.
+
+    ``one_row`` runs the rows end to end as a single row, as flash attention needs; None picks
+    it from the model's attention implementation, and refuses one that cannot keep packed
+    samples apart.
+    """
+    attention = attention_implementation(model)
+    if one_row is None:
+        one_row = attention.startswith("flash_attention")
+        if not one_row and attention not in MASKED_PACKING:
+            raise ValueError(
+                f"attention implementation {attention!r} cannot keep packed samples apart: "
+                f"use one of {', '.join(MASKED_PACKING)} or flash_attention_*"
+            )
+    ids, positions = batch.packed_ids, batch.position_ids
+    width = ids.shape[1]
+    completions = batch.completion_mask
+    # packed target t of row r predicts from input position r x width + t (one row or many)
+    target = batch.packed_index[completions]
+    out = sequence_logprobs(
+        model,
+        ids.reshape(1, -1) if one_row else ids,
+        None,
+        temperature,
+        with_entropy,
+        position_ids=positions.reshape(1, -1) if one_row else positions,
+        entropy_grad=entropy_grad,
+        keep=target + target // (width - 1),
     )
+    outs = out if with_entropy else (out,)
+    mask = completions.to(outs[0].device)
+    laid_out = tuple(t.new_zeros(mask.shape).masked_scatter(mask, t) for t in outs)
+    return laid_out if with_entropy else laid_out[0]

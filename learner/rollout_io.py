@@ -243,6 +243,9 @@ class RolloutIO:
     ) -> dict:
         """Write the step's row (step log, trackers) and set the learner's metrics; returns the row."""
         last = updates[-1] if updates else None
+        # every pass's tokens over step_s (training and publishing, not the read): the learner's
+        # throughput (the row's token counts are the batch's, first pass only)
+        trained = sum(u.sequence_tokens for u in updates)
         row = {
             "step": progress.step,
             "version": progress.version,
@@ -251,6 +254,10 @@ class RolloutIO:
             **batch.log,
             "samples": len(batch.samples),
             "tokens": first_pass_tokens(updates),
+            # prompt + completion tokens of the batch, and what its packed rows took
+            "sequence_tokens": first_pass_tokens(updates, "sequence_tokens"),
+            "packed_tokens": first_pass_tokens(updates, "packed_tokens"),
+            "tokens_per_s": trained / step_s if step_s > 0 else math.nan,
             "loss": last.loss if last else math.nan,
             "clip_fraction": last.clip_fraction if last else math.nan,
             "is_weight_mean": last.is_weight_mean if last else math.nan,
@@ -270,6 +277,9 @@ class RolloutIO:
             m.STEPS.inc()
             m.SAMPLES.inc(len(batch.samples))
             m.TOKENS.inc(row["tokens"])
+            m.SEQUENCE_TOKENS.inc(trained)
+            m.PACKED_TOKENS.inc(sum(u.packed_tokens for u in updates))
+            m.TOKENS_PER_SECOND.set(row["tokens_per_s"])
             m.LOSS.set(last.loss)
             m.CLIP_FRACTION.set(last.clip_fraction)
             m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
