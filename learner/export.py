@@ -41,14 +41,14 @@ def default_out(run_dir: str | os.PathLike) -> Path:
 def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
     """Write ``model`` + ``tokenizer`` as a Hugging Face folder at ``out`` (replaced atomically); a
     LoRA policy as its merged weights with its PEFT adapter folder in ``adapter/``
-    (``learner.lora.save_export``; ``info["source"]`` is the base model)."""
+    (``learner.lora.save_export``)."""
     from streamrl.learner.lora import save_export
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_export(model, staging, info["source"])
+        save_export(model, staging)
         tokenizer.save_pretrained(staging)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():

@@ -14,7 +14,7 @@ import os
 import torch
 
 from streamrl.configs.schema import Config, LoraConfig
-from streamrl.weightsync.lora import is_lora_policy, merged_tensors, wrap
+from streamrl.weightsync.lora import ADAPTER, is_lora_policy, merged_tensors, wrap
 from streamrl.weightsync.policy import load_policy
 
 # the PEFT adapter folder inside an exported policy folder
@@ -59,11 +59,15 @@ def reference_policy(cfg: Config, model: torch.nn.Module, device: str):
     return load_policy(cfg.model.path, cfg.model.dtype, device)
 
 
-def merged_policy(model, source: str | os.PathLike, dtype: str | torch.dtype):
-    """A plain transformers model (on the CPU) holding a LoRA policy's merged weights: ``source``'s
-    architecture, every parameter copied from ``weightsync.lora.merged_tensors``."""
+def merged_policy(model):
+    """A plain transformers model (on the CPU, in the policy's dtype) holding a LoRA policy's merged
+    weights: its base model's architecture, loaded from where the base came from, every parameter
+    copied from ``weightsync.lora.merged_tensors``."""
+    source = model.peft_config[ADAPTER].base_model_name_or_path
+    if not source:
+        raise ValueError("the LoRA policy does not name the folder of its base model")
     merged = merged_tensors(model)
-    plain = load_policy(source, dtype, "cpu")
+    plain = load_policy(source, next(model.parameters()).dtype, "cpu")
     params = dict(plain.named_parameters())
     if params.keys() != merged.keys():
         raise ValueError(
@@ -76,12 +80,11 @@ def merged_policy(model, source: str | os.PathLike, dtype: str | torch.dtype):
     return plain
 
 
-def save_export(model, staging: os.PathLike, source: str | os.PathLike) -> None:
-    """Write ``model`` into an export's staging folder: a LoRA policy as its merged weights (in its
-    dtype) plus its PEFT adapter folder, any other as it is."""
+def save_export(model, staging: str | os.PathLike) -> None:
+    """Write ``model`` into an export's staging folder: a LoRA policy as its merged weights plus its
+    PEFT adapter folder (``adapter/``), any other as it is."""
     if not is_lora_policy(model):
         model.save_pretrained(staging, safe_serialization=True)
         return
-    dtype = next(model.parameters()).dtype
-    merged_policy(model, source, dtype).save_pretrained(staging, safe_serialization=True)
+    merged_policy(model).save_pretrained(staging, safe_serialization=True)
     model.save_pretrained(os.path.join(staging, ADAPTER_DIR), safe_serialization=True)
