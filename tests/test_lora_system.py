@@ -99,15 +99,21 @@ def test_a_lora_run_advances_versions_raises_the_reward_and_exports(
     # (two versions a step; an actor stuck on old weights would have its groups dropped as stale)
     assert all(s["trained"] for s in steps)
     assert all(s["version"] - s["staleness_mean"] >= STEPS for s in steps[-10:])
-    first = statistics.fmean(s["reward_mean"] for s in steps[:10])
-    last = statistics.fmean(s["reward_mean"] for s in steps[-10:])
-    assert last > first + 0.03, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    # Rank-8 adapters on the attention raise the demo's reward about a third as fast as full
+    # training (+0.02 between the first and last 30 steps, docs/lora.md); one step's mean reward
+    # varies by ~0.01 (sd), a 30-step mean by ~0.002, the difference of two by ~0.003; a run
+    # that does not learn (lr 1e-2, adapter mode) moved by -0.003.
+    first = statistics.fmean(s["reward_mean"] for s in steps[:30])
+    last = statistics.fmean(s["reward_mean"] for s in steps[-30:])
+    assert last > first + 0.01, f"reward did not rise: {first:.3f} -> {last:.3f}"
 
     assert published is not None, "the learner's metrics were never read"
     version = published["streamrl_weights_published_version"]
     # versions 1..version were published (the counter may already hold the next one: an overestimate)
     per_version = published["streamrl_weights_publish_bytes_total"] / version
     full = _full_weight_bytes(demo_policy)
+    # the figure docs/benchmarks.md states (pytest -s shows it)
+    print(f"{sync}: {per_version:,.0f} bytes per version, full weights {full:,} ({per_version / full:.2%})")
     if sync == "adapter":
         assert per_version < 0.05 * full, f"{per_version:.0f} bytes per version of {full}"
     else:
