@@ -113,7 +113,9 @@ def test_a_lora_run_advances_versions_raises_the_reward_and_exports(
     per_version = published["streamrl_weights_publish_bytes_total"] / version
     full = _full_weight_bytes(demo_policy)
     # the figure docs/benchmarks.md states (pytest -s shows it)
-    print(f"{sync}: {per_version:,.0f} bytes per version, full weights {full:,} ({per_version / full:.2%})")
+    print(
+        f"{sync}: {per_version:,.0f} bytes per version, full weights {full:,} ({per_version / full:.2%})"
+    )
     if sync == "adapter":
         assert per_version < 0.05 * full, f"{per_version:.0f} bytes per version of {full}"
     else:
