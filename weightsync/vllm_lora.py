@@ -35,7 +35,8 @@ class AdapterVersions:
         ``lora_request``: vLLM's ``LoRARequest``."""
         self.config = config
         self._lora_request = lora_request
-        self.root = Path(tempfile.mkdtemp(prefix="streamrl-lora-"))
+        # made with the first version, so an actor stopped while its engine starts leaves nothing
+        self.root: Path | None = None
         self._next_id = 1
         # (version, LoRARequest) new requests use; None = the base model (version 0)
         self.current: tuple[int, object] | None = None
@@ -44,6 +45,8 @@ class AdapterVersions:
 
     async def load(self, llm, version: int, tensors: dict[str, torch.Tensor]) -> None:
         """Make ``version`` the adapter of new requests; raises (nothing changed) when vLLM refuses it."""
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="streamrl-lora-"))
         lora_id = self._next_id
         self._next_id += 1
         folder = self.root / f"{lora_id}-v{version}"
@@ -84,4 +87,5 @@ class AdapterVersions:
         return sorted(self._folders)
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
