@@ -147,8 +147,9 @@ def engine_args(
     """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build);
     ``backend`` is its ``weight_transfer_backend`` (None: no weight transfer, the versions are LoRA
     adapters). A hub id ``model.path`` (``org/name[@revision]``) becomes the snapshot folder the
-    learner loads too (``model_folder``): vLLM has no ``@revision`` form (it takes ``revision`` apart) and would look up a repository named ``name@revision``; a
-    folder also keeps learner and actors on the same files, offline included."""
+    learner loads too (``model_folder``): vLLM has no ``@revision`` form (it takes ``revision``
+    apart) and would look up a repository named ``name@revision``; a folder also keeps learner and
+    actors on the same files, offline included."""
     from streamrl.weightsync.policy import model_folder
 
     dtype = str(torch_dtype(model, gpu)).removeprefix("torch.")
