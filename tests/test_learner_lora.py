@@ -98,3 +98,33 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(trained, demo_pol
     rebuilt = AutoModelForCausalLM.from_pretrained(again)
     for name, param in rebuilt.named_parameters():
         assert torch.equal(param, live[name]), name
+
+
+def test_adapters_train_under_gradient_checkpointing_and_optimizer_offload(demo_policy):
+    """The memory knobs with LoRA: checkpointed layers still give the adapters (and nothing else)
+    their gradients, and ZeRO-2's offloaded optimizer steps them."""
+    from streamrl.learner.batching import MicroBatch
+    from streamrl.learner.engine import build_engine, init_distributed, token_logprobs
+    from streamrl.learner.lora import training_policy
+
+    _, world = init_distributed()
+    cfg = Config.model_validate(
+        {
+            "model": {"path": demo_policy, "lora": {"rank": 8}},
+            "learner": {"gradient_checkpointing": True, "offload_optimizer": True, "lr": 1e-2},
+        }
+    )
+    model = training_policy(load_policy(demo_policy), cfg.model.lora)
+    engine = build_engine(cfg.learner, model, world)
+    assert engine.optimizer.cpu_offload
+    assert all(layer.gradient_checkpointing for layer in model.get_base_model().model.layers)
+    before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    ids = torch.tensor([load_tokenizer(demo_policy).encode("123>321")])
+    batch = MicroBatch(ids, torch.ones_like(ids), None, None, None, None, None)
+    engine.set_gradient_accumulation_boundary(True)
+    loss = -token_logprobs(engine.module, batch, 1.0).mean()
+    engine.backward(loss)
+    engine.step()
+    moved = {n for n, p in engine.module.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved)
+    assert any("lora_B" in n for n in moved)

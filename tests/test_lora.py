@@ -138,15 +138,15 @@ def test_vllm_rank_and_schema_bounds():
     assert not LoraConfig().enabled
 
 
-def test_vllm_engine_args_per_sync_mode():
+def test_vllm_engine_args_per_sync_mode(tmp_path):
     from streamrl.actors.engines.vllm import engine_args
     from streamrl.configs.schema import ActorConfig, ModelConfig
 
-    adapter = ModelConfig(path="p", lora={"rank": 5, "sync": "adapter"})
+    adapter = ModelConfig(path=str(tmp_path), lora={"rank": 5, "sync": "adapter"})
     args = engine_args(adapter, ActorConfig(), None, gpu=False)
     assert args["enable_lora"] and args["max_lora_rank"] == 8 and args["max_loras"] >= 2
     assert "weight_transfer_config" not in args
-    merged = ModelConfig(path="p", lora={"rank": 5, "sync": "merged"})
+    merged = ModelConfig(path=str(tmp_path), lora={"rank": 5, "sync": "merged"})
     args = engine_args(merged, ActorConfig(), "streamrl_shm", gpu=False)
     assert "enable_lora" not in args
     assert args["weight_transfer_config"] == {"backend": "streamrl_shm"}
