@@ -128,3 +128,20 @@ def test_adapters_train_under_gradient_checkpointing_and_optimizer_offload(demo_
     moved = {n for n, p in engine.module.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all("lora_" in n for n in moved)
     assert any("lora_B" in n for n in moved)
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_learner_resumes_the_adapters_from_its_checkpoint(trained):
+    from streamrl.learner.loop import Learner
+
+    cfg, first = trained
+    adapters = {n: p.detach().clone() for n, p in first.model.named_parameters() if "lora_" in n}
+    again = Learner(cfg)
+    try:
+        assert again.progress.step == STEPS
+        resumed = {n: p for n, p in again.model.named_parameters() if "lora_" in n}
+        assert resumed.keys() == adapters.keys()
+        for name, tensor in adapters.items():
+            assert torch.equal(resumed[name], tensor), name
+    finally:
+        again.io.close()
