@@ -49,7 +49,13 @@ from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
 from streamrl.weightsync import transports
-from streamrl.weightsync.policy import load_policy, load_tokenizer, parameter_template
+from streamrl.weightsync.lora import adapter_targets, adapter_template, wrap
+from streamrl.weightsync.policy import (
+    load_policy,
+    load_tokenizer,
+    parameter_template,
+    resolve_dtype,
+)
 from streamrl.weightsync.subscriber import Subscriber
 
 log = logging.getLogger(__name__)
@@ -149,6 +155,11 @@ class Actor:
             if cfg.actor.engine == "vllm"
             else load_policy(cfg.model.path, cfg.model.dtype, cfg.actor.device)
         )
+        # model.lora.sync adapter: versions are adapters, swapped into the policy wrapped with peft
+        self.adapters_only = cfg.model.lora.enabled and cfg.model.lora.sync == "adapter"
+        self.weight_targets = None
+        if self.model is not None and self.adapters_only:
+            self.weight_targets = adapter_targets(wrap(self.model, cfg.model.lora))
         config = self.model.config if self.model is not None else None
         self.params = SamplingParams.from_config(
             cfg.rollout, stop_token_ids(self.tokenizer, config)
@@ -175,7 +186,10 @@ class Actor:
         self.subscriber = None
         transport = transports.get(cfg.weightsync.transport)
         # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
-        vllm_reads_shm = cfg.actor.engine == "vllm" and transport.shared_memory
+        # (not adapters: the actor stages those and vLLM loads each as a LoRA adapter)
+        vllm_reads_shm = (
+            cfg.actor.engine == "vllm" and transport.shared_memory and not self.adapters_only
+        )
         if transport.publishes and not vllm_reads_shm:
             self.subscriber = Subscriber.from_config(cfg, self.actor_id, self._weight_template())
         seed = sampling_seed(cfg.run.seed, self.actor_id)
@@ -189,6 +203,7 @@ class Actor:
                 cfg.actor.batch_slots,
                 weight_source=self.subscriber,
                 seed=seed,
+                weight_targets=self.weight_targets,
             )
         if self.subscriber is not None:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
@@ -199,10 +214,16 @@ class Actor:
         )
 
     def _weight_template(self) -> dict:
-        """What the subscriber stages into: the hf model's parameters, else the checkpoint's (vllm)."""
+        """What the subscriber stages into: the hf model's parameters (or its adapters), else the
+        checkpoint's (vllm: its parameters' or its adapters' names and shapes)."""
+        cfg = self.cfg
+        if self.weight_targets is not None:
+            return dict(self.weight_targets)
         if self.model is not None:
             return dict(self.model.named_parameters())
-        cfg = self.cfg
+        dtype = resolve_dtype(cfg.model.dtype, cfg.actor.device)
+        if self.adapters_only:
+            return adapter_template(cfg.model.path, cfg.model.lora, dtype, cfg.actor.device)[0]
         return parameter_template(cfg.model.path, cfg.model.dtype, cfg.actor.device)
 
     # -- the loop ----------------------------------------------------------------------------

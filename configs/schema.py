@@ -219,6 +219,43 @@ class BrokerConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA through peft: the learner trains low-rank adapters on the frozen policy (off while rank is 0)."""
+
+    rank: int = Field(
+        0,
+        ge=0,
+        description="Adapter rank r (0 = off: the whole policy is trained). The learner's optimizer and ZeRO-2 then hold only the adapters, and the KL term's reference is the policy with its adapters disabled (no second copy).",
+    )
+    alpha: float = Field(
+        16.0, gt=0, description="LoRA alpha: a layer's update is (alpha / rank) B A."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input while training (the actors sample without it, so > 0 makes the learner's pi differ from theirs).",
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Modules that get adapters: peft's `target_modules`, names or name suffixes (e.g. `[q_proj, k_proj, v_proj, o_proj]`), or all-linear (every linear layer but the output head).",
+    )
+    sync: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="What the learner publishes per version: merged = the full weights W + (alpha / rank) B A under the base model's names (every engine and transport, the actors never know LoRA is on); adapter = only the adapter tensors (a few % of the bytes): the hf engine swaps them into a peft-wrapped copy of the policy, vLLM loads each version as a new LoRA adapter (requests keep the adapter they started with).",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @model_validator(mode="after")
+    def _vllm_rank(self) -> LoraConfig:
+        if self.rank > 512:
+            raise ValueError(f"rank {self.rank}: vLLM serves LoRA ranks up to 512")
+        return self
+
+
 class ModelConfig(Section):
     """The policy checkpoint (a Hugging Face folder or hub id) shared by learner and actors."""
 
@@ -232,6 +269,9 @@ class ModelConfig(Section):
     build: str | None = Field(
         None,
         description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to create the policy folder there before anything loads it; e.g. the CPU demo's `streamrl.examples.reverse_digits:build_policy`. None = a missing `path` is an error.",
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig, description="LoRA adapters instead of full training."
     )
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
+from streamrl.learner.lora import trainable_parameters
 from streamrl.weightsync.policy import sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
@@ -164,7 +165,8 @@ def enable_gradient_checkpointing(model) -> None:
 
 
 def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
-    """``deepspeed.initialize`` with AdamW (``make_optimizer``) and a linear warmup; returns the engine."""
+    """``deepspeed.initialize`` with AdamW (``make_optimizer``) over the parameters that require grad
+    (a LoRA policy's adapters: ZeRO-2 partitions only those) and a linear warmup; returns the engine."""
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
     import deepspeed
@@ -173,7 +175,7 @@ def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
     model.train()
     if lc.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    optimizer = make_optimizer(lc, model.parameters())
+    optimizer = make_optimizer(lc, trainable_parameters(model))
     warmup = lc.warmup_steps
     # lr_k = lr * min(1, (k + 1) / warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -33,6 +33,7 @@ from streamrl.learner import metrics as m
 from streamrl.learner.commits import Commits
 from streamrl.learner.engine import build_engine, device, init_distributed
 from streamrl.learner.export import export_at_end
+from streamrl.learner.lora import reference_policy, training_policy
 from streamrl.learner.prepare import Batch
 from streamrl.learner.rollout_io import NoBatch, Progress, RolloutIO
 from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
@@ -52,13 +53,10 @@ class Learner:
         self.should_stop = should_stop
         self.rank, self.world = init_distributed()
         model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
+        model = training_policy(model, cfg.model.lora)
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self.engine = build_engine(cfg.learner, model, self.world)
-        self.ref_model = (
-            load_policy(cfg.model.path, cfg.model.dtype, str(device()))
-            if cfg.algo.kl_coef > 0 and not cfg.algo.actors_score_reference
-            else None
-        )
+        self.ref_model = reference_policy(cfg, self.engine.module, str(device()))
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
         self.progress = Progress.from_state(checkpoint.load(self.engine, self.ckpt_root, self.rank))
         self.last_ckpt_step = self.progress.step

@@ -45,6 +45,7 @@ from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prep
 from streamrl.learner.step import UpdateStats, first_pass_tokens
 from streamrl.learner.tracking import Tracker
 from streamrl.weightsync import transports
+from streamrl.weightsync.lora import published_tensors
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class RolloutIO:
         """Weights first, then the version (with ``consumed``: and the step's count, atomically)."""
         t0 = time.perf_counter()
         if self.publisher is not None:
-            self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
+            self.publisher.publish(version, published_tensors(model, self.cfg.model.lora))
         self.consumer.set_max_version(version)
         if consumed is None:
             self._run(self.admission.set_version(version))
