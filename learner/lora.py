@@ -41,8 +41,9 @@ class AdaptersDisabled:
     def __init__(self, model) -> None:
         self.model = model
 
-    def parameters(self):
-        return self.model.parameters()
+    def __getattr__(self, name: str):
+        # everything but the call is the policy's own (parameters, config, output layer)
+        return getattr(self.model, name)
 
     def __call__(self, *args, **kwargs):
         with self.model.disable_adapter():

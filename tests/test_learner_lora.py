@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from learner_rollouts import sample_groups, xadd_groups
@@ -103,7 +104,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(trained, demo_pol
 def test_adapters_train_under_gradient_checkpointing_and_optimizer_offload(demo_policy):
     """The memory knobs with LoRA: checkpointed layers still give the adapters (and nothing else)
     their gradients, and ZeRO-2's offloaded optimizer steps them."""
-    from streamrl.learner.batching import MicroBatch
+    from streamrl.learner.batching import Sample, collate
     from streamrl.learner.engine import build_engine, init_distributed, token_logprobs
     from streamrl.learner.lora import training_policy
 
@@ -119,8 +120,12 @@ def test_adapters_train_under_gradient_checkpointing_and_optimizer_offload(demo_
     assert engine.optimizer.cpu_offload
     assert all(layer.gradient_checkpointing for layer in model.get_base_model().model.layers)
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-    ids = torch.tensor([load_tokenizer(demo_policy).encode("123>321")])
-    batch = MicroBatch(ids, torch.ones_like(ids), None, None, None, None, None)
+    ids = np.array(load_tokenizer(demo_policy).encode("123>321"), dtype=np.int64)
+    completion = len(ids) - 4
+    sample = Sample(
+        ids, 4, np.zeros(completion, np.float32), np.zeros(completion, np.int64), 1.0, 1.0, "g"
+    )
+    batch = collate([sample], pad_id=0)
     engine.set_gradient_accumulation_boundary(True)
     loss = -token_logprobs(engine.module, batch, 1.0).mean()
     engine.backward(loss)
