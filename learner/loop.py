@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from streamrl.broker.startup import Phases
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, target
 from streamrl.learner import metrics as m
@@ -58,10 +59,14 @@ class Learner:
         self.cfg = cfg
         self.started = time.monotonic()
         self.should_stop = should_stop
+        phases = Phases()
         self.rank, self.world = init_distributed()
+        phases.done("distributed")
         model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        phases.done("policy")
         self.engine = build_engine(cfg.learner, model, self.world)
+        phases.done("engine")
         self.ref_model = (
             load_policy(cfg.model.path, cfg.model.dtype, str(device()))
             if cfg.algo.kl_coef > 0 and not cfg.algo.actors_score_reference
@@ -82,6 +87,8 @@ class Learner:
         )
         if self.io is not None:
             self.io.resume(self.engine.module)
+        phases.done("redis_io")
+        phases.log(log, f"learner rank {self.rank}")
 
     def run(self, echo: Callable[[str], None] = print) -> Progress:
         """Train until run.max_steps / run.max_time_s / the run.target_* / ``should_stop()`` / the read timeout."""

@@ -4,8 +4,8 @@ copy lands in pinned host memory, without waiting for it), and a background thre
 through the configured transport and announces the version in Redis (``weights`` hash +
 ``weights:notify``) so running and late actors find it. ``publish`` is ``submit`` + ``flush``.
 
-Two staging buffers: the learner waits only when the next version's buffer is still being
-written out (``streamrl_weights_stage_wait_seconds``). Versions are written and announced one at a
+``weightsync.staging_buffers`` staging buffers (2): the learner waits only when the next
+version's buffer is still being written out (``streamrl_weights_stage_wait_seconds``). Versions are written and announced one at a
 time, in the order submitted, each one complete before its announcement, so what actors see is
 exactly what a synchronous publish showed them. A transport that is not ``background`` (dist: its
 broadcast is a collective with the actors, converting on the way) takes the weights as they are,
@@ -224,7 +224,7 @@ class Publisher:
         self._sender = self.transport.sender(self.ws, self.client, self.keys, layout)
         if not self.transport.background:
             return
-        self._stages = [_Stage(layout, device) for _ in range(2)]
+        self._stages = [_Stage(layout, device) for _ in range(self.ws.staging_buffers)]
         self._thread = threading.Thread(
             target=self._write_out, name="weight-publisher", daemon=True
         )
