@@ -18,6 +18,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,9 +71,17 @@ def one_run(run_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "streamrl.launch", "--config", CONFIG, "--actors", "2",
            "run.max_steps=1", f"run.dir={run_dir}", f"run.name=startup-{run_dir.name}"]  # fmt: skip
     launched = time.time()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"launch failed ({done.returncode}): {done.stdout[-2000:]}")
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # Ctrl-C: the launcher stops its children in order
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    if proc.returncode != 0 or not (run_dir / "learner_steps.jsonl").exists():
+        raise RuntimeError(f"launch failed ({proc.returncode}), logs in {run_dir}: {out[-2000:]}")
     steps = (run_dir / "learner_steps.jsonl").read_text().splitlines()
     first = json.loads(steps[0])
     logs = run_dir / "logs"
@@ -97,6 +107,7 @@ def _relative(phases: dict | None, launched: float) -> dict | None:
     out = {
         "process_start": phases["process_start"] - launched,
         "ready": phases["ready"] - launched,
+        "cpu_s": phases["cpu_s"],
         "seconds": phases["seconds"],
     }
     if phases.get("first_published") is not None:
@@ -111,7 +122,7 @@ def _phase_line(who: str, p: dict) -> str:
     )
     return (
         f"- {who}: process started at {p['process_start']:.2f} s, ready at {p['ready']:.2f} s "
-        f"({parts}){extra}"
+        f"after {p['cpu_s']:.2f} CPU-s ({parts}){extra}"
     )
 
 
@@ -154,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     _prepare()
     load = os.getloadavg()
     runs = []
-    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
-        for i in range(args.runs):
-            runs.append(one_run(Path(tmp) / f"r{i}"))
-            print(json.dumps(runs[-1]), flush=True)
+    # kept when a run fails, for its logs
+    tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    for i in range(args.runs):
+        runs.append(one_run(tmp / f"r{i}"))
+        print(json.dumps(runs[-1]), flush=True)
+    shutil.rmtree(tmp)
     text = report(runs, load)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

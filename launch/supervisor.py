@@ -117,6 +117,13 @@ class Supervisor:
         )
         for _ in range(self.want_actors):
             self._add_actor()
+        # Checked while the children import (seconds each): a broken dataset still ends the run
+        # here, naming file and row, before any group can be trained.
+        try:
+            self._check_dataset()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _prepare_inputs(self) -> None:
@@ -137,7 +144,9 @@ class Supervisor:
             )
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
-        # A broken dataset fails here, naming file and row, before Redis or any child starts.
+
+    def _check_dataset(self) -> None:
+        """Load the dataset as an actor does (every row validated and tokenized)."""
         from streamrl.actors.prompts import PromptDataset
         from streamrl.weightsync.policy import load_tokenizer
 
