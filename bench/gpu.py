@@ -41,14 +41,16 @@ class Check:
     what: str
 
 
+CUDA_TESTS = ("-q", "-p", "no:cacheprovider", "tests/test_learner_cuda.py",
+              "tests/test_weightsync_cuda.py", "tests/test_weightsync_publisher.py")  # fmt: skip
 CHECKS = (
     Check(
         "cuda-tests",
         "pytest",
-        ("-q", "-p", "no:cacheprovider", "tests/test_learner_cuda.py", "tests/test_weightsync_cuda.py"),
-        ("-q", "-p", "no:cacheprovider", "tests/test_learner_cuda.py", "tests/test_weightsync_cuda.py"),
+        CUDA_TESTS,
+        CUDA_TESTS,
         150,
-        "the CUDA tests (they skip on a CPU host)",
+        "the CUDA tests (they skip on a CPU host) and the publisher's, whose GPU path they include",
     ),
     Check(
         "publish-0.5b",
@@ -132,6 +134,17 @@ def summary(results: list[Result], cpu: bool) -> str:
 
     lines = [
         "## GPU check (`python -m bench.gpu`)",
+        "",
+        "One command for a lent GPU machine (one H100/H200, 16 cores, no internet, minutes): "
+        "`python -m bench.gpu --out docs/bench/gpu.md` runs each check below as a subprocess "
+        "with its own timeout under one budget (`--budget-s`, 300 s), kills a check's process "
+        "group when its time is up, and reports a module not in the tree as missing. "
+        "`python -m bench.gpu --cpu` is the same run at tiny shapes on CPU (tests/test_bench_gpu.py). "
+        "Checks: "
+        + "; ".join(
+            f"`{c.name}` (`python -m {c.module} {' '.join(c.gpu_args)}`): {c.what}" for c in CHECKS
+        )
+        + ".",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M')} · {machine()} · "
         f"{'CPU smoke run (--cpu)' if cpu else _gpu_name()}",

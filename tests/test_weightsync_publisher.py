@@ -118,3 +118,58 @@ def test_submit_waits_only_for_a_buffer_still_being_written_out(publisher):
     publisher.flush()
     assert (_metric(waits), _metric(timed)) == (before + 1, timed_before + 1)
     assert float(_read(publisher, 3)["w"][0]) == 3.0
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("transfer", [torch.float32, torch.bfloat16])
+def test_from_a_gpu_the_staging_copy_is_converted_and_summed_there(redis_cfg, transfer):
+    """bf16 weights on a GPU: converted to the transfer dtype on the device, copied to pinned
+    memory without waiting, checksummed on the device; kernels queued after ``submit`` (the next
+    optimizer step) do not reach the published bytes; a CUDA reader checks its copy on its GPU."""
+    from streamrl.weightsync.shm import checksum, checksum_of_sum, word_sum
+
+    pub = Publisher(redis_cfg.weightsync, pub_keys(redis_cfg), pub_client(redis_cfg), transfer)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        weights = {
+            "module.w": torch.randn(3 << 18, device="cuda", generator=g).to(torch.bfloat16),
+            "module.b": torch.randn(7, device="cuda", generator=g).to(torch.bfloat16),
+        }
+        expected = {n.removeprefix("module."): t.to(transfer).cpu() for n, t in weights.items()}
+        pub.submit(1, weights)
+        for t in weights.values():
+            t.fill_(9.0)
+        pub.flush()
+        got = _read(pub, 1)
+        for name, value in expected.items():
+            assert torch.equal(got[name], value)
+            assert checksum_of_sum(int(word_sum(value.cuda())), 1) == checksum(value, 1)
+        ann = read_announcement(pub.client, pub.keys)
+        layout = Layout.from_json(ann.meta["layout"])
+        dest = {
+            s.name: torch.empty(s.shape, dtype=s.torch_dtype, device="cuda") for s in layout.specs
+        }
+        reader = ShmReader(ann.meta["segment"], 5.0)
+        try:
+            pairs = [(n, n) for n in dest]
+            assert reader.read_into(1, int(ann.meta["slot"]), layout, pairs, dest) == "ok"
+        finally:
+            reader.close()
+        assert all(torch.equal(dest[n].cpu(), v) for n, v in expected.items())
+    finally:
+        pub.close()
+
+
+def pub_keys(cfg):
+    from streamrl.broker.keys import Keys
+
+    return Keys.from_config(cfg)
+
+
+def pub_client(cfg):
+    from streamrl.broker.client import connect_sync
+
+    return connect_sync(cfg.broker, cfg.run.dir)
