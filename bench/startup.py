@@ -28,6 +28,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo_cpu.yaml"
 OUT = Path("docs/bench/startup.md")
 TIMEOUT_S = 300
@@ -65,14 +66,17 @@ def _prepare() -> None:
     inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
 
 
-def one_run(run_dir: Path) -> dict:
-    """One launch until the learner's first step is recorded; returns times relative to launch."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+def one_run(run_dir: Path, tree: Path = ROOT) -> dict:
+    """One launch of the code in ``tree`` until the learner's first step is recorded; returns
+    times relative to launch."""
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(tree)
+    )
     cmd = [sys.executable, "-m", "streamrl.launch", "--config", CONFIG, "--actors", "2",
            "run.max_steps=1", f"run.dir={run_dir}", f"run.name=startup-{run_dir.name}"]  # fmt: skip
     launched = time.time()
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -161,17 +165,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="another checkout (its runs/ holding the demo policy and data): its runs alternate "
+        "with this tree's, and its median is reported next to this one",
+    )
     args = parser.parse_args(argv)
     _prepare()
     load = os.getloadavg()
-    runs = []
+    runs, others = [], []
     # kept when a run fails, for its logs
     tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     for i in range(args.runs):
+        if args.against is not None:
+            others.append(one_run(tmp / f"against{i}", args.against.resolve()))
+            print("against", json.dumps(others[-1]), flush=True)
         runs.append(one_run(tmp / f"r{i}"))
         print(json.dumps(runs[-1]), flush=True)
     shutil.rmtree(tmp)
     text = report(runs, load)
+    if others:
+        firsts = [r["first_step"] for r in others]
+        text += (
+            f"\nBack to back, alternating with `{args.against}` (`--against`): its launch -> first "
+            f"trained step median {statistics.median(firsts):.1f} s "
+            f"({', '.join(f'{f:.1f}' for f in firsts)} s); this tree "
+            f"{statistics.median(r['first_step'] for r in runs):.1f} s.\n"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
