@@ -130,7 +130,7 @@ def _phase_line(who: str, p: dict) -> str:
     )
 
 
-def report(runs: list[dict], load: tuple[float, float, float]) -> str:
+def report(runs: list[dict], load: tuple[float, float, float], command: str) -> str:
     from bench.__main__ import machine
 
     firsts = [r["first_step"] for r in runs]
@@ -138,7 +138,7 @@ def report(runs: list[dict], load: tuple[float, float, float]) -> str:
         "## Start-up: launch -> first trained step",
         "",
         f"{time.strftime('%Y-%m-%d')} · {machine()} · load average {load[0]:.1f} at start · "
-        "command: `python -m bench.startup`",
+        f"command: `{command}`",
         "",
         f"`streamrl run --config demo_cpu` (2 hf actors, learner of one), policy and data already "
         f"built. **Launch -> first trained step: median {statistics.median(firsts):.1f} s** over "
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(one_run(tmp / f"r{i}"))
         print(json.dumps(runs[-1]), flush=True)
     shutil.rmtree(tmp)
-    text = report(runs, load)
+    command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
+    text = report(runs, load, command)
     if others:
         firsts = [r["first_step"] for r in others]
         text += (

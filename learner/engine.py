@@ -9,9 +9,7 @@ last one is the accumulation boundary.
 
 from __future__ import annotations
 
-import importlib
 import os
-import threading
 from datetime import timedelta
 
 import torch
@@ -46,20 +44,6 @@ def skip_shm_comm_build() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def preload_backward_imports() -> None:
-    """Import, on a thread of its own, the module ZeRO's first backward imports: DeepSpeed's Muon
-    optimizer, whose ``torch.compile`` decorators load TorchDynamo and Inductor (~2 CPU-s, more
-    than the rest of ``build_engine``). Started once the engine stands, it runs while the learner
-    waits for its first batch instead of inside its first step; a backward that comes sooner
-    waits for the same import, so nothing is lost."""
-    threading.Thread(
-        target=importlib.import_module,
-        args=("deepspeed.runtime.zero.muon.muon_optimizer",),
-        name="preload-imports",
-        daemon=True,
-    ).start()
 
 
 def init_distributed() -> tuple[int, int]:

@@ -38,12 +38,7 @@ from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, target
 from streamrl.learner import metrics as m
 from streamrl.learner.commits import Commits
-from streamrl.learner.engine import (
-    build_engine,
-    device,
-    init_distributed,
-    preload_backward_imports,
-)
+from streamrl.learner.engine import build_engine, device, init_distributed
 from streamrl.learner.export import export_at_end
 from streamrl.learner.prepare import Batch
 from streamrl.learner.rollout_io import NoBatch, Progress, RolloutIO
@@ -71,7 +66,6 @@ class Learner:
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         phases.done("policy")
         self.engine = build_engine(cfg.learner, model, self.world)
-        preload_backward_imports()
         phases.done("engine")
         self.ref_model = (
             load_policy(cfg.model.path, cfg.model.dtype, str(device()))
