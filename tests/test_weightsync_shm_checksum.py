@@ -112,7 +112,7 @@ def test_the_checksum_covers_every_byte_and_the_version():
         assert checksum(changed, 1) != base, i
 
 
-@pytest.mark.parametrize("nbytes", [0, 5, 8, 13, (1 << 20) + 3, 3 * (1 << 20) + 16])
+@pytest.mark.parametrize("nbytes", [0, 5, 8, 13, (1 << 20) + 3, (33 << 20) + 5, (34 << 20) + 16])
 def test_the_blockwise_copy_and_the_device_sum_give_the_reference_checksum(nbytes):
     """``copy_with_checksum`` (on CPU, block by block) and ``word_sum`` (a GPU's) against the
     plain one-pass ``checksum``, on sizes with and without a tail and across block edges."""

@@ -167,6 +167,9 @@ def _sums(slot: torch.Tensor, layout: Layout) -> np.ndarray:
 _VERSION_MIX = 0x9E3779B97F4A7C15
 # bytes copied and summed at a time: small enough to be summed while still in L2
 _BLOCK = 1 << 20
+# below this a tensor is still in the last-level cache after its copy: two passes are cheaper
+# than blocks (measured: 1.22x a plain copy against 1.48x at 10 MB; 1.46x against 1.31x at 100 MB)
+_FUSE_ABOVE = 32 << 20
 
 
 def _mix(raw_sum: int, version: int) -> int:
@@ -210,10 +213,14 @@ def checksum_of_sum(raw_sum: int, version: int) -> int:
 
 
 def copy_with_checksum(dst: torch.Tensor, src: torch.Tensor, version: int) -> int:
-    """``dst.copy_(src)`` for contiguous CPU tensors of one dtype, returning ``checksum(dst)``:
-    block by block, each block summed right after it landed, so memory is crossed once."""
+    """``dst.copy_(src)`` for contiguous CPU tensors of one dtype, returning ``checksum(dst)``.
+    A tensor larger than the cache is copied block by block, each block summed right after it
+    landed, so memory is crossed once."""
     d = dst.reshape(-1).view(torch.uint8)
     s = src.reshape(-1).view(torch.uint8)
+    if d.numel() <= _FUSE_ABOVE:
+        d.copy_(s)
+        return checksum(d, version)
     held = d.numpy()
     n = d.numel()
     whole = n - n % 8
