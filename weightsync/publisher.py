@@ -83,7 +83,7 @@ class _Stage:
         self.free = threading.Event()
         self.free.set()
 
-    def fill(self, tensors: dict[str, torch.Tensor], version: int) -> tuple[object, dict | None]:
+    def fill(self, tensors: dict[str, torch.Tensor]) -> tuple[object, dict | None]:
         """Copy (converting on the tensors' device) into this buffer. Returns what the writer
         waits for before reading it (a CUDA event, or None), and the checksums when a GPU took
         them (``weightsync.shm.word_sum``, before the copy; None: the writer sums on the host)."""
@@ -106,8 +106,8 @@ class _Stage:
             host_sums = torch.empty(len(names), dtype=torch.int64, pin_memory=True)
             host_sums.copy_(sums, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
-        return done, {"names": names, "sums": host_sums, "version": version}
+        done.record(torch.cuda.current_stream(sums.device))
+        return done, {"names": names, "sums": host_sums}
 
 
 @dataclass
@@ -187,7 +187,7 @@ class Publisher:
                 self._wait(stage.free)
                 metrics.STAGE_WAIT_SECONDS.observe(time.perf_counter() - waited)
             stage.free.clear()
-            ready, device_sums = stage.fill(tensors, version)
+            ready, device_sums = stage.fill(tensors)
             self.last_version = version
             self._jobs.put(
                 _Job(version, stage.views, aliases, stage, ready, device_sums, start, then)
