@@ -146,11 +146,10 @@ class Supervisor:
         rewards.check(self.cfg.reward)
 
     def _check_dataset(self) -> None:
-        """Load the dataset as an actor does (every row validated and tokenized)."""
-        from streamrl.actors.prompts import PromptDataset
-        from streamrl.weightsync.policy import load_tokenizer
+        """Load the dataset as an actor does, unless these inputs passed before (``dataset_check``)."""
+        from streamrl.launch.dataset_check import check_dataset
 
-        PromptDataset.from_config(self.cfg.data, load_tokenizer(self.cfg.model.path))
+        check_dataset(self.cfg)
 
     def _start_redis(self) -> None:
         if self.cfg.broker.redis_url:

@@ -44,3 +44,31 @@ def test_a_broken_dataset_stops_the_children_already_started_and_names_the_row(
     assert sup.redis_server.proc is None
     with pytest.raises(redis.ConnectionError):
         redis.Redis(port=sup.redis_server.port, socket_connect_timeout=2).ping()
+
+
+def test_the_dataset_is_checked_once_per_set_of_inputs_and_again_after_an_edit(
+    tmp_path, demo_policy, monkeypatch
+):
+    from streamrl.launch.dataset_check import check_dataset, stamp
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "12>", "answer": "21"}\n')
+    cfg = load_config("demo_cpu", {"model.path": demo_policy, "data.path": str(data)}, env={})
+    assert check_dataset(cfg) is True
+    assert stamp(cfg).is_file()
+    assert check_dataset(cfg) is False
+    # an edit changes the stamp's name: checked again, and a broken row still fails
+    data.write_text('{"prompt": "12>", "answer": "21"}\n{"answer": "no prompt"}\n')
+    with pytest.raises(PromptDataError, match="row 2"):
+        check_dataset(cfg)
+    # so does another data section
+    other = load_config(
+        "demo_cpu",
+        {"model.path": demo_policy, "data.path": str(data), "data.answer_key": "prompt"},
+        env={},
+    )
+    assert stamp(other) != stamp(cfg)
+    # a hub id is checked every time (no stamp)
+    hub = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": "org/name"})})
+    assert stamp(hub) is None
