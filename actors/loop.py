@@ -45,6 +45,7 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats
 from streamrl.broker.metrics import Endpoint, serve, unregister
 from streamrl.broker.semantics import is_stale
+from streamrl.broker.startup import Phases
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
@@ -139,12 +140,15 @@ class Actor:
         self.leases: set[str] = set()
         self.tokens_per_s = 0.0
 
+        self.phases = Phases()
         # -- load: everything that can fail on bad input, before touching Redis ----------------
         torch.set_num_threads(cfg.run.torch_threads)
         inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
+        self.phases.done("task")
         self.rewards = RewardPool(cfg.reward)
+        self.phases.done("rewards")
         self.reference: ReferenceScorer | None = None
         if cfg.algo.actors_score_reference:
             self.reference = ReferenceScorer(
@@ -160,6 +164,7 @@ class Actor:
         self.weight_targets = None
         if self.model is not None and self.adapters_only:
             self.weight_targets = adapter_targets(wrap(self.model, cfg.model.lora))
+        self.phases.done("models")
         config = self.model.config if self.model is not None else None
         self.params = SamplingParams.from_config(
             cfg.rollout, stop_token_ids(self.tokenizer, config)
@@ -209,6 +214,7 @@ class Actor:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
             self.subscriber.start()
         metrics.POLICY_VERSION.set(self.engine.version)
+        self.phases.done("connect_engine")
         self.publish_log = (
             JsonlLog(published_path(cfg.run.dir, self.actor_id)) if cfg.actor.publish_log else None
         )
@@ -322,6 +328,8 @@ class Actor:
             self.leases.discard(pending.lease_id)
             self.seq += 1
             self._observe(group)
+            if self.seq == 1:
+                log.info("actor %s: first group published", self.actor_id)
 
     async def _score_reference(self, complete: list[_Pending]) -> None:
         """Attach the reference policy's log-probs to each output (while the rewards are scored)."""
@@ -404,6 +412,7 @@ def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
     endpoint = Endpoint.from_config(cfg)
     port = serve(endpoint, "actor", actor_id, cfg.actor.metrics_port)
     log.info("actor %s started (metrics port %d)", actor_id, port)
+    actor.phases.log(log, f"actor {actor_id}")
     try:
         # returns once ``stop`` is set and the actor has shut down (leases released, engine closed)
         asyncio.run(actor.run())

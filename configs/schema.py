@@ -640,6 +640,12 @@ class WeightSyncConfig(Section):
         ge=2,
         description="shm: ring of slots, so the publisher never overwrites a slot a reader is copying.",
     )
+    staging_buffers: int = Field(
+        2,
+        ge=1,
+        le=4,
+        description="shm: host buffers the learner copies each version into before a background thread writes it out (pinned when the learner is on a GPU). The learner waits only when the next one is still being written out; each costs one copy of the weights in the transfer dtype.",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="Dtype weights travel in; converted once on the publisher side (auto = engine dtype).",

@@ -146,6 +146,13 @@ class Supervisor:
         self.learner = self._spawn(self._place(learner, self.cfg.learner.gpus))
         for _ in range(self.want_actors):
             self._add_actor()
+        # Checked while the children import (seconds each): a broken dataset still ends the run
+        # here, naming file and row, before any group can be trained.
+        try:
+            self._check_dataset()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _prepare_inputs(self) -> None:
@@ -166,11 +173,12 @@ class Supervisor:
             )
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
-        # A broken dataset fails here, naming file and row, before Redis or any child starts.
-        from streamrl.actors.prompts import PromptDataset
-        from streamrl.weightsync.policy import load_tokenizer
 
-        PromptDataset.from_config(self.cfg.data, load_tokenizer(self.cfg.model.path))
+    def _check_dataset(self) -> None:
+        """Load the dataset as an actor does, unless these inputs passed before (``dataset_check``)."""
+        from streamrl.launch.dataset_check import check_dataset
+
+        check_dataset(self.cfg)
 
     def _start_redis(self) -> None:
         if self.cfg.broker.redis_url:

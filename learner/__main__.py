@@ -1,7 +1,7 @@
 """The learner process: ``python -m streamrl.learner --config configs/demo_cpu.yaml [key=value ...]``.
 
 One rank with plain ``python``; several with ``torchrun --nproc_per_node N -m learner ...``
-(or the ``deepspeed`` launcher, hence ``--local_rank``). SIGTERM/SIGINT stop it
+(or the ``deepspeed`` launcher, hence ``--local_rank``). SIGTERM/SIGINT/SIGHUP stop it
 after the current step with a checkpoint.
 """
 
@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.info("signal %d: stopping after the current step", signum)
         stop["requested"] = True
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    # a flag the loop reads between steps: a step, both its publishes included, always completes
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
 
     from streamrl.learner.loop import Learner
 

@@ -200,20 +200,38 @@ class RolloutIO:
         return dynamic_batch_size(signal, need, cap)
 
     def publish(self, version: int, model, consumed: int | None = None) -> None:
-        """Weights first, then the version (with ``consumed``: and the step's count, atomically)."""
+        """Weights first, then the version (with ``consumed``: and the step's count, atomically).
+
+        The learner only stages the weights (one copy); the publisher's background thread writes
+        and announces them, then sets the version here, in submission order. Entries of
+        ``version`` are admitted from now on: the announcement may reach an actor any moment."""
         t0 = time.perf_counter()
-        if self.publisher is not None:
-            self.publisher.publish(version, published_tensors(model, self.cfg.model.lora))
         self.consumer.set_max_version(version)
-        if consumed is None:
-            self._run(self.admission.set_version(version))
+
+        def announced() -> None:
+            if consumed is None:
+                self._run(self.admission.set_version(version))
+            else:
+                self._run(self.admission.set_consumed(consumed, version))
+            m.POLICY_VERSION.set(version)
+
+        if self.publisher is not None:
+            self.publisher.submit(
+                version, published_tensors(model, self.cfg.model.lora), then=announced
+            )
         else:
-            self._run(self.admission.set_consumed(consumed, version))
-        m.POLICY_VERSION.set(version)
+            announced()
         m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
+
+    def flush(self) -> None:
+        """Wait until every version submitted is announced with its count: before anything that
+        must follow them in Redis (acks, a checkpoint, the end)."""
+        if self.publisher is not None:
+            self.publisher.flush()
 
     def set_consumed(self, consumed: int) -> None:
         """Count the groups of completed steps for admission (set only if larger)."""
+        self.flush()
         self._run(self.admission.set_consumed(consumed))
 
     def redis_epoch(self) -> str:
@@ -232,6 +250,7 @@ class RolloutIO:
     def ack(self, entries: list[tuple[str, str]], consumed: int, step: int) -> None:
         """Commit trained (entry id, group id)s (XACK + XDEL + trained set) with the consumed
         count, and log them under ``step``."""
+        self.flush()
         wipes = self.consumer.group_recreated
         groups = [g for _, g in entries]
         self._run(self.consumer.ack([e for e, _ in entries], groups, consumed=consumed))
@@ -299,6 +318,7 @@ class RolloutIO:
         if self._loop.is_closed():
             return
         if self.publisher is not None:
+            # the last versions are announced before Redis goes
             self.publisher.close()
         if self.metrics_port:
             broker_metrics.unregister(self.metrics_endpoint, "learner", "0", self.metrics_port)
