@@ -95,10 +95,11 @@ def split_minibatches(
 
 
 def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> tuple[int, int]:
-    """(completion tokens not stale, sequences with at least one such token) over the whole batch."""
+    """(model-sampled completion tokens not stale, sequences with at least one such token) over the
+    whole batch."""
     tokens = seqs = 0
     for s in samples:
-        fresh = int((~is_stale(version, s.versions, max_staleness)).sum())
+        fresh = int((s.trained() & ~is_stale(version, s.versions, max_staleness)).sum())
         tokens += fresh
         seqs += fresh > 0
     return tokens, seqs
