@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.actors import plugins
+from streamrl.configs.errors import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool")
 # why a trajectory ended: the environment said done, a limit, or a failed call
@@ -58,6 +59,15 @@ class Step:
 def load(name: str) -> Callable[[], Any]:
     """The factory ``env.name`` names (ValueError with the reason if it cannot be loaded)."""
     return plugins.load(name, f"env.name {name!r}")
+
+
+def check(env_cfg) -> None:
+    """An ``env.name`` that cannot load fails here, before anything starts."""
+    if env_cfg.name:
+        try:
+            load(env_cfg.name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def call(fn: Callable, arg, timeout_s: float):

@@ -127,7 +127,7 @@ class Supervisor:
 
     def _prepare_inputs(self) -> None:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
-        from streamrl.actors import inputs, rewards
+        from streamrl.actors import environment, inputs, rewards
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -143,6 +143,7 @@ class Supervisor:
             )
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
+        environment.check(self.cfg.env)
         # A broken dataset fails here, naming file and row, before Redis or any child starts.
         from streamrl.actors.prompts import PromptDataset
         from streamrl.weightsync.policy import load_tokenizer
