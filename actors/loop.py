@@ -335,7 +335,9 @@ class Actor:
         finished = await asyncio.to_thread(
             self.rollouts.run, self.engine, every, self.params, self.stop.is_set
         )
-        metrics.GENERATE_SECONDS.inc(time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        metrics.GENERATE_SECONDS.inc(elapsed)
+        self.tokens_per_s = sum(sum(t.mask) for t in every) / max(elapsed, 1e-9)
         if not finished:
             for pending in started:
                 await self._release(pending.lease_id)

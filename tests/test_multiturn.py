@@ -332,3 +332,21 @@ def test_wire_rejects_a_loss_mask_of_the_wrong_length():
     obj["lm"] = obj["lm"][:2]
     with pytest.raises(WireError, match="2 loss-mask values for 3 tokens"):
         decode_group(msgpack.packb(obj))
+
+
+def test_the_consumer_bounds_a_trajectory_by_env_max_total_tokens():
+    from streamrl.broker.semantics import Limits, check_group
+    from streamrl.configs import Config
+
+    single = Config.model_validate({"rollout": {"max_new_tokens": 4}})
+    multi = Config.model_validate(
+        {
+            "rollout": {"max_new_tokens": 4, "group_size": 1},
+            "env": {"name": "m:E", "max_total_tokens": 6},
+        }
+    )
+    assert Limits.from_config(single).max_completion_tokens == 4
+    limits = Limits.from_config(multi)
+    check_group(_group([1, 0, 0, 1, 1, 1]), limits)
+    with pytest.raises(WireError, match="env.max_total_tokens=6"):
+        check_group(_group([1, 0, 0, 1, 1, 1, 1]), limits)
