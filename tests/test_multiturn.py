@@ -11,7 +11,7 @@ import torch
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.environment import Step, parse_tool_calls
+from streamrl.actors.environment import Step, ToolEnvironment, parse_tool_calls
 from streamrl.actors.loop import assistant_turn
 from streamrl.actors.trajectory import Renderer, Rollouts
 from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group
@@ -350,3 +350,56 @@ def test_the_consumer_bounds_a_trajectory_by_env_max_total_tokens():
     check_group(_group([1, 0, 0, 1, 1, 1]), limits)
     with pytest.raises(WireError, match="env.max_total_tokens=6"):
         check_group(_group([1, 0, 0, 1, 1, 1, 1]), limits)
+
+
+def lookup(key: str) -> str:
+    """Look a key up in the table.
+
+    Args:
+        key: the key to look up
+    """
+    return {"a": "42"}[key]
+
+
+class _Lookup(ToolEnvironment):
+    tools = [lookup]
+
+    def reset(self, row):
+        return row["messages"]
+
+    def answer(self, turn):
+        return Step(reward=float(turn["content"] == "42"), done=True)
+
+
+# a Hermes-style template: the tools' JSON schemas in the first turn, tool results as responses
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>{% for t in tools %}{{ t | tojson }}{% endfor %}<|im_end|>{% endif %}"
+    "{% for m in messages %}<|im_start|>{% if m['role'] == 'tool' %}<tool_response>{{ m['content'] }}"
+    "</tool_response>{% else %}{{ m['content'] }}{% endif %}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
+)
+
+
+def test_tools_are_described_through_the_chat_template_and_their_calls_answered(demo_policy):
+    tokenizer = load_tokenizer(demo_policy)
+    tokenizer.chat_template = TOOL_TEMPLATE
+    renderer = Renderer(tokenizer, _Lookup.tools)
+    prompt = tokenizer.decode(renderer.prompt(ROW["messages"]), skip_special_tokens=False)
+    # (the demo's character tokenizer does not keep spaces)
+    prompt = prompt.replace(" ", "")
+    assert '"name":"lookup"' in prompt and '"description":"Lookakeyupinthetable."' in prompt
+    env = _Lookup()
+    env.reset(ROW)
+    text = '<tool_call>{"name": "lookup", "arguments": {"key": "a"}}</tool_call>'
+    turn = {"content": text, "raw_content": text, "tool_calls": parse_tool_calls(text)}
+    step = env.step(turn)
+    assert step.messages == [{"role": "tool", "name": "lookup", "content": "42"}] and not step.done
+    ids = renderer.observation(step.messages, tokenizer.eos_token_id, True)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == (
+        "<|im_end|><|im_start|><tool_response>42</tool_response><|im_end|><|im_start|>"
+    )
+    # a call of an unknown tool or with bad arguments is answered with the error, for the model
+    bad = '<tool_call>{"name": "nope", "arguments": {}}</tool_call><tool_call>{"name": "lookup", "arguments": {"k": 1}}</tool_call>'
+    messages = env.step({"raw_content": bad, "tool_calls": parse_tool_calls(bad)}).messages
+    assert [m["content"].startswith("error:") for m in messages] == [True, True]
+    assert env.step({"content": "42", "tool_calls": []}) == Step(reward=1.0, done=True)

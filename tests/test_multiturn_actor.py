@@ -103,7 +103,10 @@ def test_multiturn_actor_publishes_masked_trajectories_and_survives_a_raising_en
                 assert c.finish_reason == "stop"
                 if mask.all():
                     # right at once: one turn, no environment tokens
-                    assert tokenizer.decode(c.token_ids.tolist()) == answer
+                    assert (
+                        tokenizer.decode(c.token_ids.tolist(), skip_special_tokens=False)
+                        == answer + EOS
+                    )
                     continue
                 # model turn, environment tokens (mask 0: the hint), model turn
                 edges = np.flatnonzero(np.diff(mask.astype(np.int8)))

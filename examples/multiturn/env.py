@@ -7,6 +7,7 @@ from pathlib import Path
 
 from streamrl.actors.environment import Step
 from streamrl.examples.reverse_digits import build_policy as build_reverse_digits_policy
+from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.examples.reverse_digits.task import EOS, IM_END
 
 # a user turn is its bare text (the warm start's prompt, "314>"); an assistant turn ends with
@@ -16,7 +17,7 @@ CHAT_TEMPLATE = (
     + IM_END
     + "{% endif %}{% endfor %}"
 )
-RETRY_PENALTY = -0.25
+ATTEMPTS = 2
 
 
 def hint(answer: str, attempt: str) -> str:
@@ -28,7 +29,12 @@ def hint(answer: str, attempt: str) -> str:
 
 
 class SecondAttempt:
-    """Done at once on the right answer; otherwise one hint and a second attempt (env.max_turns: 2)."""
+    """Done at once on the right answer; otherwise one hint and a second attempt.
+
+    The reward is the mean over the two attempts of the reverse-digits demo's shaped score (per
+    digit right, and stopping right after the answer); an attempt not needed scores full. So the
+    first attempt is trained as in the single-turn demo, and the second to use the hint.
+    """
 
     def reset(self, row: dict) -> list[dict]:
         self.answer = str(row["answer"])
@@ -37,12 +43,16 @@ class SecondAttempt:
 
     def step(self, turn: dict) -> Step:
         self.attempts += 1
-        text = turn["raw_content"].removesuffix(EOS)
-        if text == self.answer:
-            return Step(reward=0.0 if self.attempts == 1 else RETRY_PENALTY, done=True)
-        if self.attempts == 1:
-            return Step(messages=[{"role": "user", "content": hint(self.answer, text)}])
-        return Step(reward=RETRY_PENALTY, done=True)
+        raw = turn["raw_content"]
+        score = sum(reverse_digits_reward(raw, self.answer).values()) / ATTEMPTS
+        text = raw.removesuffix(EOS)
+        if text == self.answer and raw.endswith(EOS):
+            return Step(reward=score + (ATTEMPTS - self.attempts) / ATTEMPTS, done=True)
+        if self.attempts < ATTEMPTS:
+            return Step(
+                messages=[{"role": "user", "content": hint(self.answer, text)}], reward=score
+            )
+        return Step(reward=score, done=True)
 
 
 def build_policy(path: str | os.PathLike, seed: int = 0) -> Path:
