@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl.actors import inputs, metrics
+from streamrl.actors import environment, inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.actors.engines.vllm import VLLMEngine
@@ -38,6 +38,7 @@ from streamrl.actors.evaluation import Evaluator
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.reference import ReferenceScorer
 from streamrl.actors.rewards import RewardInput, RewardPool, Score, failure_meta
+from streamrl.actors.trajectory import Renderer, Rollouts, Trajectory
 from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.audit import JsonlLog, published_path
 from streamrl.broker.client import connect_async
@@ -104,12 +105,27 @@ class _Pending:
     outputs: list[Output] = field(default_factory=list)
     # the reference policy's log-probs per output (algo.reference_on: actors)
     ref_logprobs: list[np.ndarray] | None = None
+    # multi-turn (env.name): the group's trajectories, whose first messages are the prompt
+    trajectories: list[Trajectory] | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.trajectories[0].prompt if self.trajectories else self.prompt.token_ids
 
 
 def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score]) -> RolloutGroup:
     refs = pending.ref_logprobs or [None] * len(pending.outputs)
     completions = [
-        Completion(o.token_ids, o.logprobs, o.versions, s.total, o.finish_reason, s.parts, ref)
+        Completion(
+            o.token_ids,
+            o.logprobs,
+            o.versions,
+            s.total,
+            o.finish_reason,
+            s.parts,
+            ref,
+            o.meta.get("loss_mask"),
+        )
         for o, s, ref in zip(pending.outputs, scores, refs, strict=True)
     ]
     return RolloutGroup(
@@ -117,7 +133,7 @@ def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score])
         prompt_id=pending.prompt.prompt_id,
         actor_id=actor_id,
         seq=seq,
-        prompt_token_ids=np.asarray(pending.prompt.token_ids, dtype=np.int32),
+        prompt_token_ids=np.asarray(pending.prompt_token_ids, dtype=np.int32),
         completions=completions,
         created_at=time.time(),
         meta={
@@ -169,6 +185,11 @@ class Actor:
         self.params = SamplingParams.from_config(
             cfg.rollout, stop_token_ids(self.tokenizer, config)
         )
+        self.rollouts: Rollouts | None = None
+        if cfg.env.name:
+            factory = environment.load(cfg.env.name)
+            renderer = Renderer(self.tokenizer, getattr(factory, "tools", ()))
+            self.rollouts = Rollouts(cfg.env, factory, renderer, self._assistant_turn)
         self.evaluator: Evaluator | None = None
         # the engine version of the last evaluation this actor considered
         self.evaluated = 0
@@ -283,6 +304,9 @@ class Actor:
         metrics.VERSION_LAG.set(max(0, learner_version - self.engine.version))
 
     async def _generate_score_publish(self, batch: list[_Pending]) -> None:
+        if self.rollouts is not None:
+            await self._roll_out_score_publish(batch)
+            return
         group_size = self.cfg.rollout.group_size
         requests = [
             Request(f"{g}:{j}", pending.prompt.token_ids)
@@ -319,6 +343,63 @@ class Actor:
         scores, _ = await asyncio.gather(
             asyncio.to_thread(self.rewards.score, samples), self._score_reference(complete)
         )
+        await self._publish(complete, scores)
+
+    async def _roll_out_score_publish(self, batch: list[_Pending]) -> None:
+        """Multi-turn: G trajectories per group through the environment, then scored and published
+        like completions (their rewards: the reward functions on the whole conversation plus the
+        environment's)."""
+        size = self.cfg.rollout.group_size
+        started = []
+        for pending in batch:
+            prompt = pending.prompt
+            row = {"messages": prompt.messages, "answer": prompt.answer, **prompt.columns}
+            try:
+                pending.trajectories = await asyncio.to_thread(self.rollouts.start_group, row, size)
+                started.append(pending)
+            except environment.EnvFailure as exc:
+                log.warning("environment reset failed, group %s dropped: %s", prompt.prompt_id, exc)
+                await self._release(pending.lease_id)
+        if not started:
+            return
+        every = [t for p in started for t in p.trajectories]
+        start = time.monotonic()
+        finished = await asyncio.to_thread(
+            self.rollouts.run, self.engine, every, self.params, self.stop.is_set
+        )
+        elapsed = time.monotonic() - start
+        metrics.GENERATE_SECONDS.inc(elapsed)
+        self.tokens_per_s = sum(sum(t.mask) for t in every) / max(elapsed, 1e-9)
+        if not finished:
+            for pending in started:
+                await self._release(pending.lease_id)
+            return
+        for pending in started:
+            pending.outputs = [t.output(str(j)) for j, t in enumerate(pending.trajectories)]
+        samples = [
+            RewardInput(t.messages, p.prompt.answer, p.prompt.columns, True)
+            for p in started
+            for t in p.trajectories
+        ]
+        scores, _ = await asyncio.gather(
+            asyncio.to_thread(self.rewards.score, samples), self._score_reference(started)
+        )
+        await self._publish(
+            started, [self._with_env(t, s) for t, s in zip(every, scores, strict=True)]
+        )
+
+    def _with_env(self, t: Trajectory, score: Score) -> Score:
+        """A trajectory's score: its environment's rewards added (part ``env``), or
+        ``env.truncated_reward`` in place of both when it was truncated."""
+        if t.truncated and self.cfg.env.truncated_reward is not None:
+            return Score(self.cfg.env.truncated_reward, {}, score.failures)
+        if not t.env_rewards:
+            return score
+        env = sum(t.env_rewards)
+        return Score(score.total + env, {**score.parts, "env": env}, score.failures)
+
+    async def _publish(self, complete: list[_Pending], scores: list[Score]) -> None:
+        group_size = self.cfg.rollout.group_size
         for g, pending in enumerate(complete):
             group_scores = scores[g * group_size : (g + 1) * group_size]
             group = build_group(self.actor_id, self.seq, pending, group_scores)
@@ -336,7 +417,7 @@ class Actor:
         if self.reference is None:
             return
         start = time.monotonic()
-        prompts = [p.prompt.token_ids for p in complete for _ in p.outputs]
+        prompts = [p.prompt_token_ids for p in complete for _ in p.outputs]
         completions = [o.token_ids for p in complete for o in p.outputs]
         refs = await asyncio.to_thread(self.reference.logprobs, prompts, completions)
         size = self.cfg.rollout.group_size

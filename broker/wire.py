@@ -6,7 +6,8 @@ Defined once here; every producer and consumer goes through ``encode_group`` /
 can execute data: msgpack only, no pickle, no ext types.
 
 Layout (schema 2) is columnar: the G completions' tokens, log-probs and
-versions (and, under ``algo.reference_on: actors``, the reference policy's log-probs, ``rlp``)
+versions (and, under ``algo.reference_on: actors``, the reference policy's log-probs, ``rlp``; for
+multi-turn trajectories the loss mask, ``lm``: 1 for the model's tokens, 0 for the environment's)
 travel as one array each plus a lengths array, so encoding is a few
 concatenations and decoding validates every completion with a few numpy
 reductions, then hands out views (schema 1, one map per completion, decoded
@@ -33,6 +34,7 @@ TOKEN_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f4")
 VERSION_DTYPE = np.dtype("<i4")
 LENGTH_DTYPE = np.dtype("<i4")
+MASK_DTYPE = np.dtype("u1")
 REWARD_DTYPE = np.dtype("<f8")
 # Bounds that keep a hostile entry from bloating what the learner keeps (ids live in the
 # `trained` set for the run's life) or from reaching the loss with values no sampler produces.
@@ -70,6 +72,9 @@ class Completion:
     # [T] float32, the frozen initial policy's log-prob of each token (``algo.reference_on:
     # actors``), else None
     ref_logprobs: np.ndarray | None = None
+    # [T] uint8, 1 where the model sampled the token, 0 where the environment appended it (its
+    # log-prob is 0 and its version that of the model token before it); None = all the model's
+    loss_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -129,6 +134,12 @@ def encode_group(group: RolloutGroup) -> bytes:
     }
     if all(with_ref):
         payload["rlp"] = _logprob_column([c.ref_logprobs for c in comps]).tobytes()
+    if any(c.loss_mask is not None for c in comps):
+        payload["lm"] = np.concatenate(
+            [np.ones(len(c), MASK_DTYPE) if c.loss_mask is None else c.loss_mask for c in comps],
+            dtype=MASK_DTYPE,
+            casting="unsafe",
+        ).tobytes()
     return msgpack.packb(payload, use_bin_type=True)
 
 
@@ -265,6 +276,7 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
                 f"group.rlp: {ref_logprobs.size} reference log-probs for {total} tokens"
             )
         _check_logprobs(ref_logprobs, "rlp", offsets, MIN_REF_LOGPROB)
+    loss_mask = _loss_mask(obj, total, offsets) if "lm" in obj else None
     if versions.min() < 0:
         raise WireError(f"{_owner(versions < 0, offsets)}.ver: negative policy version")
     # versions[t+1] < versions[t] inside a completion; steps across a boundary don't count.
@@ -306,9 +318,23 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
             finish[i],
             parts[i],
             None if ref_logprobs is None else ref_logprobs[bounds[i] : bounds[i + 1]],
+            None if loss_mask is None else loss_mask[bounds[i] : bounds[i + 1]],
         )
         for i in range(n)
     ]
+
+
+def _loss_mask(obj: dict, total: int, offsets: np.ndarray) -> np.ndarray:
+    """The ``lm`` column: one 0/1 per token, and every completion has a token the model sampled."""
+    mask = _array(obj, "lm", MASK_DTYPE)
+    if mask.size != total:
+        raise WireError(f"group.lm: {mask.size} loss-mask values for {total} tokens")
+    if mask.max() > 1:
+        raise WireError(f"{_owner(mask > 1, offsets)}.lm: loss-mask value other than 0 or 1")
+    model_tokens = np.add.reduceat(mask.astype(np.int64), offsets[:-1])
+    if model_tokens.min() == 0:
+        raise WireError(f"completion[{int(np.argmin(model_tokens))}].lm: no token of the model")
+    return mask
 
 
 def _check_logprobs(logprobs: np.ndarray, key: str, offsets: np.ndarray, lowest: float) -> None:

@@ -397,6 +397,33 @@ class RewardConfig(Section):
     )
 
 
+class EnvConfig(Section):
+    """Multi-turn environments (docs/multiturn.md): the actor alternates model turns and environment
+    steps, and trains only the model's tokens."""
+
+    name: str | None = Field(
+        None,
+        description="The environment: `module:Class` or `path/to/file.py:Class` (any callable returning a fresh environment, called once per trajectory). None = single-turn prompt -> completion.",
+    )
+    max_turns: int = Field(
+        4, ge=1, description="Model turns per trajectory; past it the trajectory is truncated."
+    )
+    max_total_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Tokens after the prompt (model and environment turns together); a turn may generate at most what is left, and past it the trajectory is truncated.",
+    )
+    step_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Wall-clock limit of one `reset` or `step` call; past it the trajectory ends with reason `timeout`.",
+    )
+    truncated_reward: float | None = Field(
+        None,
+        description="Reward of a trajectory that ended without the environment saying done (limits, or a step that raised, hung or returned garbage). None = score it as it stands (the reward functions on the conversation so far, plus the environment's rewards).",
+    )
+
+
 class ActorConfig(Section):
     """Actor processes and their generation engine."""
 
@@ -684,6 +711,7 @@ class Config(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

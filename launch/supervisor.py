@@ -157,7 +157,7 @@ class Supervisor:
 
     def _prepare_inputs(self) -> None:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
-        from streamrl.actors import inputs, rewards
+        from streamrl.actors import environment, inputs, rewards
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -173,6 +173,7 @@ class Supervisor:
             )
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
+        environment.check(self.cfg.env)
 
     def _check_dataset(self) -> None:
         """Load the dataset as an actor does, unless these inputs passed before (``dataset_check``)."""

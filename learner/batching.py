@@ -39,9 +39,17 @@ class Sample:
     # [C] float32, the reference policy's log-probs as the actor sent them (algo.reference_on:
     # actors), else None
     ref_logprobs: np.ndarray | None = None
+    # [C] bool, False at the tokens a multi-turn environment appended (never trained); None = all
+    loss_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def trained(self) -> np.ndarray:
+        """[C] bool: the completion tokens the model sampled, the only ones the loss may count."""
+        if self.loss_mask is None:
+            return np.ones(len(self) - self.prompt_len, dtype=bool)
+        return self.loss_mask
 
 
 def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
@@ -64,6 +72,7 @@ def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
             ref_logprobs=None
             if c.ref_logprobs is None
             else np.array(c.ref_logprobs, dtype=np.float32),
+            loss_mask=None if c.loss_mask is None else np.array(c.loss_mask, dtype=bool),
         )
         for c, adv in zip(group.completions, advantages, strict=True)
     ]
@@ -168,7 +177,8 @@ class MicroBatch:
 
     input_ids: Tensor  # [B, L] int64
     attention_mask: Tensor  # [B, L] int64
-    # [B, L - 1] bool: target is a completion token (not prompt, not padding)
+    # [B, L - 1] bool: target is a completion token the model sampled (not prompt, not padding,
+    # not an environment's)
     completion_mask: Tensor
     behaviour_logprobs: Tensor  # [B, L - 1] float32, 0 outside the completion
     versions: Tensor  # [B, L - 1] int64, -1 outside the completion
@@ -246,7 +256,7 @@ def collate(samples: list[Sample], pad_id: int, token_budget: int | None = None)
     # completion token k sits at input position p + k, so its target position is p + k - 1
     target = _ragged_positions(lengths - prompts, prompts - 1)
     completion_mask = np.zeros((rows, width - 1), dtype=bool)
-    completion_mask[target] = True
+    completion_mask[target] = np.concatenate([s.trained() for s in samples])
     behaviour = np.zeros((rows, width - 1), dtype=np.float32)
     behaviour[target] = np.concatenate([s.behaviour_logprobs for s in samples])
     versions = np.full((rows, width - 1), -1, dtype=np.int64)

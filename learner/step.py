@@ -101,10 +101,13 @@ def split_minibatches(
 
 
 def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> tuple[int, int]:
-    """(completion tokens not stale, sequences with at least one such token) over the whole batch."""
+    """(model-sampled completion tokens not stale, sequences with at least one such token) over the
+    whole batch."""
     if not samples:
         return 0, 0
-    fresh = ~is_stale(version, np.concatenate([s.versions for s in samples]), max_staleness)
+    fresh = np.concatenate([s.trained() for s in samples]) & ~is_stale(
+        version, np.concatenate([s.versions for s in samples]), max_staleness
+    )
     # one sum per sample over its run of the concatenation
     lengths = np.fromiter((len(s.versions) for s in samples), dtype=np.int64, count=len(samples))
     per_sample = np.add.reduceat(
