@@ -159,6 +159,27 @@ def test_the_log_prob_head_saves_what_the_count_says_per_completion_token(entrop
     assert head == pytest.approx(head_bytes_per_token(shape, grad)[0], rel=TOLERANCE)
 
 
+@pytest.mark.parametrize("shape", SMALL)
+def test_a_lora_policy_saves_at_most_the_full_models_count(shape):
+    """The LoRA rows count the full model's activations: the adapters' own (2·rank bytes per
+    projection) are fewer than what the frozen norms and embedding no longer save."""
+    from peft import LoraConfig, get_peft_model
+
+    from bench.learner_memory import LORA_TARGETS
+    from streamrl.learner.engine import token_logprobs
+
+    mb = _micro_batch(shape, *ROWS["packed"])
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS))
+    # DeepSpeed's bf16 mode casts the fp32 adapters peft makes to bf16
+    model = get_peft_model(_qwen2(shape), lora).to(torch.bfloat16).train()
+    saved = _saved_per_token(lambda: token_logprobs(model, mb, 0.7), model, 1)
+    count = (
+        mb.packed_tokens * activation_bytes_per_token(shape, False, mb.packed_ids.shape[1])
+        + mb.num_tokens * head_bytes_per_token(shape, False)[0]
+    )
+    assert 0.85 * count < saved <= count
+
+
 def test_the_old_step_estimate_sits_just_below_the_h200_measurements_of_the_issue():
     """45.7 and 84.0 GiB at 8,192 and 16,384 tokens (Qwen2.5-0.5B shape, measured on the step
     before packing: logits at every position, the entropy with gradients): the count leaves out the
