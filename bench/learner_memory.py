@@ -13,14 +13,19 @@ DeepSpeed ZeRO-2 with ``learner.ranks`` ranks):
   lives in host memory instead (16 bytes: the fp32 gradient too), and the GPU keeps none of it;
 - DeepSpeed's gradient reduction bucket: ``reduce_bucket_size`` (5e8) bf16 elements, allocated
   whole whatever the model's size;
-- activations saved for the backward pass, per token of the micro-batch's padded tensor
-  (``learner.micro_batch_tokens`` bounds it): ``activation_bytes_per_token``;
-- the log-prob head, per token: ``head_bytes_per_token`` (today's learner step always takes the
-  entropy with gradients).
+- activations saved for the backward pass, per token of the micro-batch's packed rows
+  (``learner.micro_batch_tokens`` bounds them: packed rows x their width):
+  ``activation_bytes_per_token``;
+- the log-prob head, per completion token only (``learner.engine.token_logprobs`` runs the output
+  layer on the completion positions): ``head_bytes_per_token``, with the entropy's gradients only
+  when ``algo.entropy_coef`` > 0.
 
-Left out: the CUDA context (~0.5 GiB, outside PyTorch's allocator), allocator fragmentation and
-cuBLAS/attention workspaces. Against the two peaks measured on an H200 at the 0.5B shape (45.7
-GiB at 8,192 tokens, 84.0 at 16,384) the count comes out 6-8 % low. ``--measure`` runs the
+Rows are GSM8K's: a ~128-token prompt and a completion of up to ``rollout.max_new_tokens`` (512),
+so 4/5 of a micro-batch's tokens reach the head. Left out: the CUDA context (~0.5 GiB, outside
+PyTorch's allocator), allocator fragmentation and cuBLAS/attention workspaces. The two peaks
+measured on an H200 at the 0.5B shape (45.7 GiB at 8,192 tokens, 84.0 at 16,384) were taken on
+the step before packing (``OLD_STEP``: logits at every position, the entropy with gradients);
+that step's count comes out 6-8 % below them. ``--measure`` runs the
 learner's real ``train_batch`` (DeepSpeed, the loss, the optimizer) on a random-init model of the
 shape, once per knob set in a fresh process (about a minute of training in all, plus start-ups),
 and reports PyTorch's peak allocated and reserved memory and trained tokens per second.
@@ -89,12 +94,31 @@ class Knobs:
     micro_batch_tokens: int
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False
-    # today's learner step takes the entropy with gradients; 12 instead of 20 bytes per vocab entry without
-    entropy_grad: bool = True
+    # the entropy with its gradients (algo.entropy_coef > 0): 20 instead of 12 bytes per vocab entry
+    entropy_grad: bool = False
     lora_rank: int = 0
     ranks: int = 1
-    # padded row length: GSM8K's prompts and 512-token completions
-    seq_len: int = 640
+    # a row: GSM8K's ~128-token prompt and a completion of up to max_new_tokens
+    prompt_len: int = 128
+    completion_len: int = 512
+    # the output layer at every position, as before completion-only logits (``OLD_STEP``)
+    all_positions: bool = False
+
+    @property
+    def row_width(self) -> int:
+        return self.prompt_len + self.completion_len
+
+    @property
+    def head_tokens(self) -> int:
+        """Tokens of a micro-batch that reach the output layer."""
+        if self.all_positions:
+            return self.micro_batch_tokens
+        return self.micro_batch_tokens * self.completion_len // self.row_width
+
+
+# the learner step the H200 measurements of docs/gpu.md were taken on (before packing): logits at
+# every position and the entropy with its gradients whatever algo.entropy_coef
+OLD_STEP = {"all_positions": True, "entropy_grad": True}
 
 
 @dataclass(frozen=True)
@@ -113,34 +137,44 @@ class Estimate:
         return self.weights + self.trainable_state + self.bucket + self.activations + self.logits
 
 
-def activation_bytes_per_token(s: Shape, gradient_checkpointing: bool, seq_len: int) -> int:
+def activation_bytes_per_token(
+    s: Shape, gradient_checkpointing: bool, row_width: int, masked: bool = True
+) -> int:
     """Bytes the decoder saves for the backward pass per token (bf16 weights), final norm included.
 
     A layer: its two RMSNorms (the fp32 input, 4h, and the bf16 normalised input, 2h, each, plus
-    the bf16 output the next projection saves, 2h), q, k and v repeated to every head, and the
-    attention output (8h), its fp32 log-sum-exp per head, o_proj's input (2h), the MLP's gate, up,
-    SiLU and product (8i), and the attention's additive bf16 padding mask (2 x the padded row
-    length ``seq_len``). The final RMSNorm adds 6h. With gradient checkpointing each layer keeps
-    only its input (2h) and the backward recomputes one layer at a time.
+    the bf16 output the next projection saves, 2h), q and the attention output (4h), k and v,
+    the attention's fp32 log-sum-exp per head, o_proj's input (2h), the MLP's gate, up, SiLU and
+    product (8i). ``masked``: rows that carry an attention mask (several packed samples in a row,
+    as completions of different lengths give, or padded rows): transformers repeats k and v to
+    every head for SDPA (4h) and the layer keeps the additive bf16 mask (2 x ``row_width``); a row
+    of one sample needs neither (SDPA's own GQA and causal mask: 4 x the k/v width). The final
+    RMSNorm adds 6h. With gradient checkpointing each layer keeps only its input (2h) and the
+    backward recomputes one layer at a time.
     """
     outside = 6 * s.hidden
+    layer = layer_bytes_per_token(s, row_width, masked)
     if gradient_checkpointing:
-        return s.layers * 2 * s.hidden + layer_bytes_per_token(s, seq_len) + outside
-    return s.layers * layer_bytes_per_token(s, seq_len) + outside
+        return s.layers * 2 * s.hidden + layer + outside
+    return s.layers * layer + outside
 
 
-def layer_bytes_per_token(s: Shape, seq_len: int) -> int:
-    return 24 * s.hidden + 8 * s.intermediate + 4 * s.heads + 2 * seq_len
+def layer_bytes_per_token(s: Shape, row_width: int, masked: bool = True) -> int:
+    kv = 4 * s.hidden + 2 * row_width if masked else 4 * s.kv_dim
+    return 20 * s.hidden + kv + 8 * s.intermediate + 4 * s.heads
 
 
 def head_bytes_per_token(s: Shape, entropy_grad: bool) -> tuple[int, int]:
-    """(saved by the forward, peak in the backward) of the log-prob head (``sequence_logprobs``).
+    """(saved by the forward, peak in the backward) of the log-prob head (``sequence_logprobs``)
+    per token it scores.
 
-    Saved: the fp32 log-softmax (4 bytes per vocabulary entry) and, with the entropy, its exp (4).
-    The backward adds fp32 gradients of the same size before it frees them: of the log-probs and
-    the log-softmax's input (8), and with the entropy those of its two factors (4 more).
+    Saved: the output layer's bf16 input (2h), the fp32 log-softmax (4 bytes per vocabulary entry)
+    and, with the entropy's gradients, its exp (4). The backward adds fp32 gradients of the same
+    size before it frees them: of the log-probs and the log-softmax's input (8), and with the
+    entropy those of its two factors (4 more). An entropy without gradients takes the same 8 for
+    its exp and product in the forward, and frees them before the backward.
     """
-    saved = s.vocab * (8 if entropy_grad else 4)
+    saved = 2 * s.hidden + s.vocab * (8 if entropy_grad else 4)
     return saved, saved + s.vocab * (12 if entropy_grad else 8)
 
 
@@ -153,8 +187,8 @@ def estimate(s: Shape, k: Knobs) -> Estimate:
         trainable_state=on_gpu_state,
         bucket=2 * REDUCE_BUCKET,
         activations=k.micro_batch_tokens
-        * activation_bytes_per_token(s, k.gradient_checkpointing, k.seq_len),
-        logits=k.micro_batch_tokens * head_bytes_per_token(s, k.entropy_grad)[1],
+        * activation_bytes_per_token(s, k.gradient_checkpointing, k.row_width),
+        logits=k.head_tokens * head_bytes_per_token(s, k.entropy_grad)[1],
         host=16 * trainable // k.ranks if k.offload_optimizer else 0,
     )
 
@@ -167,18 +201,25 @@ def shape_of(model_path: str) -> Shape:
     raise ValueError(f"model.path {model_path!r}: no known shape (known: {', '.join(SHAPES)})")
 
 
-def config_estimate(cfg) -> Estimate:
-    """The estimate for a run's learner (``cfg``: a ``Config``), today's entropy with gradients included."""
+def config_knobs(cfg) -> Knobs:
+    """The knobs of a run's learner (``cfg``: a ``Config``), rows of a GSM8K-sized prompt (~128
+    tokens with the chat template) and the longest completion; adapters counted on all seven
+    projections (``LORA_TARGETS``; fewer ``target_modules`` train fewer)."""
     lc = cfg.learner
-    knobs = Knobs(
+    return Knobs(
         lc.micro_batch_tokens,
         gradient_checkpointing=lc.gradient_checkpointing,
         offload_optimizer=lc.offload_optimizer,
+        entropy_grad=cfg.algo.entropy_coef > 0,
+        lora_rank=cfg.model.lora.rank,
         ranks=lc.ranks,
-        # a GSM8K-sized prompt (~128 tokens with the chat template) before the longest completion
-        seq_len=128 + cfg.rollout.max_new_tokens,
+        completion_len=cfg.rollout.max_new_tokens,
     )
-    return estimate(shape_of(cfg.model.path), knobs)
+
+
+def config_estimate(cfg) -> Estimate:
+    """The estimate for a run's learner."""
+    return estimate(shape_of(cfg.model.path), config_knobs(cfg))
 
 
 KNOB_ROWS = {
@@ -192,13 +233,14 @@ KNOB_ROWS = {
 TOKENS = (8192, 16384)
 
 
-def table(entropy_grad: bool = True) -> str:
-    """Markdown: estimated peak GiB per model, knob row and micro-batch size."""
+def table(**step) -> str:
+    """Markdown: estimated peak GiB per model, knob row and micro-batch size (``step``: further
+    ``Knobs``, e.g. ``entropy_grad`` or ``OLD_STEP``)."""
     head = "| model | params | knobs | " + " | ".join(f"{t:,} tokens" for t in TOKENS) + " | host |"
     lines = [head, "|---|---|---|" + "---|" * len(TOKENS) + "---|"]
     for name, shape in SHAPES.items():
         for label, knobs in KNOB_ROWS.items():
-            ests = [estimate(shape, Knobs(t, entropy_grad=entropy_grad, **knobs)) for t in TOKENS]
+            ests = [estimate(shape, Knobs(t, **step, **knobs)) for t in TOKENS]
             host = f"{ests[0].host / GiB:.1f} GiB" if ests[0].host else "-"
             cells = " | ".join(f"{e.gpu / GiB:.1f}" for e in ests)
             lines.append(
@@ -376,7 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds", type=float, default=20.0, help="training time per measured knob set"
     )
-    parser.add_argument("--no-entropy-grad", action="store_true", help="estimate without it")
+    parser.add_argument(
+        "--entropy-grad", action="store_true", help="the entropy with gradients (entropy_coef > 0)"
+    )
+    parser.add_argument(
+        "--old-step",
+        action="store_true",
+        help="the step the H200 measurements were taken on: logits at every position, entropy gradients",
+    )
     parser.add_argument("--config", help="estimate this run config's learner instead of the table")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of --config")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -393,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:
         from streamrl.configs import load_config
 
-        est = config_estimate(load_config(args.config, args.overrides, env={}))
+        cfg = load_config(args.config, args.overrides, env={})
+        knobs, est = config_knobs(cfg), config_estimate(cfg)
+        print(f"{args.config}: {knobs}")
         parts = ", ".join(
             f"{part} {getattr(est, part) / GiB:.1f}"
             for part in ("weights", "trainable_state", "bucket", "activations", "logits")
@@ -403,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if not args.measure:
-        print(table(entropy_grad=not args.no_entropy_grad))
+        print(table(**(OLD_STEP if args.old_step else {"entropy_grad": args.entropy_grad})))
         return 0
     if args.device == "cuda":
         import torch

@@ -599,7 +599,7 @@ class LearnerConfig(Section):
     micro_batch_tokens: int = Field(
         8192,
         ge=1,
-        description="Token budget of one micro-batch: its packed rows (short samples end to end, each attending only to itself) x the longest sample; samples are never split. It bounds the activations (logits are rows x width x vocabulary); the loss is the mini-batch's whatever the split.",
+        description="Token budget of one micro-batch: its packed rows (short samples end to end, each attending only to itself) x the longest sample; samples are never split. It bounds the activations (the logits: the completion tokens among them x vocabulary); the loss is the mini-batch's whatever the split.",
     )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
     offload_optimizer: bool = Field(
