@@ -736,12 +736,6 @@ class Config(Section):
                 raise ValueError(
                     f'actor.gpus="share" gives each actor one GPU; actor.tensor_parallel_size={actor.tensor_parallel_size}'
                 )
-            # NCCL refuses two ranks of one communicator on one GPU
-            if self.weightsync.transport == "dist" and self.weightsync.backend != "gloo":
-                raise ValueError(
-                    'actor.gpus="share" puts learner and actors on one GPU, where NCCL cannot join them: '
-                    "use weightsync.transport=shm"
-                )
         if actor.gpus is not None:
             # a placed actor sees only its own GPUs, numbered from 0
             group = 1 if actor.gpus == "share" else actor.tensor_parallel_size

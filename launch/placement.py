@@ -65,6 +65,18 @@ def check(cfg: Config, available: int) -> None:
             )
     if cfg.actor.gpus == "share" and available < 1:
         raise PlacementError('actor.gpus="share" needs a GPU, but the launcher sees none')
+    if cfg.actor.gpus == "share":
+        from streamrl.weightsync import transports
+
+        # NCCL refuses two ranks of one communicator on one GPU
+        if (
+            transports.get(cfg.weightsync.transport).process_group
+            and cfg.weightsync.backend != "gloo"
+        ):
+            raise PlacementError(
+                'actor.gpus="share" puts learner and actors on one GPU, where NCCL cannot join '
+                f"them (weightsync.transport={cfg.weightsync.transport}): use weightsync.transport=shm"
+            )
 
 
 def check_launcher(cfg: Config, launcher: list[str] | None) -> None:

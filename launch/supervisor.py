@@ -132,6 +132,7 @@ class Supervisor:
         # an earlier run there as it was
         self._prepare_inputs()
         placement.check_launcher(self.cfg, self.launcher_devices)
+        self._check_dataset()
         said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
@@ -146,13 +147,6 @@ class Supervisor:
         self.learner = self._spawn(self._place(learner, self.cfg.learner.gpus))
         for _ in range(self.want_actors):
             self._add_actor()
-        # Checked while the children import (seconds each): a broken dataset still ends the run
-        # here, naming file and row, before any group can be trained.
-        try:
-            self._check_dataset()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def _prepare_inputs(self) -> None:

@@ -65,10 +65,6 @@ def test_indices_count_the_launchers_own_visible_devices():
         ({"actor": {"gpus": [1, 2, 3], "tensor_parallel_size": 2}}, ["actor.gpus", "multiple"]),
         ({"learner": {"ranks": 2}, "actor": {"gpus": "share"}}, ["share", "learner.ranks=2"]),
         (
-            {"actor": {"gpus": "share"}, "weightsync": {"transport": "dist"}},
-            ["share", "NCCL", "weightsync.transport=shm"],
-        ),
-        (
             {"learner": {"gpus": [0]}, "actor": {"gpus": [1, 2], "device": "cuda:1"}},
             ["actor.device=cuda:1", "cuda:0..0"],
         ),
@@ -87,6 +83,11 @@ def test_an_index_past_the_launchers_devices_is_refused_before_anything_starts()
     check(cfg, 5)
     with pytest.raises(PlacementError, match="share"):
         check(_cfg(actor={"gpus": "share"}), 0)
+    shared_dist = _cfg(actor={"gpus": "share"}, weightsync={"transport": "dist"})
+    with pytest.raises(PlacementError, match="NCCL.*weightsync.transport=shm"):
+        check(shared_dist, 1)
+    shared_dist.weightsync.backend = "gloo"
+    check(shared_dist, 1)
     # the launcher's CUDA_VISIBLE_DEVICES is what it sees, whatever the host has
     with pytest.raises(PlacementError, match="sees 1 GPU"):
         placement.check_launcher(_cfg(learner={"gpus": [1]}), ["3"])

@@ -113,6 +113,9 @@ class Transport(ABC):
     # the publisher may write versions from its background thread while the learner trains on
     # (False: written before ``Publisher.submit`` returns, e.g. a broadcast the actors take part in)
     background: ClassVar[bool] = False
+    # actors join the learner's torch.distributed group (over ``weightsync.backend``): under NCCL
+    # no two of its processes may share a GPU
+    process_group: ClassVar[bool] = False
 
     @abstractmethod
     def sender(

@@ -75,6 +75,7 @@ class DistTransportReceiver:
 
 class Dist(Transport):
     name = "dist"
+    process_group = True
 
     def sender(
         self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, layout: Layout
