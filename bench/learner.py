@@ -43,14 +43,17 @@ def _model(hidden, layers, heads, kv, inter, vocab, seed=0):
     return Qwen2ForCausalLM(cfg)
 
 
-def _samples(n: int, vocab: int, seed: int = 0) -> list[Sample]:
+def random_samples(
+    n: int, vocab: int, seed: int = 0, prompt: int = PROMPT, completion: int = COMPLETION
+) -> list[Sample]:
+    """``n`` samples of random tokens, log-probs and advantages, at one prompt/completion length."""
     rng = np.random.default_rng(seed)
     return [
         Sample(
-            input_ids=rng.integers(0, vocab, PROMPT + COMPLETION),
-            prompt_len=PROMPT,
-            behaviour_logprobs=-rng.random(COMPLETION).astype(np.float32) * 3,
-            versions=np.zeros(COMPLETION, dtype=np.int64),
+            input_ids=rng.integers(0, vocab, prompt + completion),
+            prompt_len=prompt,
+            behaviour_logprobs=-rng.random(completion).astype(np.float32) * 3,
+            versions=np.zeros(completion, dtype=np.int64),
             advantage=float(rng.standard_normal()),
             reward=0.0,
             group_id=str(i),
@@ -100,7 +103,7 @@ def run(quick: bool = False) -> str:
     )
     rows = []
     for name, shape in MODELS.items():
-        samples = _samples(n_samples, shape[-1])
+        samples = random_samples(n_samples, shape[-1])
         tokens = n_samples * COMPLETION
         mine, _ = plan_rank_micro_batches(samples, world, rank, cfg.learner.micro_batch_tokens)
         batches = [collate(b, 0, cfg.learner.micro_batch_tokens) for b in mine]

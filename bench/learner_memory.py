@@ -257,26 +257,6 @@ MEASURED = {
 }
 
 
-def _samples(n: int, vocab: int, prompt: int, completion: int, seed: int):
-    import numpy as np
-
-    from streamrl.learner.batching import Sample
-
-    rng = np.random.default_rng(seed)
-    return [
-        Sample(
-            input_ids=rng.integers(0, vocab, prompt + completion),
-            prompt_len=prompt,
-            behaviour_logprobs=-rng.random(completion).astype(np.float32) * 3,
-            versions=np.zeros(completion, dtype=np.int64),
-            advantage=float(rng.standard_normal()),
-            reward=0.0,
-            group_id=str(i),
-        )
-        for i in range(n)
-    ]
-
-
 def measure_one(
     shape: Shape, knobs: dict, tokens: int, seconds: float, device: str, steps_min: int = 2
 ) -> dict:
@@ -285,6 +265,7 @@ def measure_one(
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from bench.learner import random_samples
     from streamrl.configs import Config
     from streamrl.learner.engine import build_engine, init_distributed
     from streamrl.learner.step import train_batch
@@ -312,7 +293,9 @@ def measure_one(
     engine = build_engine(cfg.learner, model, world)
     # GSM8K-like rows: a 128-token prompt and a 512-token completion; 4 micro-batches per step
     prompt, completion = (128, 512) if device == "cuda" else (8, 24)
-    samples = _samples(4 * (tokens // (prompt + completion)), shape.vocab, prompt, completion, 0)
+    samples = random_samples(
+        4 * (tokens // (prompt + completion)), shape.vocab, 0, prompt, completion
+    )
 
     def step() -> None:
         train_batch(
