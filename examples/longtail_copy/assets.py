@@ -1,0 +1,33 @@
+"""The long-tail task's inputs: the warmed policy folder (``model.build``) and the prompts (``data.build``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from streamrl.examples.longtail_copy.task import examples, warm_start_example
+from streamrl.examples.reverse_digits import assets
+
+# the format of 24 lengths takes longer to teach than the demo's one (100 steps)
+WARM_START_STEPS = 300
+
+
+def build_policy(
+    path: str | os.PathLike,
+    seed: int = 0,
+    warm_start_steps: int = WARM_START_STEPS,
+    warm_start_lr: float = 1e-3,
+) -> Path:
+    """The ``model.build`` hook: the demo's tiny Qwen2, warmed on random digits of every length + EOS.
+
+    Like the demo's warm start it teaches the format (as many digits as the prompt, then
+    stop), not the answer: RL has to learn to copy.
+    """
+    return assets.build_policy(path, seed, warm_start_steps, warm_start_lr, make=warm_start_example)
+
+
+def write_dataset(path: str | os.PathLike, size: int = 2000, seed: int = 0) -> Path:
+    """The ``data.build`` hook: ``size`` heavy-tailed prompts as JSONL (``prompt`` + ``answer``)."""
+    if Path(path).exists():
+        return Path(path)
+    return assets.write_rows(path, examples(size, seed))
