@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += [
             "### The long-tail task",
             "",
-            f"`{LONGTAIL.config}`: copy 1–24 digits, lengths P(n) ∝ n^-1.5 (median 2). Target: "
+            f"`{LONGTAIL.config}`: copy 1–24 digits, lengths P(n) ∝ n^-1.5 (median 2), the preset's "
+            "recipe and a light warm start (100 steps at 3e-4). Target: "
             f"{window}-step means of reward ≥ {reward_bar} and exact copies ≥ {exact_bar}. "
             f"Cap {args.cap_s:.0f} s. Grid (lr, KL) of every system; median time to target:",
             "",

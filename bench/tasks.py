@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamrl.examples import longtail_copy, reverse_digits
-from streamrl.examples.longtail_copy.assets import WARM_START_STEPS
+from streamrl.examples.longtail_copy.assets import WARM_START_LR, WARM_START_STEPS
 from streamrl.examples.longtail_copy.rewards import EXACT_PART as COPY_EXACT
 from streamrl.examples.longtail_copy.task import warm_start_example
 from streamrl.examples.reverse_digits.rewards import EXACT_PART as REVERSE_EXACT
@@ -47,6 +47,7 @@ def _longtail_warm_start(model, tokenizer, seed: int, optimizer) -> float:
         model,
         tokenizer,
         steps=WARM_START_STEPS,
+        lr=WARM_START_LR,
         seed=seed,
         optimizer=optimizer,
         make=warm_start_example,

@@ -56,7 +56,8 @@ def test_the_preset_loads_by_name_and_its_target_names_a_reward():
     assert cfg.actor.refill and cfg.actor.engine == "hf"
     # the longest prompt and completion fit the demo model's 64 positions
     assert (MAX_DIGITS + 1) + cfg.rollout.max_new_tokens <= 64
-    assert LONGTAIL.target() == (cfg.run.target_reward, 0.85, cfg.run.target_window)
+    exact = cfg.run.target_parts["copy_digits_exact"]
+    assert LONGTAIL.target() == (cfg.run.target_reward, exact, cfg.run.target_window)
 
 
 @pytest.fixture(scope="module")
