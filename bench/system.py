@@ -329,6 +329,8 @@ def load_outcome(path: Path) -> Outcome:
     data = json.loads(path.read_text())
     data["curve"] = [tuple(p) for p in data["curve"]]
     data["scrapes"] = [Scrape(**s) for s in data["scrapes"]]
+    if "bars" in data:
+        data["bars"] = tuple(data["bars"])
     return Outcome(**data)
 
 
