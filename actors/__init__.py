@@ -3,7 +3,8 @@
 Owns the generation engines (``engines``: hf everywhere, vllm on GPUs), the
 prompt source shared through a Redis cursor (``prompts``), reward functions and
 the code-execution sandbox (``rewards``, ``sandbox``), functions a config names
-(``plugins``), the inputs' build hooks (``inputs``), the actor loop (``loop``) and its
+(``plugins``), the inputs' build hooks (``inputs``), multi-turn environments and their
+token-in/token-out trajectories (``environment``, ``trajectory``), the actor loop (``loop``) and its
 process entry point (``__main__``); metrics are defined once in ``metrics``.
 
 Talks to: Redis through ``broker`` (stream, admission, heartbeats) and the

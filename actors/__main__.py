@@ -21,9 +21,7 @@ from streamrl.configs import Config, config_from_cli
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
-    parser = argparse.ArgumentParser(
-        prog="python -m streamrl.actors", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="streamrl actors", description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1, help="actor processes to start")
     parser.add_argument(
         "--actor-id", help="actor id (default host-pid; with --count N, ID-0 .. ID-N-1)"

@@ -72,7 +72,13 @@ class Evaluator:
             requests = [Request(f"eval:{i}", p.token_ids) for i, p in enumerate(self.prompts)]
             outputs = engine.generate(requests, params, should_abort)
             inputs = [
-                RewardInput(p.messages + [self.decode(o)], p.answer, p.columns, self.conversational)
+                RewardInput(
+                    p.messages + [self.decode(o)],
+                    p.answer,
+                    p.columns,
+                    self.conversational,
+                    o.token_ids.tolist(),
+                )
                 for p, o in zip(self.prompts, outputs, strict=True)
             ]
             mean, passed = summarize([s.total for s in rewards.score(inputs)])

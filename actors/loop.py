@@ -33,14 +33,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl.actors import inputs, metrics
+from streamrl.actors import environment, inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.actors.engines.vllm import VLLMEngine
 from streamrl.actors.evaluation import Evaluator
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.reference import ReferenceScorer
-from streamrl.actors.rewards import RewardInput, RewardPool, Score
+from streamrl.actors.rewards import RewardInput, RewardPool, Score, failure_meta
+from streamrl.actors.trajectory import Renderer, Rollouts, Trajectory
 from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.audit import JsonlLog, published_path
 from streamrl.broker.client import connect_async
@@ -48,11 +49,18 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats
 from streamrl.broker.metrics import Endpoint, serve, unregister
 from streamrl.broker.semantics import is_stale
+from streamrl.broker.startup import Phases
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
 from streamrl.weightsync import transports
-from streamrl.weightsync.policy import load_policy, load_tokenizer, parameter_template
+from streamrl.weightsync.lora import adapter_targets, adapter_template, wrap
+from streamrl.weightsync.policy import (
+    load_policy,
+    load_tokenizer,
+    parameter_template,
+    resolve_dtype,
+)
 from streamrl.weightsync.subscriber import Subscriber
 
 log = logging.getLogger(__name__)
@@ -102,12 +110,27 @@ class _Pending:
     ref_logprobs: list[np.ndarray] | None = None
     # handed to the publisher during generation (actor.refill)
     published: bool = False
+    # multi-turn (env.name): the group's trajectories, whose first messages are the prompt
+    trajectories: list[Trajectory] | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.trajectories[0].prompt if self.trajectories else self.prompt.token_ids
 
 
 def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score]) -> RolloutGroup:
     refs = pending.ref_logprobs or [None] * len(pending.outputs)
     completions = [
-        Completion(o.token_ids, o.logprobs, o.versions, s.total, o.finish_reason, s.parts, ref)
+        Completion(
+            o.token_ids,
+            o.logprobs,
+            o.versions,
+            s.total,
+            o.finish_reason,
+            s.parts,
+            ref,
+            o.meta.get("loss_mask"),
+        )
         for o, s, ref in zip(pending.outputs, scores, refs, strict=True)
     ]
     return RolloutGroup(
@@ -115,10 +138,14 @@ def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score])
         prompt_id=pending.prompt.prompt_id,
         actor_id=actor_id,
         seq=seq,
-        prompt_token_ids=np.asarray(pending.prompt.token_ids, dtype=np.int32),
+        prompt_token_ids=np.asarray(pending.prompt_token_ids, dtype=np.int32),
         completions=completions,
         created_at=time.time(),
-        meta={"epoch": pending.prompt.epoch, "row": pending.prompt.index},
+        meta={
+            "epoch": pending.prompt.epoch,
+            "row": pending.prompt.index,
+            **failure_meta(scores),
+        },
     )
 
 
@@ -136,12 +163,15 @@ class Actor:
         # one group scored and published at a time, in the order they finished
         self.publishing = asyncio.Lock()
 
+        self.phases = Phases()
         # -- load: everything that can fail on bad input, before touching Redis ----------------
         torch.set_num_threads(cfg.run.torch_threads)
         inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer)
+        self.phases.done("task")
         self.rewards = RewardPool(cfg.reward)
+        self.phases.done("rewards")
         self.reference: ReferenceScorer | None = None
         if cfg.algo.actors_score_reference:
             self.reference = ReferenceScorer(
@@ -152,10 +182,21 @@ class Actor:
             if cfg.actor.engine == "vllm"
             else load_policy(cfg.model.path, cfg.model.dtype, cfg.actor.device)
         )
+        # model.lora.sync adapter: versions are adapters, swapped into the policy wrapped with peft
+        self.adapters_only = cfg.model.lora.enabled and cfg.model.lora.sync == "adapter"
+        self.weight_targets = None
+        if self.model is not None and self.adapters_only:
+            self.weight_targets = adapter_targets(wrap(self.model, cfg.model.lora))
+        self.phases.done("models")
         config = self.model.config if self.model is not None else None
         self.params = SamplingParams.from_config(
             cfg.rollout, stop_token_ids(self.tokenizer, config)
         )
+        self.rollouts: Rollouts | None = None
+        if cfg.env.name:
+            factory = environment.load(cfg.env.name)
+            renderer = Renderer(self.tokenizer, getattr(factory, "tools", ()))
+            self.rollouts = Rollouts(cfg.env, factory, renderer, self._assistant_turn)
         self.evaluator: Evaluator | None = None
         # the engine version of the last evaluation this actor considered
         self.evaluated = 0
@@ -178,7 +219,10 @@ class Actor:
         self.subscriber = None
         transport = transports.get(cfg.weightsync.transport)
         # vLLM over shm: its workers read the published slots themselves (weightsync.vllm_shm_engine)
-        vllm_reads_shm = cfg.actor.engine == "vllm" and transport.shared_memory
+        # (not adapters: the actor stages those and vLLM loads each as a LoRA adapter)
+        vllm_reads_shm = (
+            cfg.actor.engine == "vllm" and transport.shared_memory and not self.adapters_only
+        )
         if transport.publishes and not vllm_reads_shm:
             self.subscriber = Subscriber.from_config(cfg, self.actor_id, self._weight_template())
         seed = sampling_seed(cfg.run.seed, self.actor_id)
@@ -192,20 +236,28 @@ class Actor:
                 cfg.actor.batch_slots,
                 weight_source=self.subscriber,
                 seed=seed,
+                weight_targets=self.weight_targets,
             )
         if self.subscriber is not None:
             # receive only once the engine stands: vLLM sizes its KV cache from the free GPU memory
             self.subscriber.start()
         metrics.POLICY_VERSION.set(self.engine.version)
+        self.phases.done("connect_engine")
         self.publish_log = (
             JsonlLog(published_path(cfg.run.dir, self.actor_id)) if cfg.actor.publish_log else None
         )
 
     def _weight_template(self) -> dict:
-        """What the subscriber stages into: the hf model's parameters, else the checkpoint's (vllm)."""
+        """What the subscriber stages into: the hf model's parameters (or its adapters), else the
+        checkpoint's (vllm: its parameters' or its adapters' names and shapes)."""
+        cfg = self.cfg
+        if self.weight_targets is not None:
+            return dict(self.weight_targets)
         if self.model is not None:
             return dict(self.model.named_parameters())
-        cfg = self.cfg
+        dtype = resolve_dtype(cfg.model.dtype, cfg.actor.device)
+        if self.adapters_only:
+            return adapter_template(cfg.model.path, cfg.model.lora, dtype, cfg.actor.device)[0]
         return parameter_template(cfg.model.path, cfg.model.dtype, cfg.actor.device)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -275,6 +327,9 @@ class Actor:
         ]
 
     async def _generate_score_publish(self, batch: list[_Pending]) -> None:
+        if self.rollouts is not None:
+            await self._roll_out_score_publish(batch)
+            return
         group_size = self.cfg.rollout.group_size
         batch = list(batch)
         requests = [r for g, pending in enumerate(batch) for r in self._requests(g, pending)]
@@ -339,7 +394,6 @@ class Actor:
             await self._score_publish_now(complete)
 
     async def _score_publish_now(self, complete: list[_Pending]) -> None:
-        group_size = self.cfg.rollout.group_size
         conversational = self.dataset.format == "messages"
         samples = [
             RewardInput(
@@ -347,6 +401,7 @@ class Actor:
                 p.prompt.answer,
                 p.prompt.columns,
                 conversational,
+                o.token_ids.tolist(),
             )
             for p in complete
             for o in p.outputs
@@ -354,6 +409,63 @@ class Actor:
         scores, _ = await asyncio.gather(
             asyncio.to_thread(self.rewards.score, samples), self._score_reference(complete)
         )
+        await self._publish(complete, scores)
+
+    async def _roll_out_score_publish(self, batch: list[_Pending]) -> None:
+        """Multi-turn: G trajectories per group through the environment, then scored and published
+        like completions (their rewards: the reward functions on the whole conversation plus the
+        environment's)."""
+        size = self.cfg.rollout.group_size
+        started = []
+        for pending in batch:
+            prompt = pending.prompt
+            row = {"messages": prompt.messages, "answer": prompt.answer, **prompt.columns}
+            try:
+                pending.trajectories = await asyncio.to_thread(self.rollouts.start_group, row, size)
+                started.append(pending)
+            except environment.EnvFailure as exc:
+                log.warning("environment reset failed, group %s dropped: %s", prompt.prompt_id, exc)
+                await self._release(pending.lease_id)
+        if not started:
+            return
+        every = [t for p in started for t in p.trajectories]
+        start = time.monotonic()
+        finished = await asyncio.to_thread(
+            self.rollouts.run, self.engine, every, self.params, self.stop.is_set
+        )
+        elapsed = time.monotonic() - start
+        metrics.GENERATE_SECONDS.inc(elapsed)
+        self.tokens_per_s = sum(sum(t.mask) for t in every) / max(elapsed, 1e-9)
+        if not finished:
+            for pending in started:
+                await self._release(pending.lease_id)
+            return
+        for pending in started:
+            pending.outputs = [t.output(str(j)) for j, t in enumerate(pending.trajectories)]
+        samples = [
+            RewardInput(t.messages, p.prompt.answer, p.prompt.columns, True)
+            for p in started
+            for t in p.trajectories
+        ]
+        scores, _ = await asyncio.gather(
+            asyncio.to_thread(self.rewards.score, samples), self._score_reference(started)
+        )
+        await self._publish(
+            started, [self._with_env(t, s) for t, s in zip(every, scores, strict=True)]
+        )
+
+    def _with_env(self, t: Trajectory, score: Score) -> Score:
+        """A trajectory's score: its environment's rewards added (part ``env``), or
+        ``env.truncated_reward`` in place of both when it was truncated."""
+        if t.truncated and self.cfg.env.truncated_reward is not None:
+            return Score(self.cfg.env.truncated_reward, {}, score.failures)
+        if not t.env_rewards:
+            return score
+        env = sum(t.env_rewards)
+        return Score(score.total + env, {**score.parts, "env": env}, score.failures)
+
+    async def _publish(self, complete: list[_Pending], scores: list[Score]) -> None:
+        group_size = self.cfg.rollout.group_size
         for g, pending in enumerate(complete):
             group_scores = scores[g * group_size : (g + 1) * group_size]
             group = build_group(self.actor_id, self.seq, pending, group_scores)
@@ -363,13 +475,15 @@ class Actor:
             self.leases.discard(pending.lease_id)
             self.seq += 1
             self._observe(group)
+            if self.seq == 1:
+                log.info("actor %s: first group published", self.actor_id)
 
     async def _score_reference(self, complete: list[_Pending]) -> None:
         """Attach the reference policy's log-probs to each output (while the rewards are scored)."""
         if self.reference is None:
             return
         start = time.monotonic()
-        prompts = [p.prompt.token_ids for p in complete for _ in p.outputs]
+        prompts = [p.prompt_token_ids for p in complete for _ in p.outputs]
         completions = [o.token_ids for p in complete for o in p.outputs]
         refs = await asyncio.to_thread(self.reference.logprobs, prompts, completions)
         size = self.cfg.rollout.group_size
@@ -445,6 +559,7 @@ def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
     endpoint = Endpoint.from_config(cfg)
     port = serve(endpoint, "actor", actor_id, cfg.actor.metrics_port)
     log.info("actor %s started (metrics port %d)", actor_id, port)
+    actor.phases.log(log, f"actor {actor_id}")
     try:
         # returns once ``stop`` is set and the actor has shut down (leases released, engine closed)
         asyncio.run(actor.run())

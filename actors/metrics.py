@@ -49,3 +49,13 @@ WEIGHT_SWAP_SECONDS = Histogram(
 )
 POLICY_VERSION = Gauge("streamrl_actor_policy_version", "Policy version the engine samples with.")
 VERSION_LAG = Gauge("streamrl_actor_version_lag", "Learner version minus the engine's version.")
+ENV_TURNS = Counter(
+    "streamrl_actor_env_turns_total",
+    "Model turns of the multi-turn trajectories this actor finished (with "
+    "streamrl_actor_env_trajectories_total: turns per trajectory).",
+)
+ENV_TRAJECTORIES = Counter(
+    "streamrl_actor_env_trajectories_total",
+    "Multi-turn trajectories finished, by why they ended (done, a limit, or a failed step).",
+    ["reason"],
+)

@@ -3,9 +3,12 @@
 Two signatures. Per sample (RL2's): ``fn(messages, answer, **columns) -> float | dict[str,
 float]``: ``messages`` is the conversation ending with the assistant turn ``{"role":
 "assistant", "content": text, "raw_content": ..., "finish_reason": ...}`` (``content``
-without special tokens, ``raw_content`` with them, EOS included). Batched (TRL's, ``batched: true`` in
-the spec): ``fn(prompts, completions, **columns) -> list[float | None]``, one value per
-sample, every argument a list. ``columns`` are the dataset row's other columns (and
+without special tokens, ``raw_content`` with them, EOS included). Batched (TRL's):
+``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``, one value per
+sample, every argument a list (``None``: the function does not apply to that sample). Which
+form a function has is read from its signature (``is_batched``: a ``prompts``,
+``completions`` or ``completion_ids`` parameter and no ``messages`` is TRL's); the spec's
+``batched`` forces it. ``columns`` are the dataset row's other columns (and
 ``answer``), passed by name to the functions that declare them (all of them to a
 ``**kwargs``); the spec's ``kwargs`` are added to every call. A dict return is a set of
 named parts whose sum is the function's value; parts are named after the spec's ``name``,
@@ -17,8 +20,11 @@ Containment: rewards run in worker processes, one message per chunk of samples e
 and back (a chunk is a worker's share of one ``score`` call). A per-sample reward that
 raises, returns something that is not a finite number, sleeps past
 ``cfg.reward.timeout_s`` or runs out of memory (``worker_memory_mb`` address-space limit)
-scores 0 for that sample alone; a batched one that fails scores 0 for its chunk. Failures
-are counted by kind in ``streamrl_actor_reward_failures_total`` and logged; a hung or dead
+scores 0 for that sample alone; a batched one that fails scores 0 for its chunk. Each
+``Score`` names the functions that failed on it and their exceptions, which the actor sends
+with the group (``failure_meta``), so the learner reports each function's failure rate per
+step and stops a run whose reward keeps failing (``reward.max_failing_steps``). Failures are
+also counted by kind in ``streamrl_actor_reward_failures_total`` and logged; a hung or dead
 worker is killed and replaced, and the rest of its chunk goes to the new one. The actor
 never stops for a reward.
 """
@@ -35,15 +41,18 @@ import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from streamrl.actors import metrics, plugins
 from streamrl.actors.sandbox import run_python
+from streamrl.broker import reward_failures
 from streamrl.configs.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[..., "float | dict[str, float]"]
+# failure kinds of a worker that hung or died on a sample, rather than of one function
+WORKER_LOST = frozenset({"timeout", "crash"})
 # a fresh worker's imports (a plug-in, math-verify's sympy) do not count against a sample's time
 STARTUP_S = 120.0
 
@@ -99,15 +108,13 @@ def extract_code(text: str) -> str:
 def code_execution(messages, answer, timeout_s: float = 5.0, memory_mb: int = 512, **_) -> float:
     """Run the completion's code in the sandbox against the tests in ``answer``.
 
-    ``answer`` is either test code (asserts appended after the solution; 1 if it
-    exits 0) or a list of ``{"input": stdin, "output": expected stdout}`` cases
+    ``answer`` is either test code (run after the solution in its namespace; 1 only if the
+    tests ran to their end, checked with a nonce the program never sees, and it exits 0) or a list of ``{"input": stdin, "output": expected stdout}`` cases
     (the fraction that print the expected output).
     """
     code = extract_code(completion_turn(messages)["content"])
     if isinstance(answer, str):
-        return float(
-            run_python(code + "\n\n" + answer, timeout_s=timeout_s, memory_mb=memory_mb).ok
-        )
+        return float(run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, tests=answer).ok)
     if not isinstance(answer, list) or not answer:
         raise ValueError(
             "code reward: answer must be test code or a non-empty list of {input, output} cases"
@@ -121,8 +128,24 @@ def code_execution(messages, answer, timeout_s: float = 5.0, memory_mb: int = 51
     return passed / len(answer)
 
 
+_GSM8K_GOLD = re.compile(r"####\s*(?P<number>.+?)\s*$", re.DOTALL)
+
+
+def gsm8k(messages, answer, **_) -> float:
+    """1 when the completion's final answer equals GSM8K's: the number after ``####`` in the
+    dataset's solution (thousands separators dropped), compared by math-verify."""
+    from math_verify import parse, verify
+
+    match = _GSM8K_GOLD.search(str(answer))
+    number = (match["number"] if match else str(answer)).replace(",", "").strip()
+    gold = parse(f"${number}$")
+    predicted = parse(completion_turn(messages)["content"])
+    return float(bool(gold) and bool(predicted) and verify(gold, predicted))
+
+
 BUILTINS: dict[str, RewardFn] = {
     "exact_match": exact_match,
+    "gsm8k": gsm8k,
     "math": math_equivalence,
     "think_format": think_format,
     "code": code_execution,
@@ -148,6 +171,21 @@ def check(reward_cfg) -> None:
         )
     for spec in reward_cfg.functions:
         resolve(spec.fn)
+
+
+_TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}
+
+
+def is_batched(spec: dict, fn: RewardFn) -> bool:
+    """The spec's ``batched`` when set, else from the signature: TRL's form names ``prompts``,
+    ``completions`` or ``completion_ids`` and has no ``messages``."""
+    if spec.get("batched") is not None:
+        return bool(spec["batched"])
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(names & _TRL_ARGUMENTS) and "messages" not in names
 
 
 def part_name(spec: dict) -> str:
@@ -178,18 +216,34 @@ class RewardInput:
     columns: dict[str, Any] = field(default_factory=dict)
     # the prompt was a string column: batched rewards get strings, as TRL gives them
     conversational: bool = True
+    # the completion's token ids (TRL's completion_ids)
+    completion_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, sample) -> RewardInput:
         return sample if isinstance(sample, RewardInput) else cls(*sample)
 
 
+class Failure(NamedTuple):
+    """Why a function scored 0 on a sample: the kind counted in the metric, and the exception."""
+
+    kind: str
+    error: str
+
+
 @dataclass
 class Score:
     total: float
     parts: dict[str, float] = field(default_factory=dict)
-    # failure kinds, one per failed function
-    failures: list[str] = field(default_factory=list)
+    # the functions (by part name) that failed on this sample
+    failures: dict[str, Failure] = field(default_factory=dict)
+
+
+def failure_meta(scores: Sequence[Score]) -> dict[str, int | str]:
+    """A group's reward failures as the scalar meta the learner reads (``broker.reward_failures``)."""
+    return reward_failures.encode(
+        [{name: f.error for name, f in score.failures.items()} for score in scores]
+    )
 
 
 def _as_parts(name: str, value) -> dict[str, float]:
@@ -205,12 +259,13 @@ def _as_parts(name: str, value) -> dict[str, float]:
     return parts
 
 
-def _failure_kind(name: str, exc: BaseException) -> str:
+def _failure(name: str, exc: BaseException) -> Failure:
+    error = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, MemoryError):
-        return "memory"
+        return Failure("memory", error)
     kind = "invalid" if isinstance(exc, ValueError) and "expected" in str(exc) else "exception"
-    log.warning("reward %s failed (%s): %s: %s", name, kind, type(exc).__name__, exc)
-    return kind
+    log.warning("reward %s failed (%s): %s", name, kind, error)
+    return Failure(kind, error)
 
 
 def _call_kwargs(spec: dict, allowed: set[str] | None, columns: dict) -> dict:
@@ -224,18 +279,18 @@ def score_sample(
     messages,
     answer,
     columns: dict | None = None,
-    batched: Sequence[dict[str, float] | str | None] | None = None,
+    batched: Sequence[dict[str, float] | Failure | None] | None = None,
 ) -> Score:
     """Weighted total over the reward functions; a failing function contributes 0 and is reported.
 
-    ``batched[i]``: the parts batched function ``i`` gave this sample, or its failure kind.
+    ``batched[i]``: the parts batched function ``i`` gave this sample, or its Failure.
     """
     score = Score(0.0)
     for i, (spec, fn) in enumerate(zip(specs, fns, strict=True)):
-        if spec.get("batched"):
+        if is_batched(spec, fn):
             parts = batched[i] if batched else None
-            if isinstance(parts, str):
-                score.failures.append(parts)
+            if isinstance(parts, Failure):
+                score.failures[part_name(spec)] = parts
                 continue
             parts = parts or {}
         else:
@@ -246,7 +301,7 @@ def score_sample(
                 parts = _as_parts(part_name(spec), value)
             # a plug-in may raise anything (MemoryError included)
             except Exception as exc:
-                score.failures.append(_failure_kind(part_name(spec), exc))
+                score.failures[part_name(spec)] = _failure(part_name(spec), exc)
                 continue
         score.parts.update(parts)
         score.total += spec.get("weight", 1.0) * sum(parts.values())
@@ -254,7 +309,8 @@ def score_sample(
 
 
 def _batched_arguments(inputs: list[RewardInput]) -> dict[str, list]:
-    """TRL's arguments: prompts and completions (conversations or strings), and one list per column."""
+    """TRL's arguments: prompts and completions (conversations or strings), the completions'
+    token ids, and one list per column."""
     prompts, completions = [], []
     for x in inputs:
         prompt, completion = x.messages[:-1], x.messages[-1]
@@ -264,7 +320,11 @@ def _batched_arguments(inputs: list[RewardInput]) -> dict[str, list]:
         else:
             prompts.append(prompt[-1]["content"])
             completions.append(completion["content"])
-    args: dict[str, list] = {"prompts": prompts, "completions": completions}
+    args: dict[str, list] = {
+        "prompts": prompts,
+        "completions": completions,
+        "completion_ids": [list(x.completion_ids) for x in inputs],
+    }
     args["answer"] = [x.answer for x in inputs]
     for name in dict.fromkeys(k for x in inputs for k in x.columns):
         args.setdefault(name, [x.columns.get(name) for x in inputs])
@@ -272,7 +332,7 @@ def _batched_arguments(inputs: list[RewardInput]) -> dict[str, list]:
 
 
 def score_batched(spec: dict, fn: RewardFn, inputs: list[RewardInput]) -> list:
-    """Per sample: the parts of one batched function, or its failure kind for the whole chunk."""
+    """Per sample: the parts of one batched function, or its Failure for the whole chunk."""
     args = _batched_arguments(inputs)
     allowed = accepted_columns(fn)
     try:
@@ -283,13 +343,13 @@ def score_batched(spec: dict, fn: RewardFn, inputs: list[RewardInput]) -> list:
         return [{} if v is None else _as_parts(part_name(spec), v) for v in values]
     # a plug-in may raise anything; the chunk scores 0 for it
     except Exception as exc:
-        return [_failure_kind(part_name(spec), exc)] * len(inputs)
+        return [_failure(part_name(spec), exc)] * len(inputs)
 
 
 def score_chunk(specs: Sequence[dict], fns: Sequence[RewardFn], inputs: list[RewardInput]):
     """Yield each sample's Score in order: batched functions first (once), then per sample."""
     per_fn = [
-        score_batched(spec, fn, inputs) if spec.get("batched") else None
+        score_batched(spec, fn, inputs) if is_batched(spec, fn) else None
         for spec, fn in zip(specs, fns, strict=True)
     ]
     for j, x in enumerate(inputs):
@@ -356,7 +416,10 @@ class RewardPool:
                     "memory_mb": reward_cfg.sandbox_memory_mb,
                 } | spec["kwargs"]
         check(reward_cfg)
-        self.has_batched = any(spec.get("batched") for spec in self.specs)
+        for spec in self.specs:
+            # decided once here, so every worker scores a function in the same form
+            spec["batched"] = is_batched(spec, resolve(spec["fn"]))
+        self.has_batched = any(spec["batched"] for spec in self.specs)
         self.timeout_s = reward_cfg.timeout_s
         self.memory_mb = reward_cfg.worker_memory_mb
         self._ctx = multiprocessing.get_context("spawn")
@@ -399,7 +462,11 @@ class RewardPool:
                 if not job.indices:
                     del busy[slot]
         for result in results:
-            for kind in result.failures:
+            kinds = [failure.kind for failure in result.failures.values()]
+            # a lost worker is one failure of the sample, whatever number of functions it held
+            for kind in [k for k in kinds if k not in WORKER_LOST] + sorted(
+                WORKER_LOST.intersection(kinds)
+            ):
                 metrics.REWARD_FAILURES.labels(kind=kind).inc()
         return results
 
@@ -426,8 +493,13 @@ class RewardPool:
         self._replace(slot)
 
     def _failed(self, kind: str, index: int) -> Score:
+        """A sample the worker hung or died on: every function failed on it (which one is unknown)."""
         log.warning("reward worker %s on sample %d; it scores 0", kind, index)
-        return Score(0.0, failures=[kind])
+        error = (
+            f"the reward worker {'took longer than reward.timeout_s' if kind == 'timeout' else 'died'}"
+            " on this sample"
+        )
+        return Score(0.0, failures={part_name(spec): Failure(kind, error) for spec in self.specs})
 
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()

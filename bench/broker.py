@@ -168,7 +168,14 @@ def end_to_end(url: str, server_pid: int, mode: str, n: int) -> tuple[float, flo
             + cpu.get(timeout=60)
         )
         keys = Keys.from_config(cfg)
-        await r.delete(raw_stream, keys.stream, keys.trained, keys.accepted, keys.consumed)
+        await r.delete(
+            raw_stream,
+            keys.stream,
+            keys.trained,
+            keys.trained_digests,
+            keys.accepted,
+            keys.consumed,
+        )
         await r.aclose()
         return elapsed, used
 

@@ -102,6 +102,8 @@ def overrides(
         f"weightsync.timeout_s={SYNC_TIMEOUT_S}",
         "actor.publish_log=true",
         "learner.commit_log=true",
+        # a round kills the learner more often than a crash loop would crash it
+        "learner.max_crashes=1000",
     ]
 
 

@@ -103,7 +103,7 @@ def run(quick: bool = False) -> str:
         samples = _samples(n_samples, shape[-1])
         tokens = n_samples * COMPLETION
         mine, _ = plan_rank_micro_batches(samples, world, rank, cfg.learner.micro_batch_tokens)
-        batches = [collate(b, 0) for b in mine]
+        batches = [collate(b, 0, cfg.learner.micro_batch_tokens) for b in mine]
         normalizer = loss_normalizer(cfg.algo, cfg.rollout, samples, 0)
 
         plain = _model(*shape)

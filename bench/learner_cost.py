@@ -1,4 +1,7 @@
-"""Learner cost per sample on the demo batch: the whole learner step against the reference loop's learn step.
+"""Learner cost per step and its tokens/s, on the demo batch and on a long-tail batch, against the
+reference loop's learn half on the same samples.
+
+    python -m bench.learner_cost [--steps N]    # prints the section of docs/bench/learner_cost.md
 
 The learner side is the real thing on one rank: ``Learner.train_next`` on the CPU demo config
 (``configs/demo_cpu.yaml``: 16 groups x 16 completions per step, k3 KL to the initial policy, one
@@ -9,13 +12,20 @@ split into phases by timing the learner's own methods: read + prepare (stream, d
 advantages), reference forward, forward+backward, optimizer, publish (weights + version +
 admission count), record (step row, metrics) and checkpoint/ack.
 
-The reference is one rollout of the plain synchronous loop the demo recipe comes from (one
-process: sample, score, learn; the recipe of the README's demo section): sampling 16 prompts x 16
-completions of 4 tokens (3 digits + end of sequence, what a trained policy writes) with a KV cache
-at temperature 1, then the learn half on the same 256 samples as the learner: a reference-model
-forward when KL is on, then two clipped token-mean AdamW updates on disjoint halves of 128,
-gradient clipping 1.0, plain torch, no Redis. Learner and reference run alternately in one
-process, so load from other processes hits both alike: report ratios, not absolute times.
+The reference is one rollout of the plain synchronous loop the demo recipe comes from
+(``bench.reference_loop``: one process, sample, score, learn): on the demo task, sampling 16
+prompts x 16 completions of 4 tokens (3 digits + end of sequence, what a trained policy writes)
+with a KV cache at temperature 1; on both tasks the loop's learn half on the same 256 samples as
+the learner, scored by the loop's own ``token_logprobs`` with completions padded to the batch's
+longest (as the loop samples them): a reference-model forward when KL is on, then two clipped
+token-mean AdamW updates on disjoint halves of 128, gradient clipping 1.0, plain torch, no Redis.
+Learner and reference run alternately in one process, so load from other processes hits both
+alike: report ratios, not absolute times.
+
+Tasks: ``demo``, 2-5 token completions (1-4 digits + end of sequence); ``longtail``, completion
+lengths 1-24 tokens drawn with P(k) proportional to k^-1.2 (median 3, mean ~5.3: the batch's
+longest is ~7x its median, as in reasoning traces), ``rollout.max_new_tokens=24``. The learner's
+tokens/s counts the prompt + completion tokens it trained per second of its whole step.
 """
 
 from __future__ import annotations
@@ -36,6 +46,18 @@ import numpy as np
 import torch
 
 CONFIG = "configs/demo_cpu.yaml"
+LONGTAIL_MAX = 24
+LONGTAIL_EXPONENT = 1.2
+TASKS = {
+    # completion length in tokens (end of sequence included) and the overrides the task needs
+    "demo": (lambda rng: rng.randint(2, 5), []),
+    "longtail": (
+        lambda rng: rng.choices(
+            range(1, LONGTAIL_MAX + 1), [k**-LONGTAIL_EXPONENT for k in range(1, LONGTAIL_MAX + 1)]
+        )[0],
+        [f"rollout.max_new_tokens={LONGTAIL_MAX}"],
+    ),
+}
 PHASES = [
     "read+prepare",
     "reference forward",
@@ -47,9 +69,12 @@ PHASES = [
 ]
 
 
-def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random, with_ref: bool):
-    """Demo-shaped groups: a reverse-3-digits prompt, 2-5 token completions, mixed rewards;
-    ``with_ref``: with reference log-probs, as actors send them under ``algo.reference_on: actors``."""
+def _groups(
+    tokenizer, n: int, group_size: int, version: int, rng: random.Random, with_ref: bool, length
+):
+    """Demo-shaped groups: a reverse-3-digits prompt, completions of ``length(rng)`` tokens
+    (digits + end of sequence), mixed rewards; ``with_ref``: with reference log-probs, as actors
+    send them under ``algo.reference_on: actors``."""
     from streamrl.broker.wire import Completion, RolloutGroup
     from streamrl.examples.reverse_digits.task import make_example
 
@@ -60,8 +85,7 @@ def _groups(tokenizer, n: int, group_size: int, version: int, rng: random.Random
         prompt = tokenizer(make_example(rng)["prompt"])["input_ids"]
         completions = []
         for _ in range(group_size):
-            length = rng.randint(1, 4)
-            tokens = [rng.choice(digits) for _ in range(length)] + [eos]
+            tokens = [rng.choice(digits) for _ in range(length(rng) - 1)] + [eos]
             completions.append(
                 Completion(
                     token_ids=np.array(tokens, dtype=np.int32),
@@ -105,34 +129,51 @@ class _Timer:
         setattr(obj, name, timed)
 
 
-def _reference_learn(model, ref_model, optimizer, batch, cfg) -> None:
-    """The synchronous loop's learn half: ref forward, then one AdamW update per disjoint half."""
-    from streamrl.learner import algorithm
-    from streamrl.learner.batching import collate
-    from streamrl.learner.engine import token_logprobs
+def _loop_tensors(groups, pad: int):
+    """The reference loop's view of a batch: prompts [N, P], completions [N, T] padded after the
+    end of sequence to the batch's longest, sampling log-probs [N, T], group-normalised advantages."""
+    width = max(len(c.token_ids) for g in groups for c in g.completions)
+    prompts, completions, old_lp, rewards = [], [], [], []
+    for g in groups:
+        for c in g.completions:
+            prompts.append(g.prompt_token_ids.tolist())
+            n = len(c.token_ids)
+            completions.append(c.token_ids.tolist() + [pad] * (width - n))
+            old_lp.append(c.logprobs.tolist() + [0.0] * (width - n))
+            rewards.append(c.reward)
+    grouped = torch.tensor(rewards, dtype=torch.float64).view(len(groups), -1)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    adv = (centred / (grouped.std(1, unbiased=False, keepdim=True) + 1e-4)).view(-1).float()
+    return torch.tensor(prompts), torch.tensor(completions), torch.tensor(old_lp), adv
 
-    a = cfg.algo
-    order = torch.randperm(len(batch)).tolist()
-    for half in (order[: len(order) // 2], order[len(order) // 2 :]):
-        mb = collate([batch[i] for i in half], 0)
-        ref = None
-        if ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(ref_model, mb, 1.0)
-        logprobs, entropy = token_logprobs(model, mb, 1.0, with_entropy=True)
-        loss, _ = algorithm.policy_loss(
-            logprobs, mb.behaviour_logprobs, mb.advantages, mb.completion_mask,
-            clip_low=a.clip_low, clip_high=a.clip_high, rho_max=a.rho_max,
-            ref_logprobs=ref, kl_coef=a.kl_coef, normalizer=float(mb.num_tokens),
-        )  # fmt: skip
-        optimizer.zero_grad(set_to_none=True)
+
+def _reference_learn(model, ref_model, optimizer, groups, cfg, eos: int, pad: int) -> None:
+    """The synchronous loop's learn half (``bench.reference_loop.run_reference``'s, line for
+    line): ref forward, then one AdamW update per disjoint random mini-batch."""
+    from bench.reference_loop import completion_mask, token_logprobs
+
+    a, lrn, temperature = cfg.algo, cfg.learner, cfg.rollout.temperature
+    prompts, completions, old_lp, adv = _loop_tensors(groups, pad)
+    mask = completion_mask(completions, eos).float()
+    ref_lp = token_logprobs(ref_model, prompts, completions, temperature) if ref_model else None
+    for mb in torch.randperm(len(adv)).chunk(lrn.minibatches):
+        lp = token_logprobs(model, prompts[mb], completions[mb], temperature)
+        ratio = torch.exp(lp - old_lp[mb])
+        clipped = ratio.clamp(1 - a.clip_low, 1 + a.clip_high)
+        obj = torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
+        if ref_lp is not None:
+            d = ref_lp[mb] - lp
+            obj = obj - a.kl_coef * (torch.exp(d) - d - 1)
+        loss = -(obj * mask[mb]).sum() / mask[mb].sum()
+        optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
         optimizer.step()
 
 
-def measure(steps: int, overrides: list[str] = ()) -> dict:
-    """Median per-step seconds of the learner (with its phase split) and of the reference learn."""
+def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
+    """Median per-step seconds of the learner (with its phase split) and of the reference learn,
+    and the tokens each ran on, for ``task`` (a key of ``TASKS``)."""
     from bench.reference_loop import sample
     from streamrl.broker.client import connect_async
     from streamrl.broker.keys import Keys
@@ -141,7 +182,6 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
     from streamrl.configs import load_config
     from streamrl.examples.reverse_digits.assets import build_policy
     from streamrl.learner import step as learner_step
-    from streamrl.learner.batching import samples_from_group
     from streamrl.learner.loop import Learner
     from streamrl.weightsync.policy import load_policy, load_tokenizer
 
@@ -157,7 +197,8 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
             [
                 f"run.name=cost-{uuid.uuid4().hex[:8]}", f"run.dir={tmp / 'run'}",
                 f"model.path={policy}", f"broker.redis_url={server.url}", "run.max_time_s=0",
-                f"run.max_steps={steps + warmup}", "learner.read_timeout_s=30", *overrides,
+                f"run.max_steps={steps + warmup}", "learner.read_timeout_s=30",
+                *TASKS[task][1], *overrides,
             ],
             env={},
         )  # fmt: skip
@@ -176,6 +217,7 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
                 max(0, k - 1) * per_batch,
                 rng,
                 with_ref,
+                TASKS[task][0],
             )
             for k in range(steps + warmup)
         ]
@@ -204,37 +246,42 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
 
         reference = load_policy(str(policy))
         reference.train()
-        ref_model = load_policy(str(policy)) if cfg.algo.kl_coef > 0 else None
+        ref_model = load_policy(str(policy)).requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         lc = cfg.learner
         optimizer = torch.optim.AdamW(
             reference.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=0.0
         )
-        learner_rows, reference_s = [], []
+        learner_rows, reference_s, tokens = [], [], []
         for k in range(steps + warmup):
             before = dict(timer.seconds)
             t0 = time.perf_counter()
-            learner.train_next()
+            row = learner.train_next()
             total = time.perf_counter() - t0
             spent = {p: timer.seconds.get(p, 0.0) - before.get(p, 0.0) for p in PHASES}
             # forward+backward and optimizer come from the learner's own per-update timers
             spent["forward+backward"], spent["optimizer"] = _last_update_split(learner)
             spent["other"] = total - sum(spent.values())
-            samples = [
-                s for g in batches[k] for s in samples_from_group(g, [0.5] * len(g.completions))
-            ]
-            prompts = torch.tensor(
-                [g.prompt_token_ids.tolist() for g in batches[k] for _ in g.completions]
-            )
+            prompts, completions, _, _ = _loop_tensors(batches[k], pad)
             t1 = time.perf_counter()
-            reference.eval()
-            sample(reference, prompts, 4, eos=-1, pad=0, temperature=1.0)
-            reference.train()
+            if task == "demo":
+                reference.eval()
+                sample(reference, prompts, 4, eos=-1, pad=0, temperature=1.0)
+                reference.train()
             t2 = time.perf_counter()
-            _reference_learn(reference, ref_model, optimizer, samples, cfg)
+            _reference_learn(reference, ref_model, optimizer, batches[k], cfg, eos, pad)
             t3 = time.perf_counter()
             if k >= warmup:
                 learner_rows.append({"total": total, **spent})
                 reference_s.append((t2 - t1, t3 - t2))
+                tokens.append(
+                    (
+                        row["sequence_tokens"],
+                        row["packed_tokens"],
+                        row["tokens_per_s"],
+                        prompts.numel() + completions.numel(),
+                    )
+                )
         learner.close()
     samples_per_step = per_step * cfg.rollout.group_size
     medians = {p: statistics.median(r[p] for r in learner_rows) for p in learner_rows[0]}
@@ -247,6 +294,13 @@ def measure(steps: int, overrides: list[str] = ()) -> dict:
         "rollout": statistics.median(s + learn for s, learn in reference_s),
         "samples": samples_per_step,
         "steps": steps,
+        "task": task,
+        # per step: prompt + completion tokens, the learner's packed tokens, its tokens/s, and
+        # the reference's padded tokens (prompts + completions padded to the batch's longest)
+        "sequence_tokens": statistics.median(t[0] for t in tokens),
+        "packed_tokens": statistics.median(t[1] for t in tokens),
+        "tokens_per_s": statistics.median(t[2] for t in tokens),
+        "padded_tokens": statistics.median(t[3] for t in tokens),
     }
 
 
@@ -264,7 +318,8 @@ def _histogram_sum(child) -> float:
     return child._sum.get()
 
 
-def table(result: dict) -> list[str]:
+def phase_table(result: dict) -> list[str]:
+    """The learner step's phases, and on the demo task the reference rollout beside it."""
     lm, mean, n = result["learner"], result["learner_mean"], result["samples"]
     rows = ["| phase | median ms per step | mean ms | share of median |", "|---|---|---|---|"]
     for phase in [*PHASES, "other"]:
@@ -276,36 +331,69 @@ def table(result: dict) -> list[str]:
         f"| **learner step** | **{lm['total'] * 1000:.0f}** | {mean['total'] * 1000:.0f} | |"
     )
     ref, rollout = result["reference"], result["rollout"]
-    rows += [
-        f"| reference learn half (plain torch, 2 x 128) | {ref * 1000:.0f} | | |",
+    rows.append(f"| reference learn half (plain torch, 2 x 128) | {ref * 1000:.0f} | | |")
+    if result["task"] != "demo":
+        return rows
+    return [
+        *rows,
         f"| reference sampling (KV cache, 256 x 4 tokens) | {result['sample'] * 1000:.0f} | | |",
         f"| **reference rollout (sample + learn)** | **{rollout * 1000:.0f}** | | |",
         "",
-        f"Samples/s: learner {n / lm['total']:,.0f}, reference loop {n / rollout:,.0f} "
-        f"(its learn half alone {n / ref:,.0f}). **Learner / reference loop = "
-        f"{rollout / lm['total']:.2f}x** (goal >= 1.3x); learner / reference learn half = "
-        f"{ref / lm['total']:.2f}x.",
+        f"Samples/s: learner {n / lm['total']:,.0f}, reference loop {n / rollout:,.0f}; "
+        f"learner / reference loop (sample + learn) = {rollout / lm['total']:.2f}x.",
     ]
+
+
+def summary_table(results: list[dict]) -> list[str]:
+    """Per task: the learner step against the reference learn half, and the tokens each paid for."""
+    rows = [
+        "| task | learner step | reference learn half | **learner step / reference learn half** "
+        "| prompt + completion tokens per step | learner's packed tokens | reference's padded "
+        "tokens | **learner tokens/s** | reference learn half tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        step, ref, real = r["learner"]["total"], r["reference"], r["sequence_tokens"]
+        rows.append(
+            f"| {r['task']} | {step * 1000:.0f} ms | {ref * 1000:.0f} ms | **{step / ref:.2f}x** "
+            f"| {real:,.0f} | {r['packed_tokens']:,.0f} ({r['packed_tokens'] / real:.2f}x) "
+            f"| {r['padded_tokens']:,.0f} ({r['padded_tokens'] / real:.2f}x) "
+            f"| **{r['tokens_per_s']:,.0f}** | {real / ref:,.0f} |"
+        )
     return rows
 
 
-def run(quick: bool = False) -> str:
-    steps = 5 if quick else 20
-    result = measure(steps)
+def run(quick: bool = False, steps: int | None = None) -> str:
+    steps = steps or (3 if quick else 10)
+    results = [measure(steps, task=task) for task in TASKS]
     today = datetime.date.today().isoformat()
-    return "\n".join(
-        [
-            "## Learner cost per sample (demo batch) vs the reference loop's learn step",
-            "",
-            f"{today}, {os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}, 1 rank, "
-            f"1 torch thread. Command: `python -m bench --only learner_cost{' --quick' if quick else ''}`. "
-            f"{result['samples']} samples per step (configs/demo_cpu.yaml), median of {result['steps']} "
-            "steps after 2 warm-up steps, learner and reference alternating in one process.",
-            "",
-            *table(result),
-        ]
-    )
+    command = "python -m bench.learner_cost" + (f" --steps {steps}" if steps != 10 else "")
+    lines = [
+        "## Learner cost per step and tokens/s vs the reference loop's learn half",
+        "",
+        f"{today}, {os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}, 1 rank, "
+        f"1 torch thread. Command: `{command}` (or `python -m bench --only learner_cost`). "
+        f"{results[0]['samples']} samples per step (configs/demo_cpu.yaml), median of {steps} "
+        "steps after 2 warm-up steps per task, the tasks back to back, learner and reference "
+        "alternating step by step in one process. Goal: learner step <= 1.5x the reference "
+        "learn half on the demo task. Long-tail: completion lengths 1-24 tokens, "
+        f"P(k) ~ k^-{LONGTAIL_EXPONENT} (median 3).",
+        "",
+        *summary_table(results),
+    ]
+    for r in results:
+        lines += ["", f"**{r['task']}**, phases of the learner step:", "", *phase_table(r)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per task")
+    print(run(steps=parser.parse_args(argv).steps))
+    return 0
 
 
 if __name__ == "__main__":
-    print(run())
+    raise SystemExit(main())

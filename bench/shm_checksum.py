@@ -116,10 +116,15 @@ def run(quick: bool = False) -> str:
         )
     lines += [
         "",
-        "Reading it: the checksum is one more pass over each tensor, right after its copy "
-        "(while part of it is still in cache), on one core. The publish and the background "
-        "receive pay it; the engine's pause (`apply`) does not. The machine is shared "
-        "(2 cores), so rows vary run to run.",
+        "Reading it: the checksum is one more pass over each tensor right after its copy, while "
+        "the tensor is still in the last-level cache; a tensor larger than that (an embedding) "
+        "is copied and summed block by block instead, crossing memory once. xxh3 (`xxhash`, "
+        "installed) summed no faster than this word sum on this machine, and the word sum can be "
+        "taken on a GPU: the publisher takes it there before the copy to the host, a CUDA actor "
+        "on its own copy. The writer's part runs on the publisher's background thread (the "
+        "learner pays only its staging copy) and the reader's in the actor's background receive; "
+        "the engine's pause (`apply`) pays neither. The machine is shared (2 cores), so rows vary "
+        "run to run.",
     ]
     return "\n".join(lines) + "\n"
 

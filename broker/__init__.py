@@ -5,7 +5,9 @@ rollout-group wire format (``wire``) and the limits a valid group must also
 keep (``semantics``), the crash-safe stream producer/consumer
 with dead-lettering and redelivery (``stream``), the shared admission-control
 counters and policy version (``admission``), actor heartbeats (``liveness``)
-and the Prometheus endpoint helper (``metrics``).
+the Prometheus endpoint helper (``metrics``), the reward failures a group reports in its
+meta (``reward_failures``) and the start-up phase log that learner and actors write for
+``bench.startup`` (``startup``).
 
 Talks to: Redis only. May import: ``configs``. Must not import ``actors``,
 ``learner`` or ``weightsync``.

@@ -34,6 +34,9 @@ class Keys:
         # a random id of Redis's data set: a new one after Redis lost its data (admission.epoch)
         self.epoch = p + "adm:epoch"
         self.trained = p + "trained"
+        # group id -> content digest of the group trained under it (broker.stream: a different
+        # group reusing a trained id is told apart and trained under a qualified id)
+        self.trained_digests = p + "trained:digests"
         self.actors = p + "actors"
         self.prompts_cursor = p + "prompts:cursor"
         self.weights = p + "weights"

@@ -26,15 +26,21 @@ class Limits:
     max_abs_reward: float
     # algo.reference_on: actors with a KL term: every completion carries reference log-probs
     needs_ref_logprobs: bool = False
+    # the knob max_completion_tokens comes from: a multi-turn trajectory's limit is env.max_total_tokens
+    completion_key: str = "rollout.max_new_tokens"
 
     @classmethod
     def from_config(cls, cfg: Config) -> Limits:
+        multiturn = cfg.env.name is not None
         return cls(
             group_size=cfg.rollout.group_size,
-            max_completion_tokens=cfg.rollout.max_new_tokens,
+            max_completion_tokens=cfg.env.max_total_tokens
+            if multiturn
+            else cfg.rollout.max_new_tokens,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             max_abs_reward=cfg.broker.max_abs_reward,
             needs_ref_logprobs=cfg.algo.actors_score_reference,
+            completion_key="env.max_total_tokens" if multiturn else "rollout.max_new_tokens",
         )
 
 
@@ -53,13 +59,19 @@ def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = N
         if len(completion) > limits.max_completion_tokens:
             raise WireError(
                 f"completion[{i}]: {len(completion)} tokens exceeds "
-                f"rollout.max_new_tokens={limits.max_completion_tokens}"
+                f"{limits.completion_key}={limits.max_completion_tokens}"
             )
         if abs(completion.reward) > limits.max_abs_reward:
             raise WireError(
                 f"completion[{i}].r: reward {completion.reward!r} exceeds "
                 f"broker.max_abs_reward={limits.max_abs_reward}"
             )
+        for name, value in completion.reward_parts.items():
+            if abs(value) > limits.max_abs_reward:
+                raise WireError(
+                    f"completion[{i}].rp[{name!r}]: {value!r} exceeds "
+                    f"broker.max_abs_reward={limits.max_abs_reward}"
+                )
         if limits.needs_ref_logprobs and completion.ref_logprobs is None:
             raise WireError(
                 f"completion[{i}]: no reference log-probs (rlp), which algo.reference_on=actors "

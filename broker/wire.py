@@ -6,7 +6,8 @@ Defined once here; every producer and consumer goes through ``encode_group`` /
 can execute data: msgpack only, no pickle, no ext types.
 
 Layout (schema 2) is columnar: the G completions' tokens, log-probs and
-versions (and, under ``algo.reference_on: actors``, the reference policy's log-probs, ``rlp``)
+versions (and, under ``algo.reference_on: actors``, the reference policy's log-probs, ``rlp``; for
+multi-turn trajectories the loss mask, ``lm``: 1 for the model's tokens, 0 for the environment's)
 travel as one array each plus a lengths array, so encoding is a few
 concatenations and decoding validates every completion with a few numpy
 reductions, then hands out views (schema 1, one map per completion, decoded
@@ -33,7 +34,24 @@ TOKEN_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f4")
 VERSION_DTYPE = np.dtype("<i4")
 LENGTH_DTYPE = np.dtype("<i4")
+MASK_DTYPE = np.dtype("u1")
 REWARD_DTYPE = np.dtype("<f8")
+# Bounds that keep a hostile entry from bloating what the learner keeps (ids live in the
+# `trained` set for the run's life) or from reaching the loss with values no sampler produces.
+MAX_ID_CHARS = 256
+MAX_REWARD_PARTS = 32
+MAX_PART_NAME_CHARS = 64
+MAX_META_KEYS = 16
+MAX_META_CHARS = 256
+# The lowest log-prob a sampled token can have: a sampler in float32 (or bfloat16, same
+# exponent range) cannot draw a token whose probability is below the smallest normal float32.
+# Lower behaviour log-probs only come from a forged entry and overflow exp() in the IS ratio.
+MIN_LOGPROB = float(np.log(np.finfo(np.float32).tiny))
+# reference log-probs are the frozen model's for a token it did not sample: far lower is real,
+# but below this the KL term's exp/log-ratio overflow the loss
+MIN_REF_LOGPROB = -1000.0
+# what a step row reports a group's mean reward as (learner.target), so no part may take it
+RESERVED_PART_NAMES = frozenset({"reward"})
 
 
 class WireError(StreamRLError, ValueError):
@@ -54,6 +72,9 @@ class Completion:
     # [T] float32, the frozen initial policy's log-prob of each token (``algo.reference_on:
     # actors``), else None
     ref_logprobs: np.ndarray | None = None
+    # [T] uint8, 1 where the model sampled the token, 0 where the environment appended it (its
+    # log-prob is 0 and its version that of the model token before it); None = all the model's
+    loss_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -113,6 +134,12 @@ def encode_group(group: RolloutGroup) -> bytes:
     }
     if all(with_ref):
         payload["rlp"] = _logprob_column([c.ref_logprobs for c in comps]).tobytes()
+    if any(c.loss_mask is not None for c in comps):
+        payload["lm"] = np.concatenate(
+            [np.ones(len(c), MASK_DTYPE) if c.loss_mask is None else c.loss_mask for c in comps],
+            dtype=MASK_DTYPE,
+            casting="unsafe",
+        ).tobytes()
     return msgpack.packb(payload, use_bin_type=True)
 
 
@@ -129,6 +156,13 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str):
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise WireError(f"{where}.{key}: expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _id(obj: dict, key: str) -> str:
+    value = _field(obj, key, str, "group")
+    if len(value) > MAX_ID_CHARS:
+        raise WireError(f"group.{key}: {len(value)} characters (at most {MAX_ID_CHARS})")
     return value
 
 
@@ -179,15 +213,24 @@ def decode_group(
     if prompt.min() < 0 or (vocab_size is not None and prompt.max() >= vocab_size):
         raise WireError(f"group.prompt: token id outside the vocabulary [0, {vocab_size})")
     created_at = _field(obj, "t", (float, int), "group")
+    if not math.isfinite(created_at) or created_at < 0:
+        raise WireError(f"group.t: created_at {created_at!r} is not a finite time")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict) or not all(
         isinstance(v, (int, float, str)) for v in meta.values()
     ):
         raise WireError("group.meta: expected a map of scalars")
+    if len(meta) > MAX_META_KEYS or any(
+        len(k) > MAX_META_CHARS or isinstance(v, str) and len(v) > MAX_META_CHARS
+        for k, v in meta.items()
+    ):
+        raise WireError(
+            f"group.meta: at most {MAX_META_KEYS} entries of at most {MAX_META_CHARS} characters"
+        )
     return RolloutGroup(
-        group_id=_field(obj, "gid", str, "group"),
-        prompt_id=_field(obj, "pid", str, "group"),
-        actor_id=_field(obj, "aid", str, "group"),
+        group_id=_id(obj, "gid"),
+        prompt_id=_id(obj, "pid"),
+        actor_id=_id(obj, "aid"),
         seq=_field(obj, "seq", int, "group"),
         prompt_token_ids=prompt,
         completions=_completions(obj, vocab_size),
@@ -224,7 +267,7 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
         raise WireError(
             f"{_owner(bad, offsets)}.tok: token id outside the vocabulary [0, {vocab_size})"
         )
-    _check_logprobs(logprobs, "lp", offsets)
+    _check_logprobs(logprobs, "lp", offsets, MIN_LOGPROB)
     ref_logprobs = None
     if "rlp" in obj:
         ref_logprobs = _array(obj, "rlp", LOGPROB_DTYPE)
@@ -232,7 +275,8 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
             raise WireError(
                 f"group.rlp: {ref_logprobs.size} reference log-probs for {total} tokens"
             )
-        _check_logprobs(ref_logprobs, "rlp", offsets)
+        _check_logprobs(ref_logprobs, "rlp", offsets, MIN_REF_LOGPROB)
+    loss_mask = _loss_mask(obj, total, offsets) if "lm" in obj else None
     if versions.min() < 0:
         raise WireError(f"{_owner(versions < 0, offsets)}.ver: negative policy version")
     # versions[t+1] < versions[t] inside a completion; steps across a boundary don't count.
@@ -259,6 +303,8 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
         if not _all_finite_parts(parts):
             i = next(i for i, p in enumerate(parts) if not _all_finite_parts([p]))
             raise WireError(f"completion[{i}].rp: expected a map of finite numbers")
+        for i, p in enumerate(parts):
+            _check_part_names(p, f"completion[{i}].rp")
     else:
         parts = [{} for _ in range(n)]
     bounds = offsets.tolist()
@@ -272,18 +318,53 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
             finish[i],
             parts[i],
             None if ref_logprobs is None else ref_logprobs[bounds[i] : bounds[i + 1]],
+            None if loss_mask is None else loss_mask[bounds[i] : bounds[i + 1]],
         )
         for i in range(n)
     ]
 
 
-def _check_logprobs(logprobs: np.ndarray, key: str, offsets: np.ndarray) -> None:
+def _loss_mask(obj: dict, total: int, offsets: np.ndarray) -> np.ndarray:
+    """The ``lm`` column: one 0/1 per token, and every completion has a token the model sampled."""
+    mask = _array(obj, "lm", MASK_DTYPE)
+    if mask.size != total:
+        raise WireError(f"group.lm: {mask.size} loss-mask values for {total} tokens")
+    if mask.max() > 1:
+        raise WireError(f"{_owner(mask > 1, offsets)}.lm: loss-mask value other than 0 or 1")
+    model_tokens = np.add.reduceat(mask.astype(np.int64), offsets[:-1])
+    if model_tokens.min() == 0:
+        raise WireError(f"completion[{int(np.argmin(model_tokens))}].lm: no token of the model")
+    return mask
+
+
+def _check_logprobs(logprobs: np.ndarray, key: str, offsets: np.ndarray, lowest: float) -> None:
     # NaN fails both comparisons
-    if not (logprobs.min() > -np.inf and logprobs.max() <= 0):
+    if not (logprobs.min() >= lowest and logprobs.max() <= 0):
         bad = ~np.isfinite(logprobs)
         if bad.any():
             raise WireError(f"{_owner(bad, offsets)}.{key}: non-finite log-prob")
-        raise WireError(f"{_owner(logprobs > 0, offsets)}.{key}: log-prob above 0")
+        if (logprobs > 0).any():
+            raise WireError(f"{_owner(logprobs > 0, offsets)}.{key}: log-prob above 0")
+        low = logprobs < lowest
+        raise WireError(
+            f"{_owner(low, offsets)}.{key}: log-prob {float(logprobs[np.argmax(low)])!r} below "
+            f"{lowest:.4g}, which no sampler produces"
+        )
+
+
+def _check_part_names(parts: dict, where: str) -> None:
+    if len(parts) > MAX_REWARD_PARTS:
+        raise WireError(f"{where}: {len(parts)} reward parts (at most {MAX_REWARD_PARTS})")
+    for name in parts:
+        if len(name) > MAX_PART_NAME_CHARS:
+            raise WireError(
+                f"{where}: a reward-part name of {len(name)} characters "
+                f"(at most {MAX_PART_NAME_CHARS})"
+            )
+        if name in RESERVED_PART_NAMES:
+            raise WireError(
+                f"{where}: reward part {name!r} is reserved (the mean reward is reported as it)"
+            )
 
 
 def _all_finite_parts(parts: list) -> bool:

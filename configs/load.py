@@ -8,25 +8,40 @@ one place that reads ``REDIS_URL``: it lands in ``broker.redis_url``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.resources
 import os
 import sys
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from streamrl.configs import foreign
 from streamrl.configs.errors import ConfigError
+from streamrl.configs.redact import redacted
 from streamrl.configs.schema import Config
 
 Overrides = Iterable[str] | Mapping[str, Any]
 PRESET_SUFFIX = ".yaml"
+# what a run saves in its directory (launch.supervisor), so --config takes a run directory too
+RUN_CONFIG = "config.yaml"
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """``["learner.lr=1e-5", "rollout.stop=[a, b]"]`` -> nested dict; values are YAML scalars."""
+    """``["learner.lr=1e-5", "rollout.stop=[a, b]"]`` -> nested dict; values are YAML scalars.
+
+    A numeric part indexes a list: ``reward.functions.0.weight=0.5`` changes the first reward
+    of the file's list, and an index one past its end appends (``reward.functions.1.fn=math``).
+    """
+    return _plain(_override_tree(overrides))
+
+
+def _override_tree(overrides: Iterable[str]) -> dict[str, Any]:
     pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -38,6 +53,22 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
         pairs.append((key, value))
     return _tree(pairs)
+
+
+class _Value:
+    """An override's value: it replaces what the file has there, even a mapping
+    (``run.target_parts={}`` clears the bars), where the sections above it merge."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _plain(tree: Any) -> Any:
+    if isinstance(tree, _Value):
+        return tree.value
+    return {k: _plain(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
 
 
 def _tree(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -54,18 +85,102 @@ def _tree(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"override {key}: {part} is set to a value and used as a section")
             node = child
-        node[leaf] = value
+        node[leaf] = _Value(value)
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _is_index(key: str) -> bool:
+    return key.isdigit()
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any], where: str = "") -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+        here = f"{where}{key}"
+        if isinstance(value, _Value):
+            out[key] = value.value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value, f"{here}.")
+        elif isinstance(value, dict) and isinstance(out.get(key), list):
+            out[key] = _merge_list(out[key], value, here)
         else:
-            out[key] = value
+            out[key] = _listify(value, here)
     return out
+
+
+def _merge_list(base: list, extra: dict[str, Any], where: str) -> list:
+    """Overrides ``where.<i>...`` into the list ``base``: each index an existing item or the next."""
+    out = list(base)
+    for key in sorted(extra, key=lambda k: int(k) if _is_index(k) else -1):
+        if not _is_index(key):
+            raise ConfigError(f"override {where}.{key}: {where} is a list; index it with a number")
+        index, value = int(key), extra[key]
+        if index > len(out):
+            raise ConfigError(
+                f"override {where}.{key}: {where} has {len(out)} item(s); "
+                f"indices run 0..{len(out)} ({len(out)} appends one)"
+            )
+        if isinstance(value, _Value):
+            value = value.value
+            if index == len(out):
+                out.append(value)
+            else:
+                out[index] = value
+        elif index == len(out):
+            out.append(_listify(value, f"{where}.{key}"))
+        elif isinstance(value, dict) and isinstance(out[index], dict):
+            out[index] = _merge(out[index], value, f"{where}.{key}.")
+        else:
+            out[index] = _listify(value, f"{where}.{key}")
+    return out
+
+
+def _listify(value: Any, where: str) -> Any:
+    """Index-keyed override dicts with no list under them (``reward.functions.0.fn=x`` with no
+    reward in the file) become lists; indices must then run from 0 without gaps."""
+    if isinstance(value, _Value):
+        return value.value
+    if not isinstance(value, dict):
+        return value
+    if value and all(_is_index(k) for k in value):
+        indices = sorted(int(k) for k in value)
+        if indices != list(range(len(indices))):
+            raise ConfigError(
+                f"override {where}: the list has no items yet, so its indices must run 0, 1, ... "
+                f"(got {', '.join(map(str, indices))})"
+            )
+        return [_listify(value[str(i)], f"{where}.{i}") for i in indices]
+    return {k: _listify(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def _model_at(loc: tuple) -> type | None:
+    """The config section (pydantic model) that holds the last key of ``loc``."""
+    node: Any = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            args = [a for a in typing.get_args(node) if a is not type(None)]
+            node = args[0] if args else None
+        elif isinstance(node, type) and issubclass(node, BaseModel) and part in node.model_fields:
+            node = node.model_fields[part].annotation
+        else:
+            return None
+        # list[X] | None -> list[X]
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        if typing.get_origin(node) in (typing.Union, types.UnionType) and len(args) == 1:
+            node = args[0]
+    return node if isinstance(node, type) and issubclass(node, BaseModel) else None
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """TRL's or verl's name for the key, else the closest key of its section."""
+    if isinstance(loc[-1], str) and foreign.hint(loc[-1]):
+        return foreign.hint(loc[-1])
+    model = _model_at(loc)
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    prefix = ".".join(str(p) for p in loc[:-1])
+    return f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else ""
 
 
 def _format(exc: ValidationError, source: str) -> str:
@@ -74,7 +189,7 @@ def _format(exc: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         reason = err["msg"]
         if err["type"] == "extra_forbidden":
-            reason = "unknown key"
+            reason = "unknown key" + _did_you_mean(tuple(err["loc"]))
         shown = err.get("input")
         if err["type"] == "missing" or isinstance(shown, dict):
             lines.append(f"  {key}: {reason}")
@@ -94,10 +209,17 @@ def presets() -> list[str]:
 
 
 def _read(path_or_preset: str | os.PathLike) -> tuple[str, str]:
-    """(source, text) of a YAML file, or of the shipped preset of that name: a bare name that is
-    no file here (``demo_cpu``) is a preset, so it is found from any directory."""
+    """(source, text) of a YAML file, of the shipped preset of that name (a bare name that is
+    no file here, ``demo_cpu``, so it is found from any directory), or of the config a run
+    directory saved."""
     path = Path(path_or_preset)
     name = str(path_or_preset)
+    if path.is_dir():
+        if not (path / RUN_CONFIG).is_file():
+            raise ConfigError(
+                f"config {name}: a directory without a saved run config ({RUN_CONFIG})"
+            )
+        path, name = path / RUN_CONFIG, str(path / RUN_CONFIG)
     is_name = isinstance(path_or_preset, str) and not path.suffix and os.sep not in name
     if is_name and not path.exists():
         if name not in presets():
@@ -142,7 +264,7 @@ def load_config(
     if isinstance(overrides, Mapping):
         tree = _tree(overrides.items())
     else:
-        tree = parse_overrides(overrides or ())
+        tree = _override_tree(overrides or ())
     if tree:
         data = _merge(data, tree)
         source += " + overrides"
@@ -154,11 +276,16 @@ def load_config(
         raise ConfigError(_format(exc, source)) from None
 
 
+def config_text(cfg: Config) -> str:
+    """``cfg`` whole (every default spelled out) as YAML, secrets redacted (``configs.redact``)."""
+    return yaml.safe_dump(redacted(cfg), sort_keys=False)
+
+
 def write_config(cfg: Config, path: str | os.PathLike) -> Path:
-    """Write ``cfg`` whole (every default spelled out) as YAML that ``load_config`` reads back
-    equal; mode 0600 from the first byte, since it may hold the Redis password."""
+    """Write ``config_text(cfg)``, which ``load_config`` reads back equal but for the redacted
+    secrets; mode 0600 from the first byte all the same (it names hosts and paths)."""
     path = Path(path)
-    text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    text = config_text(cfg)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         # an older file of the same name keeps its mode through O_TRUNC
@@ -176,10 +303,11 @@ def config_from_cli(
     """
     parser.add_argument(
         "--config",
-        help=f"a preset name ({', '.join(presets())}) or a YAML file; built-in defaults without it",
+        help=f"a preset name ({', '.join(presets())}), a YAML file or a run directory; built-in defaults without it",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-5")
-    args = parser.parse_args(argv)
+    # overrides may come before, between and after the options
+    args = parser.parse_intermixed_args(argv)
     try:
         return args, load_config(args.config, args.overrides)
     except ConfigError as exc:

@@ -38,16 +38,26 @@ def render() -> str:
         section = section_field.annotation
         lines += [f"## `{section_name}`", "", (section.__doc__ or "").strip().splitlines()[0], ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        for name, field in section.model_fields.items():
-            kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace(
-                "typing.", ""
-            )
-            desc = (field.description or "").replace("|", "\\|")
-            lines.append(
-                f"| `{section_name}.{name}` | {kind.replace('|', '/')} | {_default(field)} | {desc} |"
-            )
+        lines += _rows(section_name, section)
         lines.append("")
     return "\n".join(line for line in lines) + "\n"
+
+
+def _rows(prefix: str, section: type[BaseModel]) -> list[str]:
+    """One table row per knob; a nested section (``model.lora``) gives a row per knob of its own."""
+    rows = []
+    for name, field in section.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            rows += _rows(f"{prefix}.{name}", field.annotation)
+            continue
+        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace(
+            "typing.", ""
+        )
+        desc = (field.description or "").replace("|", "\\|")
+        rows.append(
+            f"| `{prefix}.{name}` | {kind.replace('|', '/')} | {_default(field)} | {desc} |"
+        )
+    return rows
 
 
 if __name__ == "__main__":

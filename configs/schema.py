@@ -7,13 +7,47 @@ so a typo fails at start instead of silently doing nothing.
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+def _takes_list(annotation) -> bool:
+    """Whether a field's type is a list (``list[X]`` or ``list[X] | None``)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_list(a) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is list
+
+
+def _literal_allows(annotation, value) -> bool:
+    """Whether a ``Literal`` arm of the field's type takes ``value`` as it is (``actor.gpus``'s
+    ``"share"`` stays a string)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_literal_allows(a, value) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is typing.Literal and value in typing.get_args(annotation)
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalar_to_list(cls, data):
+        """One value where a list is expected is a list of one, as TRL reads
+        ``--report_to wandb``: ``run.report_to=wandb`` is ``[wandb]``."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: [value]
+            if key in cls.model_fields
+            and isinstance(value, (str, int, float, dict))
+            and _takes_list(cls.model_fields[key].annotation)
+            and not _literal_allows(cls.model_fields[key].annotation, value)
+            else value
+            for key, value in data.items()
+        }
 
 
 class RunConfig(Section):
@@ -102,6 +136,16 @@ class BrokerConfig(Section):
         "everysec",
         description="AOF fsync policy. A killed redis-server loses nothing either way (the AOF is written before replies); on a machine crash everysec loses up to ~1 s of acknowledged entries, always none (slower writes).",
     )
+    maxmemory_mb: int = Field(
+        4096,
+        ge=16,
+        description="maxmemory of the embedded Redis, with policy noeviction: when full, writes (an actor's publish) fail with Redis's OOM error and nothing already in the stream is evicted; reads and acks (which free memory) go on. Size it above broker.maxlen x a group's entry size.",
+    )
+    client_output_buffer_mb: int = Field(
+        256,
+        ge=1,
+        description="Hard output-buffer limit for normal clients of the embedded Redis: a client whose unread replies pass it is disconnected (a local user flooding commands without reading, even unauthenticated). Must exceed the largest read: learner.groups_per_step x a group's entry size.",
+    )
     stream: str = Field(
         "rollouts",
         description="Stream name (under the run prefix) that carries scored rollout groups.",
@@ -175,6 +219,43 @@ class BrokerConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA through peft: the learner trains low-rank adapters on the frozen policy (off while rank is 0)."""
+
+    rank: int = Field(
+        0,
+        ge=0,
+        description="Adapter rank r (0 = off: the whole policy is trained). The learner's optimizer and ZeRO-2 then hold only the adapters, and the KL term's reference is the policy with its adapters disabled (no second copy).",
+    )
+    alpha: float = Field(
+        16.0, gt=0, description="LoRA alpha: a layer's update is (alpha / rank) B A."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input while training (the actors sample without it, so > 0 makes the learner's pi differ from theirs).",
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Modules that get adapters: peft's `target_modules`, names or name suffixes (e.g. `[q_proj, k_proj, v_proj, o_proj]`), or all-linear (every linear layer but the output head).",
+    )
+    sync: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="What the learner publishes per version: merged = the full weights W + (alpha / rank) B A under the base model's names (every engine and transport, the actors never know LoRA is on); adapter = only the adapter tensors (a few % of the bytes): the hf engine swaps them into a peft-wrapped copy of the policy, vLLM loads each version as a new LoRA adapter (requests keep the adapter they started with).",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @model_validator(mode="after")
+    def _vllm_rank(self) -> LoraConfig:
+        if self.rank > 512:
+            raise ValueError(f"rank {self.rank}: vLLM serves LoRA ranks up to 512")
+        return self
+
+
 class ModelConfig(Section):
     """The policy checkpoint (a Hugging Face folder or hub id) shared by learner and actors."""
 
@@ -188,6 +269,9 @@ class ModelConfig(Section):
     build: str | None = Field(
         None,
         description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to create the policy folder there before anything loads it; e.g. the CPU demo's `streamrl.examples.reverse_digits:build_policy`. None = a missing `path` is an error.",
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig, description="LoRA adapters instead of full training."
     )
 
 
@@ -264,11 +348,11 @@ class RewardSpec(Section):
 
     fn: str = Field(
         ...,
-        description="Built-in reward name, or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict.",
+        description="Built-in reward (exact_match, gsm8k, math, think_format, code), or a plug-in as `module:function` or `path/to/file.py:function` taking (messages, answer, **columns) -> float | dict, or TRL's batched form (see `batched`).",
     )
-    batched: bool = Field(
-        False,
-        description="TRL's batched form: fn(prompts, completions, **columns) -> list[float | None], every argument a list over a chunk of samples.",
+    batched: bool | None = Field(
+        None,
+        description="TRL's batched form: fn(prompts, completions, completion_ids, **columns) -> list[float | None], every argument a list over a chunk of samples. None = read from the signature: a `prompts`, `completions` or `completion_ids` parameter and no `messages` is TRL's form; true/false force it.",
     )
     name: str | None = Field(
         None,
@@ -298,6 +382,11 @@ class RewardConfig(Section):
         ge=16,
         description="Memory a reward worker may allocate beyond its start-up size (address-space limit); past it the sample scores 0.",
     )
+    max_failing_steps: int = Field(
+        3,
+        ge=1,
+        description="The learner stops the run, printing the reward function's last exception, after this many steps in a row in which one function failed on more than half of the step's samples.",
+    )
     sandbox_memory_mb: int = Field(
         512, ge=16, description="Address-space limit of the code-execution sandbox."
     )
@@ -305,6 +394,33 @@ class RewardConfig(Section):
         5.0,
         gt=0,
         description="Wall-clock limit of one sandboxed program; its whole process group is killed after it.",
+    )
+
+
+class EnvConfig(Section):
+    """Multi-turn environments (docs/multiturn.md): the actor alternates model turns and environment
+    steps, and trains only the model's tokens."""
+
+    name: str | None = Field(
+        None,
+        description="The environment: `module:Class` or `path/to/file.py:Class` (any callable returning a fresh environment, called once per trajectory). None = single-turn prompt -> completion.",
+    )
+    max_turns: int = Field(
+        4, ge=1, description="Model turns per trajectory; past it the trajectory is truncated."
+    )
+    max_total_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Tokens after the prompt (model and environment turns together); a turn may generate at most what is left, and past it the trajectory is truncated.",
+    )
+    step_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Wall-clock limit of one `reset` or `step` call; past it the trajectory ends with reason `timeout`.",
+    )
+    truncated_reward: float | None = Field(
+        None,
+        description="Reward of a trajectory that ended without the environment saying done (limits, or a step that raised, hung or returned garbage). None = score it as it stands (the reward functions on the conversation so far, plus the environment's rewards).",
     )
 
 
@@ -353,6 +469,10 @@ class ActorConfig(Section):
     publish_log: bool = Field(
         False,
         description="Append every published group id and its stream entry id to <run.dir>/published/<actor id>.jsonl (audit; the chaos harness checks delivery against it).",
+    )
+    gpus: list[int] | Literal["share"] | None = Field(
+        None,
+        description='GPUs of the supervised actors, as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of `tensor_parallel_size` indices as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
     )
 
     def engine_of(self, index: int) -> str:
@@ -481,10 +601,23 @@ class LearnerConfig(Section):
         return self.updates_per_batch * self.minibatches
 
     micro_batch_tokens: int = Field(
-        8192, ge=1, description="Token budget of one micro-batch; samples are never split."
+        8192,
+        ge=1,
+        description="Token budget of one micro-batch: its packed rows (short samples end to end, each attending only to itself) x the longest sample; samples are never split. It bounds the activations (the logits: the completion tokens among them x vocabulary); the loss is the mini-batch's whatever the split.",
     )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
-    offload_optimizer: bool = Field(False, description="ZeRO-2 optimizer state offload to CPU.")
+    offload_optimizer: bool = Field(
+        False,
+        description="DeepSpeed ZeRO offload_optimizer to CPU (stage 1 or 2): the fp32 master weights, gradients and Adam moments live in pinned host memory and the optimizer steps on the CPU, with DeepSpeedCPUAdam on a GPU host (built once on first use, ~1-2 min, cached under TORCH_EXTENSIONS_DIR; torch AdamW if it cannot build) and torch AdamW on a CPU learner. Frees ~16 bytes per parameter on the GPU.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass (transformers' gradient checkpointing, non-reentrant) instead of keeping them: activation memory per token drops from every layer's to about one layer's, for ~30 % more forward compute.",
+    )
+    gpus: list[int] | None = Field(
+        None,
+        description="GPUs of the learner ranks, one per rank (length = `ranks`), as indices into the devices the launcher sees; the learner gets them as its CUDA_VISIBLE_DEVICES and rank r takes the r-th. None = no placement (inherited CUDA_VISIBLE_DEVICES; rank r takes cuda:r).",
+    )
     checkpoint_every: int = Field(
         50, ge=1, description="Save a resumable checkpoint every N steps (and at shutdown)."
     )
@@ -505,10 +638,25 @@ class LearnerConfig(Section):
         ge=1,
         description="Learner processes `make run` starts on this host (data parallel, torchrun --nproc_per_node); several hosts launch with torchrun/deepspeed directly.",
     )
+    max_crashes: int = Field(
+        5,
+        ge=1,
+        description="`make run` stops the run, showing the learner's last traceback, once the learner has crashed this many times within `crash_window_s` (instead of restarting it forever).",
+    )
+    crash_window_s: float = Field(
+        600.0, gt=0, description="The window of `max_crashes`, in seconds."
+    )
     commit_log: bool = Field(
         False,
         description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).",
     )
+
+
+def _check_indices(key: str, gpus: list[int]) -> None:
+    if any(i < 0 for i in gpus):
+        raise ValueError(f"{key}={gpus}: GPU indices must be >= 0")
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"{key}={gpus}: an index is listed twice")
 
 
 class WeightSyncConfig(Section):
@@ -522,6 +670,12 @@ class WeightSyncConfig(Section):
         3,
         ge=2,
         description="shm: ring of slots, so the publisher never overwrites a slot a reader is copying.",
+    )
+    staging_buffers: int = Field(
+        2,
+        ge=1,
+        le=4,
+        description="shm: host buffers the learner copies each version into before a background thread writes it out (pinned when the learner is on a GPU). The learner waits only when the next one is still being written out; each costs one copy of the weights in the transfer dtype.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -561,11 +715,62 @@ class Config(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weightsync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _placement(self) -> Config:
+        learner, actor = self.learner, self.actor
+        if learner.gpus is not None:
+            _check_indices("learner.gpus", learner.gpus)
+            if len(learner.gpus) != learner.ranks:
+                raise ValueError(
+                    f"learner.gpus={learner.gpus} lists {len(learner.gpus)} GPU(s) for learner.ranks={learner.ranks}: one per rank"
+                )
+        if actor.gpus == "share":
+            if learner.ranks != 1:
+                raise ValueError(
+                    f'actor.gpus="share" puts the actors on the learner\'s one GPU, but learner.ranks={learner.ranks}'
+                )
+            if actor.tensor_parallel_size != 1:
+                raise ValueError(
+                    f'actor.gpus="share" gives each actor one GPU; actor.tensor_parallel_size={actor.tensor_parallel_size}'
+                )
+            # NCCL refuses two ranks of one communicator on one GPU
+            if self.weightsync.transport == "dist" and self.weightsync.backend != "gloo":
+                raise ValueError(
+                    'actor.gpus="share" puts learner and actors on one GPU, where NCCL cannot join them: '
+                    "use weightsync.transport=shm"
+                )
+        if actor.gpus is not None:
+            # a placed actor sees only its own GPUs, numbered from 0
+            group = 1 if actor.gpus == "share" else actor.tensor_parallel_size
+            kind, _, index = actor.device.partition(":")
+            if kind == "cuda" and index.isdigit() and int(index) >= group:
+                raise ValueError(
+                    f"actor.device={actor.device} with actor.gpus={actor.gpus}: each actor sees only "
+                    f"its own {group} GPU(s) as cuda:0..{group - 1}"
+                )
+        if isinstance(actor.gpus, list):
+            _check_indices("actor.gpus", actor.gpus)
+            if len(actor.gpus) % actor.tensor_parallel_size:
+                raise ValueError(
+                    f"actor.gpus={actor.gpus}: its length must be a multiple of actor.tensor_parallel_size={actor.tensor_parallel_size}"
+                )
+            # unplaced, learner rank r takes cuda:r of the devices it inherits
+            learner_gpus = learner.gpus if learner.gpus is not None else list(range(learner.ranks))
+            shared = sorted(set(actor.gpus) & set(learner_gpus))
+            if shared:
+                raise ValueError(
+                    f"actor.gpus={actor.gpus} and the learner's GPUs {learner_gpus} (learner.gpus={learner.gpus}) "
+                    f"share GPU(s) {shared}: "
+                    'give them disjoint GPUs, or actor.gpus="share" to put the actors on the learner\'s GPU'
+                )
+        return self
 
     @model_validator(mode="after")
     def _target_parts_are_reward_parts(self) -> Config:

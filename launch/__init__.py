@@ -1,7 +1,9 @@
 """launch: `make run` — supervisor, live view, scrape config and dashboards.
 
 Owns starting and stopping a whole run (``supervisor``; ``run``, which is ``streamrl.run``
-and ``streamrl run``), the terminal view and
+and ``streamrl run``), what a run does with an existing run directory (``rundir``: resume,
+start, refuse; never delete what it did not write), which GPUs each of its processes gets
+(``placement``), the terminal view and
 end-of-run summary (``view``, ``status``), live scaling (``scale``) and the
 Prometheus side (``scrape``, ``dashboard``), the ``streamrl`` console script
 (``cli``) and the decoded view of a run's Redis (``inspect``). May import every streamrl package;

@@ -1,6 +1,6 @@
 """``streamrl run`` (``make run``): the command line of ``streamrl.run``.
 
-streamrl run --config demo_cpu --actors 2 [dotted.key=value ...]
+streamrl run --config demo_cpu --actors 2 [--overwrite | --resume] [dotted.key=value ...]
 """
 
 from __future__ import annotations
@@ -21,16 +21,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="keep the run directory (learner resumes from its checkpoint)",
+        help="insist on a checkpoint in run.dir to continue from (one there is resumed anyway)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a run.dir that holds an earlier run: removes what streamrl wrote there, nothing else",
     )
     args, cfg = config_from_cli(parser, argv)
     try:
-        run(cfg, actors=args.actors, resume=args.resume)
+        result = run(cfg, actors=args.actors, resume=args.resume, overwrite=args.overwrite)
     # A missing model or tokenizer file surfaces from the libraries that read it.
     except (StreamRLError, FileNotFoundError) as exc:
         print(f"streamrl run: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return 1 if result.failure else 0
 
 
 if __name__ == "__main__":

@@ -1,74 +1,75 @@
-"""The ``streamrl`` console script: one entry point for the make targets; each command parses its
-own options (``streamrl <command> --help``)."""
+"""The ``streamrl`` console script (also ``python -m streamrl``): one program, one subcommand per job.
+
+argparse subparsers give ``streamrl --help``, ``streamrl --version`` and a clear error for an
+unknown command; each subcommand's module parses its own options under the program name
+``streamrl <command>``, so ``streamrl run --help`` lists them and an unknown flag is named.
+The modules stay runnable alone (``python -m streamrl.learner`` is what the supervisor starts).
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from typing import NamedTuple
 
+from streamrl import __version__
+
 
 class Command(NamedTuple):
     module: str
-    synopsis: str
     summary: str
 
 
 COMMANDS = {
     "run": Command(
         "streamrl.launch.__main__",
-        "--config C [--actors N] [--resume] [key=value ...]",
-        "Redis, the learner and N actors with a live view (make run)",
+        "Redis, the learner and N actors with a live view (make run); resumes a checkpoint in run.dir",
     ),
-    "actors": Command(
-        "streamrl.actors.__main__",
-        "--config C [--count N]",
-        "add actors to a running run (make actors)",
+    "learner": Command(
+        "streamrl.learner.__main__", "the learner alone (one rank, or under torchrun)"
     ),
+    "actors": Command("streamrl.actors.__main__", "add actors to a running run (make actors)"),
     "scale": Command(
-        "streamrl.launch.scale",
-        "--config C --actors N",
-        "change the number of a run's supervised actors (make scale)",
+        "streamrl.launch.scale", "change the number of a run's supervised actors (make scale)"
     ),
     "export": Command(
-        "streamrl.learner.export",
-        "--config C [--out DIR]",
-        "write the latest checkpoint as a Hugging Face folder",
+        "streamrl.learner.export", "write the latest checkpoint as a Hugging Face folder"
     ),
     "inspect": Command(
         "streamrl.launch.inspect",
-        "--config C [--count N] [--json]",
         "stream, pending and dead-letter entries, decoded, and the counters",
     ),
     "dashboard": Command(
-        "streamrl.launch.dashboard",
-        "--config C",
-        "Prometheus and the live dashboard (make dashboard)",
+        "streamrl.launch.dashboard", "Prometheus and the live dashboard (make dashboard)"
+    ),
+    "config": Command(
+        "streamrl.configs.__main__",
+        "show a resolved config (`streamrl config show`), secrets redacted",
     ),
 }
 
 
-def usage() -> str:
-    lines = ["usage: streamrl <command> [options]", "", "commands:"]
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="streamrl",
+        description="Asynchronous actor-learner RL for language models.",
+        epilog="--config takes a preset name, a YAML file or a run directory; dotted key=value "
+        "arguments override any setting. `streamrl <command> --help` shows a command's options.",
+    )
+    top.add_argument("--version", action="version", version=f"streamrl {__version__}")
+    sub = top.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
-        lines += [f"  streamrl {name} {command.synopsis}", f"      {command.summary}"]
-    lines += [
-        "",
-        "C is a preset name (demo_cpu, ...) or a YAML file; key=value overrides any setting.",
-        "`streamrl <command> --help` shows a command's options.",
-    ]
-    return "\n".join(lines)
+        # the command's own module parses (and documents) the rest
+        sub.add_parser(name, help=command.summary, add_help=False)
+    return top
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print(usage())
-        return 0
     if not argv or argv[0] not in COMMANDS:
-        problem = f"unknown command {argv[0]!r}" if argv else "no command given"
-        print(f"{usage()}\n\nstreamrl: error: {problem}", file=sys.stderr)
-        return 2
+        # --help, --version, or an error naming what is wrong (no or unknown command, unknown flag)
+        parser().parse_args(argv)
     return importlib.import_module(COMMANDS[argv[0]].module).main(argv[1:])
 
 

@@ -99,9 +99,7 @@ class TargetSync:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m streamrl.launch.dashboard", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="streamrl dashboard", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
         default="configs/demo_cpu.yaml",

@@ -5,7 +5,8 @@
 Prints the admission counters (policy version, accepted, consumed, live leases, capacity),
 the last ``--count`` stream entries, the learner's pending entries (consumer, idle time,
 delivery count), the dead-letter entries with the reason each was refused, and the announced
-weights (over shared memory: which readers are copying a slot right now). Entries are
+weights (over shared memory: which readers are copying a slot right now), and the GPUs the
+supervisor gave each process (``<run.dir>/placement.json``). Entries are
 decoded with the same validating decoder the learner uses; one that does not decode is
 shown with the decoder's reason, never executed or trusted.
 """
@@ -24,6 +25,7 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import config_from_cli
 from streamrl.configs.schema import BrokerConfig
+from streamrl.launch import placement
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import read_announcement
 from streamrl.weightsync.transports import UnknownTransport
@@ -135,6 +137,8 @@ def render(report: dict) -> str:
     lines.append(
         f"weights: {json.dumps(report['weights']) if report['weights'] else 'none announced'}"
     )
+    if report.get("placement"):
+        lines.append(f"GPUs (CUDA_VISIBLE_DEVICES): {placement.describe(report['placement'])}")
     return "\n".join(lines)
 
 
@@ -148,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = connect_sync(cfg.broker, cfg.run.dir)
         report = collect(client, Keys.from_config(cfg), cfg.broker, args.count)
+        report["placement"] = placement.read(cfg.run.dir)
     except (RedisNotConfigured, redis.RedisError) as exc:
         print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.live import Live
 
 from streamrl.configs import Config
+from streamrl.launch.placement import describe as describe_placement
 from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 from streamrl.launch.status import Snapshot, read_steps, snapshot
 from streamrl.launch.supervisor import Supervisor
@@ -35,13 +36,15 @@ TIME_LIMIT_GRACE_S = 30.0
 @dataclass(frozen=True)
 class RunSummary:
     """What a finished run did: learner steps, the last step's mean reward (None without a
-    step), why it stopped, where its files are, and its wall time."""
+    step), why it stopped, where its files are, its wall time, and what failed (None when the
+    learner stopped by itself or was asked to)."""
 
     steps: int
     final_reward: float | None
     reason: str
     run_dir: Path
     elapsed_s: float
+    failure: str | None = None
 
 
 class _Stop(Exception):
@@ -81,6 +84,8 @@ def _watch(
     prom_dir = prometheus_dir(sup.run_dir)
     write_prometheus_config(prom_dir)
     console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
+    if any(v is not None for v in sup.placement.values()):
+        console.print(f"GPUs (CUDA_VISIBLE_DEVICES): {describe_placement(sup.placement)}")
     last_plain = 0.0
     with (
         Live(console=console, refresh_per_second=2, transient=False)
@@ -89,6 +94,8 @@ def _watch(
     ):
         while not sup.learner_finished:
             sup.tick()
+            if sup.failure:
+                return "failed"
             elapsed = time.monotonic() - started
             if max_time_s and elapsed > max_time_s + TIME_LIMIT_GRACE_S:
                 return "time limit"
@@ -97,7 +104,7 @@ def _watch(
                 time.sleep(REFRESH_S)
                 continue
             if console.is_terminal:
-                live.update(live_table(snap, elapsed, sup.events))
+                live.update(live_table(snap, elapsed, sup.events, sup.placement))
             elif elapsed - last_plain >= PLAIN_EVERY_S:
                 last_plain = elapsed
                 print(plain_line(snap, elapsed), flush=True)
@@ -105,17 +112,17 @@ def _watch(
     return "learner finished"
 
 
-def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
+def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = False) -> RunSummary:
     """Run ``cfg`` (from ``streamrl.load_config``) with ``actors`` actor processes until the
     learner stops (``run.max_steps``, ``run.max_time_s``, its target) or SIGINT/SIGTERM; prints
-    the live view and the end-of-run summary. ``resume`` keeps the run directory, so the learner
-    continues from its checkpoint.
+    the live view and the end-of-run summary. A checkpoint in ``run.dir`` is resumed;
+    ``overwrite`` starts over instead, ``resume`` fails without one (``launch.rundir``).
 
     Raises a ``StreamRLError`` (a broken dataset, no vLLM for a vLLM actor, Redis that will not
     start, ...) before any child starts; the children are stopped whatever happens.
     """
     console = Console()
-    sup = Supervisor(cfg, actors=actors, resume=resume)
+    sup = Supervisor(cfg, actors=actors, resume=resume, overwrite=overwrite)
     started = time.monotonic()
     started_unix = time.time()
     reason = "start failed"
@@ -135,6 +142,8 @@ def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
     elapsed = time.monotonic() - started
     steps = read_steps(sup.run_dir)
     console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run))
+    if sup.failure:
+        print(f"run failed: {sup.failure}", file=sys.stderr, flush=True)
     last = steps[-1] if steps else {}
     return RunSummary(
         steps=int(last.get("step", 0)),
@@ -142,4 +151,5 @@ def run(cfg: Config, actors: int = 2, resume: bool = False) -> RunSummary:
         reason=reason,
         run_dir=sup.run_dir,
         elapsed_s=elapsed,
+        failure=sup.failure,
     )

@@ -19,7 +19,7 @@ from streamrl.configs import config_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="streamrl scale", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--actors", type=int, required=True, help="wanted number of supervised actors"
     )

@@ -5,9 +5,14 @@ tool knows (the learner resumes from its checkpoint, a clean exit of the
 learner ends the run, actors are scaled from Redis commands, shutdown goes
 actors -> learner -> Redis), and it is ~200 lines.
 
-Policy: a child that exits 0 is done (intentional stop); any other exit is a
-crash and the child is restarted after an exponential backoff (1 s doubling
-to 30 s, reset once it has stayed up for a minute). Children run in their own
+Policy: a child that exits 0 is done (intentional stop); one that exits with
+``FATAL_EXIT`` stopped on purpose over something a restart cannot fix (a reward
+failing on most samples) and ends the run; any other exit is a crash and the child
+is restarted after an exponential backoff (1 s doubling to 30 s, reset once it has
+stayed up for a minute). A learner that crashes ``learner.max_crashes`` times within
+``learner.crash_window_s`` ends the run with its last traceback instead of looping.
+What the run does with an existing ``run.dir`` is ``launch.rundir``'s: it resumes
+from a checkpoint and deletes nothing it did not write. Children run in their own
 session, so a terminal Ctrl-C reaches only the supervisor, which then stops
 them in order; they also get SIGTERM if the supervisor itself dies
 (PR_SET_PDEATHSIG), so nothing is orphaned.
@@ -19,7 +24,6 @@ import ctypes
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,12 +36,15 @@ from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
+from streamrl.launch import placement, rundir
+from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
-# the resolved config every child loads (the run's overrides and REDIS_URL applied; mode 0600)
+# the resolved config, saved with the run and loaded by every child (secrets redacted: the
+# children get the Redis URL through REDIS_URL; configs.redact); mode 0600
 CONFIG_FILE = "config.yaml"
 # the rendezvous variables a learner of one must not inherit (see Supervisor._env)
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -62,8 +69,12 @@ class Child:
     next_start: float = 0.0
     started_at: float = 0.0
     exit_codes: list[int] = field(default_factory=list)
+    # monotonic times of its crashes, for the crash-loop limit
+    crash_times: list[float] = field(default_factory=list)
     # exited 0 or was stopped on purpose: never restarted
     done: bool = False
+    # its CUDA_VISIBLE_DEVICES (launch.placement); None = inherited
+    devices: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -71,7 +82,11 @@ class Child:
 
 
 class Supervisor:
-    """``Supervisor(cfg, actors=2).start()``; call ``tick()`` periodically; ``stop()``."""
+    """``Supervisor(cfg, actors=2).start()``; call ``tick()`` periodically; ``stop()``.
+
+    ``overwrite`` starts over in a ``run.dir`` that holds an earlier run (removing only what
+    streamrl wrote there); ``resume`` insists on a checkpoint to continue from. Without either,
+    a checkpoint there is resumed (``launch.rundir``)."""
 
     def __init__(
         self,
@@ -79,10 +94,12 @@ class Supervisor:
         actors: int = 2,
         resume: bool = False,
         python: str = sys.executable,
+        overwrite: bool = False,
     ):
         self.cfg = cfg
         self.want_actors = actors
         self.resume = resume
+        self.overwrite = overwrite
         self.python = python
         self.run_dir = Path(cfg.run.dir)
         self.log_dir = self.run_dir / "logs"
@@ -97,31 +114,50 @@ class Supervisor:
         self._next_actor = 0
         self.started_at = 0.0
         self.events: list[str] = []
+        # how many of the events are in logs/supervisor.log, which is written to only once this
+        # run has decided what to do with run.dir (launch.rundir)
+        self._logged = 0
+        self._dir_ready = False
         self._redis_next_start = 0.0
+        self.launcher_devices = placement.launcher_devices()
+        # child name -> its CUDA_VISIBLE_DEVICES (None = inherited), also in <run.dir>/placement.json
+        self.placement: dict[str, str | None] = {}
+        # why the run must end now (a learner crash loop, a fatal learner exit); None while it runs
+        self.failure: str | None = None
 
     # ----- start -------------------------------------------------------------------------
     def start(self) -> Supervisor:
         self.started_at = time.monotonic()
-        if not self.resume and self.run_dir.exists():
-            shutil.rmtree(self.run_dir)
+        # everything that can be checked is, before run.dir is touched: a failing start leaves
+        # an earlier run there as it was
+        self._prepare_inputs()
+        placement.check_launcher(self.cfg, self.launcher_devices)
+        said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_ready = True
+        self.event(said)
         # Children load this file, not the launcher's argv: a config made in Python has no file
         # of its own, and argv would show a password given as an override to every local user.
         write_config(self.cfg, self.config_file)
-        self._prepare_inputs()
         self._start_redis()
         self.redis = connect_sync(self.cfg.broker, self.run_dir)
         self._write_run_file()
-        self.learner = self._spawn(
-            Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
-        )
+        learner = Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
+        self.learner = self._spawn(self._place(learner, self.cfg.learner.gpus))
         for _ in range(self.want_actors):
             self._add_actor()
+        # Checked while the children import (seconds each): a broken dataset still ends the run
+        # here, naming file and row, before any group can be trained.
+        try:
+            self._check_dataset()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _prepare_inputs(self) -> None:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
-        from streamrl.actors import inputs, rewards
+        from streamrl.actors import environment, inputs, rewards
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -137,11 +173,13 @@ class Supervisor:
             )
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
-        # A broken dataset fails here, naming file and row, before Redis or any child starts.
-        from streamrl.actors.prompts import PromptDataset
-        from streamrl.weightsync.policy import load_tokenizer
+        environment.check(self.cfg.env)
 
-        PromptDataset.from_config(self.cfg.data, load_tokenizer(self.cfg.model.path))
+    def _check_dataset(self) -> None:
+        """Load the dataset as an actor does, unless these inputs passed before (``dataset_check``)."""
+        from streamrl.launch.dataset_check import check_dataset
+
+        check_dataset(self.cfg)
 
     def _start_redis(self) -> None:
         if self.cfg.broker.redis_url:
@@ -179,7 +217,14 @@ class Supervisor:
         ]
         return launcher + self._argv("streamrl.learner")[1:]
 
-    def _env(self) -> dict[str, str]:
+    def _place(self, child: Child, gpus: list[int] | None) -> Child:
+        if gpus is not None:
+            child.devices = placement.visible_devices(gpus, self.launcher_devices)
+        self.placement[child.name] = child.devices
+        placement.write(self.run_dir, self.placement)
+        return child
+
+    def _env(self, child: Child) -> dict[str, str]:
         # A rendezvous inherited from the launching shell (a torchrun/SLURM job, or a process that
         # already ran a learner in-process) would make a learner of one join it through a TCP
         # store on every interface; torchrun sets these itself for learner.ranks > 1.
@@ -188,6 +233,8 @@ class Supervisor:
         env.setdefault("OMP_NUM_THREADS", str(self.cfg.run.torch_threads))
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
+        if child.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = child.devices
         return env
 
     def _spawn(self, child: Child) -> Child:
@@ -197,7 +244,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self._env(),
+                env=self._env(child),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
@@ -212,7 +259,8 @@ class Supervisor:
         if self.cfg.actor.engines:
             # the one setting that differs between the actors of a run
             argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
-        child = self._spawn(Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log"))
+        child = Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log")
+        child = self._spawn(self._place(child, placement.actor_gpus(self.cfg, index)))
         self.actors.append(child)
         self.event(f"actor {ident} started (pid {child.proc.pid})")
         return child
@@ -260,6 +308,14 @@ class Supervisor:
                 child.done = True
                 self.event(f"{child.name} exited cleanly")
                 return
+            if code == FATAL_EXIT:
+                child.done = True
+                self.failure = last_error(child.log, FATAL_MARK)
+                self.event(f"{child.name} stopped the run (log: {child.log})")
+                return
+            child.crash_times.append(now)
+            if child.role == "learner" and self._crash_loop(child, now):
+                return
             child.crashes += 1
             delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (child.crashes - 1))
             child.next_start = now + delay
@@ -271,6 +327,22 @@ class Supervisor:
             self._spawn(child)
             child.restarts += 1
             self.event(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+
+    def _crash_loop(self, child: Child, now: float) -> bool:
+        """Past ``learner.max_crashes`` crashes within ``learner.crash_window_s``, the learner
+        stays down and the run fails with its last traceback: a restart would crash again."""
+        window = self.cfg.learner.crash_window_s
+        recent = child.crash_times = [t for t in child.crash_times if now - t <= window]
+        if len(recent) < self.cfg.learner.max_crashes:
+            return False
+        child.done = True
+        self.failure = (
+            f"the learner crashed {len(recent)} times within {window:.0f} s "
+            f"(learner.max_crashes={self.cfg.learner.max_crashes}); its last error:\n"
+            f"{last_error(child.log)}"
+        )
+        self.event(f"learner crash loop: {len(recent)} crashes in {window:.0f} s; not restarted")
+        return True
 
     def _apply_control(self) -> None:
         """``python -m streamrl.launch.scale`` pushes the wanted actor count onto a Redis list."""
@@ -309,6 +381,8 @@ class Supervisor:
             self._stop_child(child)
             self.actors.remove(child)
             self.retired.append(child)
+            self.placement.pop(child.name, None)
+        placement.write(self.run_dir, self.placement)
         self.event(f"scaled to {wanted} actors")
 
     @property
@@ -327,10 +401,15 @@ class Supervisor:
         return False
 
     def event(self, text: str) -> None:
+        """Shown in the live view, and kept in logs/supervisor.log once the run directory is
+        ready (the events of the checks before it are written then)."""
         stamp = time.strftime("%H:%M:%S")
         self.events.append(f"{stamp} {text}")
+        if not self._dir_ready:
+            return
         with open(self.log_dir / "supervisor.log", "a") as f:
-            f.write(f"{stamp} {text}\n")
+            f.writelines(f"{line}\n" for line in self.events[self._logged :])
+        self._logged = len(self.events)
 
     # ----- stop --------------------------------------------------------------------------
     def _stop_child(self, child: Child) -> None:
@@ -373,6 +452,18 @@ class Supervisor:
         removed = cleanup_stale_segments(self.cfg.run.name)
         if removed:
             self.event(f"removed {len(removed)} stale shared-memory segment(s)")
+
+
+def last_error(log: Path, mark: str = "Traceback", max_lines: int = 40) -> str:
+    """From the last line of a child's log that starts with ``mark`` (a traceback), else its
+    last lines, for the terminal."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no log: {exc.strerror})"
+    starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
+    shown = lines[starts[-1] :] if starts else lines
+    return "\n".join(shown[-max_lines:])
 
 
 def _kill_group(pgid: int) -> None:

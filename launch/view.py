@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from rich.table import Table
 
+from streamrl.launch import placement as gpus
 from streamrl.launch.status import Snapshot, time_to_target
 from streamrl.learner import target
 
 
 def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _failed(rate: float) -> str:
+    """A reward function's failure rate; past half it is what stops the run, so it stands out."""
+    text = f"{rate:.0%}"
+    return f"[bold red]{text}[/bold red]" if rate > 0.5 else text
 
 
 def trained_tokens_per_s(step: dict) -> float | None:
@@ -21,7 +29,13 @@ def trained_tokens_per_s(step: dict) -> float | None:
     return step.get("tokens", 0) / step["step_s"]
 
 
-def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
+def live_table(
+    snap: Snapshot,
+    elapsed_s: float,
+    events: list[str],
+    placement: Mapping[str, str | None] | None = None,
+) -> Table:
+    """``placement``: the supervisor's child -> CUDA_VISIBLE_DEVICES; shown when any child is placed."""
     step = snap.last_step or {}
     table = Table(title=f"streamrl  {elapsed_s:6.0f} s", show_header=False, expand=False)
     table.add_column("what", style="bold")
@@ -30,6 +44,8 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
     table.add_row("reward (last step)", _fmt(step.get("reward_mean")))
     for name, value in step.get("reward_parts", {}).items():
         table.add_row(f"  {name}", _fmt(value))
+    for name, rate in step.get("reward_failure_rate", {}).items():
+        table.add_row(f"  {name} failed", _failed(rate))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
     table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
     table.add_row(
@@ -39,6 +55,8 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
     table.add_row("dead letters", str(snap.dead_letters))
     alive = ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in snap.actors) or "none"
     table.add_row("actors alive", f"{len(snap.actors)}: {alive}")
+    if placement and any(v is not None for v in placement.values()):
+        table.add_row("GPUs", gpus.describe(placement))
     for line in events[-4:]:
         table.add_row("", f"[dim]{line}[/dim]")
     return table
@@ -47,6 +65,9 @@ def live_table(snap: Snapshot, elapsed_s: float, events: list[str]) -> Table:
 def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     step = snap.last_step or {}
     parts = "".join(f"{name}={_fmt(v)} " for name, v in step.get("reward_parts", {}).items())
+    parts += "".join(
+        f"{name}:failed={rate:.0%} " for name, rate in step.get("reward_failure_rate", {}).items()
+    )
     return (
         f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
         f"{parts}gen={snap.generate_tokens_per_s:,.0f} tok/s "

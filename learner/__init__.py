@@ -3,8 +3,9 @@
 Owns the RL math as pure functions (``algorithm``), batching into token-budget
 micro-batches (``batching``), the DeepSpeed ZeRO-2 engine (``engine``),
 checkpoint/resume (``checkpoint``), the training loop (``__main__``), experiment
-tracking of the step rows (``tracking``) and the export of the policy as a Hugging
-Face folder (``export``).
+tracking of the step rows (``tracking``), LoRA training (``lora``: the peft-wrapped
+policy, its adapters-off reference, the merged export) and the export of the policy as a
+Hugging Face folder (``export``).
 
 Talks to: Redis through ``broker`` (consumer group, version, admission
 counters) and the actors through ``weightsync`` publishers. May import:

@@ -140,8 +140,8 @@ def policy_loss(
     or per-token [B, T] (staleness tightening). ``importance_correction=False`` is the
     plain PPO ratio against mu with no IS weight. ``kl`` in the stats is the k3 KL to
     the reference when one is given, else to the behaviour policy (drift). ``entropy``
-    [B, T] is the policy's per-position entropy (with grad): ``entropy_coef`` > 0 subtracts
-    it from each token's loss, a bonus that keeps a policy from collapsing onto one answer
+    [B, T] is the policy's per-position entropy (with grad when ``entropy_coef`` > 0, which subtracts
+    it from each token's loss), a bonus that keeps a policy from collapsing onto one answer
     before it has found the right one.
     """
     if advantages.dim() == 1:
@@ -181,6 +181,8 @@ def policy_loss(
         # l_t += beta * k3
         per_token = per_token + kl_coef * kl
     if entropy is not None:
+        if entropy_coef > 0 and logprobs.requires_grad and not entropy.requires_grad:
+            raise ValueError("entropy_coef > 0 needs the entropy with its gradient")
         entropy = torch.where(mask, entropy.to(logprobs.dtype), zero)
         if entropy_coef > 0:
             # l_t -= c * H_t

@@ -1,7 +1,11 @@
 """The DeepSpeed ZeRO engine around the policy: process group, config, optimizer, log-probs.
 
 CPU: gloo, fp32, torch AdamW as client optimizer (DeepSpeed's fused/CPU Adam
-compile for 100+ s here). GPU: NCCL and bf16. The number of micro-batches of
+compile for 100+ s here). GPU: NCCL and bf16 (``model.dtype``); the log-prob and
+loss math runs in fp32 whatever the weights (``sequence_logprobs`` upcasts the
+logits), and ZeRO keeps fp32 master weights and Adam moments. With
+``learner.offload_optimizer`` on a GPU the optimizer is DeepSpeedCPUAdam (see
+``make_optimizer``). The number of micro-batches of
 a step varies with the token budget, so gradient accumulation is set per step
 (``set_micro_batches``); each micro-batch is ``backward`` + ``step`` and the
 last one is the accumulation boundary.
@@ -9,7 +13,9 @@ last one is the accumulation boundary.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from datetime import timedelta
 
 import torch
@@ -18,9 +24,12 @@ from torch import Tensor
 from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
+from streamrl.learner.lora import trainable_parameters
 from streamrl.weightsync.policy import sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
+# the loopback interface (Linux)
+LOOPBACK_IFNAME = "lo"
 
 
 def accelerator() -> str:
@@ -46,6 +55,19 @@ def skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+@contextlib.contextmanager
+def _gloo_on_loopback():
+    """GLOO_SOCKET_IFNAME=lo while the default group is made (a value the user set is kept),
+    restored after, so the dist weight transport's own gloo devices are unaffected."""
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = saved or LOOPBACK_IFNAME
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+
+
 def init_distributed() -> tuple[int, int]:
     """Join (or, for plain ``python -m streamrl.learner``, create) the process group; returns (rank, world size).
 
@@ -61,13 +83,16 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         if not torch.distributed.is_initialized():
             # A world of one needs no rendezvous: env:// would host a TCPStore on every interface.
-            torch.distributed.init_process_group(
-                backend,
-                store=torch.distributed.HashStore(),
-                rank=0,
-                world_size=1,
-                timeout=DIST_TIMEOUT,
-            )
+            # gloo still opens a pair listener, on the address the host's name resolves to (a
+            # LAN address on many hosts) unless told an interface: loopback, for this process only.
+            with _gloo_on_loopback():
+                torch.distributed.init_process_group(
+                    backend,
+                    store=torch.distributed.HashStore(),
+                    rank=0,
+                    world_size=1,
+                    timeout=DIST_TIMEOUT,
+                )
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(
             dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False
@@ -100,17 +125,57 @@ def deepspeed_config(lc: LearnerConfig, world_size: int, bf16: bool) -> dict:
     }
 
 
+def make_optimizer(lc: LearnerConfig, params, on_gpu: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over ``params``: DeepSpeedCPUAdam when ZeRO offloads the optimizer from a GPU (``on_gpu``,
+    default: the accelerator is cuda), else torch's.
+
+    DeepSpeed's PyPI wheel ships no prebuilt ops, so DeepSpeedCPUAdam JIT-builds its C++ op on first
+    use (ninja and a C++ compiler; cached in TORCH_EXTENSIONS_DIR). Where that fails, torch AdamW
+    steps the offloaded fp32 partition instead: the same update, several times slower on the CPU.
+    A CPU learner never offloads anything that is not already on the CPU, so it keeps torch AdamW
+    rather than pay the compile.
+    """
+    params = list(params)
+    kwargs = {"lr": lc.lr, "betas": tuple(lc.betas), "weight_decay": lc.weight_decay}
+    if on_gpu is None:
+        on_gpu = accelerator() == "cuda"
+    if lc.offload_optimizer and on_gpu:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        try:
+            return DeepSpeedCPUAdam(params, adamw_mode=True, **kwargs)
+        except RuntimeError as exc:
+            warnings.warn(
+                f"learner.offload_optimizer: DeepSpeedCPUAdam unavailable ({exc}: {exc.__cause__}); "
+                "torch AdamW steps the offloaded state on the CPU, slower",
+                stacklevel=2,
+            )
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """transformers' activation checkpointing per decoder layer, non-reentrant (the reentrant form
+    gives the parameters no gradient unless a layer's input requires grad, and torch recommends
+    against it). transformers 5.24 renamed the call; the vLLM venv's 5.19 has only the old name."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
-    """``deepspeed.initialize`` with torch AdamW and a linear warmup; returns the engine."""
+    """``deepspeed.initialize`` with AdamW (``make_optimizer``) over the parameters that require grad
+    (a LoRA policy's adapters: ZeRO-2 partitions only those) and a linear warmup; returns the engine."""
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
     import deepspeed
 
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay
-    )
+    if lc.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    optimizer = make_optimizer(lc, trainable_parameters(model))
     warmup = lc.warmup_steps
     # lr_k = lr * min(1, (k + 1) / warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -136,10 +201,58 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
     engine.set_gradient_accumulation_boundary(index == count - 1)
 
 
+# transformers keeps packed samples apart through the mask it builds from their position ids
+# (these implementations), or, for flash attention, through the position ids alone and only in
+# a batch of one row
+MASKED_PACKING = ("sdpa", "eager", "flex_attention")
+
+
+def attention_implementation(model) -> str:
+    """The policy's attention implementation, through a DeepSpeed engine or a peft wrapper."""
+    return getattr(model, "module", model).config._attn_implementation
+
+
 def token_logprobs(
-    model, batch: MicroBatch, temperature: float, with_entropy: bool = False
+    model,
+    batch: MicroBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    one_row: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``weightsync.policy.sequence_logprobs`` of a micro-batch: [B, L - 1] (and the entropy)."""
-    return sequence_logprobs(
-        model, batch.input_ids, batch.attention_mask, temperature, with_entropy
+    """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows at its completion
+    tokens, in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
+    ``entropy_grad``: with its gradient). The loss reads nothing else, so the output layer runs
+    on the completion positions only.
+
+    ``one_row`` runs the rows end to end as a single row, as flash attention needs; None picks
+    it from the model's attention implementation, and refuses one that cannot keep packed
+    samples apart.
+    """
+    attention = attention_implementation(model)
+    if one_row is None:
+        one_row = attention.startswith("flash_attention")
+        if not one_row and attention not in MASKED_PACKING:
+            raise ValueError(
+                f"attention implementation {attention!r} cannot keep packed samples apart: "
+                f"use one of {', '.join(MASKED_PACKING)} or flash_attention_*"
+            )
+    ids, positions = batch.packed_ids, batch.position_ids
+    width = ids.shape[1]
+    completions = batch.completion_mask
+    # packed target t of row r predicts from input position r x width + t (one row or many)
+    target = batch.packed_index[completions]
+    out = sequence_logprobs(
+        model,
+        ids.reshape(1, -1) if one_row else ids,
+        None,
+        temperature,
+        with_entropy,
+        position_ids=positions.reshape(1, -1) if one_row else positions,
+        entropy_grad=entropy_grad,
+        keep=target + target // (width - 1),
     )
+    outs = out if with_entropy else (out,)
+    mask = completions.to(outs[0].device)
+    laid_out = tuple(t.new_zeros(mask.shape).masked_scatter(mask, t) for t in outs)
+    return laid_out if with_entropy else laid_out[0]

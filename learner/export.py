@@ -5,7 +5,8 @@
 Reads the newest checkpoint under ``<run.dir>/checkpoints`` (or ``--checkpoint``), puts
 its weights into the model of ``model.path`` and writes ``config.json``, the weights as
 ``model.safetensors``, the generation config, the tokenizer and ``streamrl_export.json``
-(step, version, source) to ``<run.dir>/policy`` (or ``--out``). The learner does the same
+(step, version, source) to ``<run.dir>/policy`` (or ``--out``). A LoRA policy (``model.lora``)
+is written merged, with its PEFT adapter folder in ``adapter/``. The learner does the same
 with its live weights at the end of a run (``run.export_at_end``).
 
 The folder is written next to its destination and renamed into place, so a reader never
@@ -38,12 +39,16 @@ def default_out(run_dir: str | os.PathLike) -> Path:
 
 
 def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
-    """Write ``model`` + ``tokenizer`` as a Hugging Face folder at ``out`` (replaced atomically)."""
+    """Write ``model`` + ``tokenizer`` as a Hugging Face folder at ``out`` (replaced atomically); a
+    LoRA policy as its merged weights with its PEFT adapter folder in ``adapter/``
+    (``learner.lora.save_export``)."""
+    from streamrl.learner.lora import save_export
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(staging, safe_serialization=True)
+        save_export(model, staging)
         tokenizer.save_pretrained(staging)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():
@@ -76,13 +81,14 @@ def export_checkpoint(
     """Export ``checkpoint`` (default: the newest under ``<run_dir>/checkpoints``) into the model
     of ``model_cfg``."""
     from streamrl.learner import checkpoint as ckpt
+    from streamrl.learner.lora import training_policy
     from streamrl.weightsync.policy import load_policy, load_tokenizer
 
     folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(run_dir) / "checkpoints")
     if folder is None:
         raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
     weights, progress = checkpoint_weights(folder)
-    model = load_policy(model_cfg.path, model_cfg.dtype)
+    model = training_policy(load_policy(model_cfg.path, model_cfg.dtype), model_cfg.lora)
     model.load_state_dict(weights, strict=True)
     info = {
         "step": progress.get("step"),
@@ -106,7 +112,7 @@ def export_at_end(run: RunConfig, source: str, model, step: int, version: int) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streamrl.learner.export", description=__doc__.strip().splitlines()[0]
+        prog="streamrl export", description=__doc__.strip().splitlines()[0]
     )
     parser.add_argument("--checkpoint", help="checkpoint folder (default: the run's latest)")
     parser.add_argument("--out", help="output folder (default: <run.dir>/policy)")

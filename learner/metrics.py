@@ -13,6 +13,19 @@ TOKENS = Counter(
     "streamrl_learner_tokens_trained_total",
     "Completion tokens trained on (not stale, not padding).",
 )
+SEQUENCE_TOKENS = Counter(
+    "streamrl_learner_sequence_tokens_total",
+    "Prompt + completion tokens trained on, every pass over a batch (its rate is the learner's tokens/s).",
+)
+PACKED_TOKENS = Counter(
+    "streamrl_learner_packed_tokens_total",
+    "Tokens the learner's forward passes ran on: packed rows x their width, padding included "
+    "(over streamrl_learner_sequence_tokens_total: the padding overhead).",
+)
+TOKENS_PER_SECOND = Gauge(
+    "streamrl_learner_tokens_per_second",
+    "Prompt + completion tokens trained (every pass) per second of the last learner step.",
+)
 STEP_PHASE = Histogram(
     "streamrl_learner_step_phase_seconds",
     "Time of each phase of a learner step.",

@@ -9,11 +9,13 @@ sampling (DAPO's batch: only groups with a signal, read on until ``groups_per_st
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from streamrl.broker import reward_failures
 from streamrl.broker.semantics import is_stale
 from streamrl.configs.schema import AlgoConfig
 from streamrl.learner import algorithm
@@ -34,6 +36,8 @@ class Batch:
     # is on) but counted by the loss normaliser, so skipping them saves compute without changing
     # the objective
     skipped: list[Sample] = field(default_factory=list)
+    # the first exception of each reward function that failed on some of the step's samples
+    reward_errors: dict[str, str] = field(default_factory=dict)
 
 
 def _token_versions(group) -> list[np.ndarray]:
@@ -67,8 +71,29 @@ def dynamic_batch_size(signal: list[bool], need: int, cap: int) -> int | None:
     return cap if len(signal) >= cap else None
 
 
-def prepare_batch(deliveries, version: int, algo: AlgoConfig, wait_s: float) -> Batch:
-    """Drop fully stale and zero-variance groups (counted), attach group advantages.
+def reward_failures_of(
+    deliveries, names: Sequence[str] = ()
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Each reward function's failure rate over every sample the step took (``names`` listed
+    even at 0), and the first exception of each that failed (``broker.reward_failures``)."""
+    total = sum(len(d.group.completions) for d in deliveries)
+    counts: dict[str, int] = dict.fromkeys(names, 0)
+    errors: dict[str, str] = {}
+    for d in deliveries:
+        failed, said = reward_failures.decode(d.group.meta)
+        for name, n in failed.items():
+            counts[name] = counts.get(name, 0) + n
+        for name, error in said.items():
+            errors.setdefault(name, error)
+    rates = {name: min(1.0, n / total) if total else 0.0 for name, n in counts.items()}
+    return rates, errors
+
+
+def prepare_batch(
+    deliveries, version: int, algo: AlgoConfig, wait_s: float, reward_names: Sequence[str] = ()
+) -> Batch:
+    """Drop fully stale and zero-variance groups (counted), attach group advantages, and
+    report each of ``reward_names``' failure rate.
 
     Under dynamic sampling the dropped zero-variance groups are not kept for the loss
     normaliser either: the batch is the groups with a signal, as DAPO defines it.
@@ -114,6 +139,7 @@ def prepare_batch(deliveries, version: int, algo: AlgoConfig, wait_s: float) -> 
     m.DROPPED_STALE_GROUPS.inc(dropped_stale)
     m.ZERO_VARIANCE_GROUPS.inc(zero_variance)
     m.observe_staleness(all_staleness)
+    failure_rates, reward_errors = reward_failures_of(deliveries, reward_names)
     adv_abs = float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0
     m.ADVANTAGE_ABS_MEAN.set(adv_abs)
     for r in rewards:
@@ -127,6 +153,8 @@ def prepare_batch(deliveries, version: int, algo: AlgoConfig, wait_s: float) -> 
             "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
             # the mean of each named reward part the task reports (its reward functions' names)
             "reward_parts": {name: float(np.mean(v)) for name, v in parts.items()},
+            # per reward function: the fraction of the step's samples it failed on (scored 0)
+            "reward_failure_rate": failure_rates,
             "staleness_mean": float(all_staleness.mean()) if all_staleness.size else 0.0,
             "staleness_max": int(all_staleness.max()) if all_staleness.size else 0,
             # masked out of the loss: older than max_staleness (wholly stale groups not included)
@@ -138,5 +166,6 @@ def prepare_batch(deliveries, version: int, algo: AlgoConfig, wait_s: float) -> 
             "groups_by_actor": by_actor,
             "version_spanning_completions": spanning,
         },
+        reward_errors=reward_errors,
         skipped=skipped,
     )

@@ -36,6 +36,7 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import alive_actors
 from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import Delivery, RolloutConsumer
+from streamrl.configs.redact import redacted
 from streamrl.configs.schema import Config
 from streamrl.learner import lineage
 from streamrl.learner import metrics as m
@@ -44,6 +45,7 @@ from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prep
 from streamrl.learner.step import UpdateStats, first_pass_tokens
 from streamrl.learner.tracking import Tracker
 from streamrl.weightsync import transports
+from streamrl.weightsync.lora import published_tensors
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,9 @@ class RolloutIO:
         run_dir = Path(cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
-        self.tracker = Tracker(cfg.run, cfg.model.path, cfg.model_dump(mode="json"))
+        self.tracker = Tracker(cfg.run, cfg.model.path, redacted(cfg))
+        # how the actors name each reward function's failures (its `name`, else `fn`)
+        self.reward_names = [spec.name or spec.fn for spec in cfg.reward.functions]
         self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
         self.buffer: list[Delivery] = []
         self.wait_s = 0.0
@@ -181,7 +185,7 @@ class RolloutIO:
                 )
                 return NoBatch.STOP
         deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
-        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s)
+        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s, self.reward_names)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
         return batch
@@ -196,20 +200,38 @@ class RolloutIO:
         return dynamic_batch_size(signal, need, cap)
 
     def publish(self, version: int, model, consumed: int | None = None) -> None:
-        """Weights first, then the version (with ``consumed``: and the step's count, atomically)."""
+        """Weights first, then the version (with ``consumed``: and the step's count, atomically).
+
+        The learner only stages the weights (one copy); the publisher's background thread writes
+        and announces them, then sets the version here, in submission order. Entries of
+        ``version`` are admitted from now on: the announcement may reach an actor any moment."""
         t0 = time.perf_counter()
-        if self.publisher is not None:
-            self.publisher.publish(version, {n: p.detach() for n, p in model.named_parameters()})
         self.consumer.set_max_version(version)
-        if consumed is None:
-            self._run(self.admission.set_version(version))
+
+        def announced() -> None:
+            if consumed is None:
+                self._run(self.admission.set_version(version))
+            else:
+                self._run(self.admission.set_consumed(consumed, version))
+            m.POLICY_VERSION.set(version)
+
+        if self.publisher is not None:
+            self.publisher.submit(
+                version, published_tensors(model, self.cfg.model.lora), then=announced
+            )
         else:
-            self._run(self.admission.set_consumed(consumed, version))
-        m.POLICY_VERSION.set(version)
+            announced()
         m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
+
+    def flush(self) -> None:
+        """Wait until every version submitted is announced with its count: before anything that
+        must follow them in Redis (acks, a checkpoint, the end)."""
+        if self.publisher is not None:
+            self.publisher.flush()
 
     def set_consumed(self, consumed: int) -> None:
         """Count the groups of completed steps for admission (set only if larger)."""
+        self.flush()
         self._run(self.admission.set_consumed(consumed))
 
     def redis_epoch(self) -> str:
@@ -228,6 +250,7 @@ class RolloutIO:
     def ack(self, entries: list[tuple[str, str]], consumed: int, step: int) -> None:
         """Commit trained (entry id, group id)s (XACK + XDEL + trained set) with the consumed
         count, and log them under ``step``."""
+        self.flush()
         wipes = self.consumer.group_recreated
         groups = [g for _, g in entries]
         self._run(self.consumer.ack([e for e, _ in entries], groups, consumed=consumed))
@@ -240,6 +263,9 @@ class RolloutIO:
     ) -> dict:
         """Write the step's row (step log, trackers) and set the learner's metrics; returns the row."""
         last = updates[-1] if updates else None
+        # every pass's tokens over step_s (training and publishing, not the read): the learner's
+        # throughput (the row's token counts are the batch's, first pass only)
+        trained = sum(u.sequence_tokens for u in updates)
         row = {
             "step": progress.step,
             "version": progress.version,
@@ -248,6 +274,10 @@ class RolloutIO:
             **batch.log,
             "samples": len(batch.samples),
             "tokens": first_pass_tokens(updates),
+            # prompt + completion tokens of the batch, and what its packed rows took
+            "sequence_tokens": first_pass_tokens(updates, "sequence_tokens"),
+            "packed_tokens": first_pass_tokens(updates, "packed_tokens"),
+            "tokens_per_s": trained / step_s if step_s > 0 else math.nan,
             "loss": last.loss if last else math.nan,
             "clip_fraction": last.clip_fraction if last else math.nan,
             "is_weight_mean": last.is_weight_mean if last else math.nan,
@@ -267,6 +297,9 @@ class RolloutIO:
             m.STEPS.inc()
             m.SAMPLES.inc(len(batch.samples))
             m.TOKENS.inc(row["tokens"])
+            m.SEQUENCE_TOKENS.inc(trained)
+            m.PACKED_TOKENS.inc(sum(u.packed_tokens for u in updates))
+            m.TOKENS_PER_SECOND.set(row["tokens_per_s"])
             m.LOSS.set(last.loss)
             m.CLIP_FRACTION.set(last.clip_fraction)
             m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
@@ -285,6 +318,7 @@ class RolloutIO:
         if self._loop.is_closed():
             return
         if self.publisher is not None:
+            # the last versions are announced before Redis goes
             self.publisher.close()
         if self.metrics_port:
             broker_metrics.unregister(self.metrics_endpoint, "learner", "0", self.metrics_port)

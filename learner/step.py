@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -55,13 +56,18 @@ class UpdateStats:
     grad_norm: float
     forward_backward_s: float = 0.0
     optimizer_s: float = 0.0
+    # prompt + completion tokens of the samples trained (fillers of idle ranks not counted)
+    sequence_tokens: int = 0
+    # tokens the forward passes ran on: packed rows x their width, padding and fillers included
+    packed_tokens: int = 0
     # which pass over the batch (0 = first) this step belongs to
     epoch: int = 0
 
 
-def first_pass_tokens(updates: Sequence[UpdateStats]) -> int:
-    """Tokens the batch trained once: the first pass's mini-batches (later passes re-train them)."""
-    return sum(u.tokens for u in updates if u.epoch == 0)
+def first_pass_tokens(updates: Sequence[UpdateStats], field: str = "tokens") -> int:
+    """Tokens (``field`` of ``UpdateStats``) the batch trained once: the first pass's
+    mini-batches (later passes re-train them)."""
+    return sum(getattr(u, field) for u in updates if u.epoch == 0)
 
 
 def minibatch_seed(run_seed: int, version: int) -> int:
@@ -95,13 +101,20 @@ def split_minibatches(
 
 
 def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> tuple[int, int]:
-    """(completion tokens not stale, sequences with at least one such token) over the whole batch."""
-    tokens = seqs = 0
-    for s in samples:
-        fresh = int((~is_stale(version, s.versions, max_staleness)).sum())
-        tokens += fresh
-        seqs += fresh > 0
-    return tokens, seqs
+    """(model-sampled completion tokens not stale, sequences with at least one such token) over the
+    whole batch."""
+    if not samples:
+        return 0, 0
+    fresh = np.concatenate([s.trained() for s in samples]) & ~is_stale(
+        version, np.concatenate([s.versions for s in samples]), max_staleness
+    )
+    # one sum per sample over its run of the concatenation
+    lengths = np.fromiter((len(s.versions) for s in samples), dtype=np.int64, count=len(samples))
+    per_sample = np.add.reduceat(
+        np.append(fresh, False).astype(np.int64), np.cumsum(lengths) - lengths
+    )
+    per_sample[lengths == 0] = 0
+    return int(fresh.sum()), int((per_sample > 0).sum())
 
 
 def loss_normalizer(
@@ -141,9 +154,15 @@ class UpdateSums:
     is_truncated: float = 0.0
     kl: float = 0.0
     entropy: float = 0.0
+    sequence_tokens: float = 0.0
+    packed_tokens: float = 0.0
 
-    def add(self, loss: float, stats: algorithm.LossStats) -> None:
+    def add(self, loss: float, stats: algorithm.LossStats, mb: MicroBatch | None = None) -> None:
+        """Add a micro-batch's loss and stats (and with ``mb``, its sequence and packed tokens)."""
         n = stats.tokens
+        if mb is not None:
+            self.sequence_tokens += mb.sequence_tokens
+            self.packed_tokens += mb.packed_tokens
         self.loss += loss
         self.tokens += n
         self.clip += stats.clip_fraction * n
@@ -174,6 +193,8 @@ class UpdateSums:
             grad_norm=grad_norm,
             forward_backward_s=forward_backward_s,
             optimizer_s=optimizer_s,
+            sequence_tokens=int(self.sequence_tokens),
+            packed_tokens=int(self.packed_tokens),
         )
 
 
@@ -186,8 +207,10 @@ def _rank_micro_batches(
     device: torch.device,
 ) -> list[MicroBatch]:
     mine, count = plan_rank_micro_batches(samples, world, rank, token_budget)
-    batches = [collate(b, pad_id).to(device) for b in mine]
-    filler = masked_out(batches[0] if batches else collate(samples[:1], pad_id).to(device))
+    batches = [collate(b, pad_id, token_budget).to(device) for b in mine]
+    filler = masked_out(
+        batches[0] if batches else collate(samples[:1], pad_id, token_budget).to(device)
+    )
     return batches + [filler] * (count - len(batches))
 
 
@@ -220,6 +243,14 @@ def _loss(
         entropy_coef=a.entropy_coef,
         aggregation=a.aggregation,
         normalizer=normalizer,
+    )
+
+
+def _policy_logprobs(model, mb: MicroBatch, temperature: float, algo: AlgoConfig):
+    """The trained log-probs and the entropy: logged always, differentiated only when its bonus
+    is in the loss (else its graph would hold [B, L, vocabulary] activations through the backward)."""
+    return token_logprobs(
+        model, mb, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0
     )
 
 
@@ -334,7 +365,7 @@ def _update(
     for i, (mb, ref) in enumerate(zip(batches, mini.ref_logprobs, strict=True)):
         mark_micro_batch(engine, i, len(batches))
         t0 = time.perf_counter()
-        logprobs, entropy = token_logprobs(engine, mb, temperature, with_entropy=True)
+        logprobs, entropy = _policy_logprobs(engine, mb, temperature, algo)
         if take_prox:
             prox[i] = logprobs.detach()
         loss, st = _loss(algo, logprobs, entropy, mb, version, prox[i], ref, mini.normalizer)
@@ -343,7 +374,7 @@ def _update(
         engine.step()
         opt_s += time.perf_counter() - t1
         fb_s += t1 - t0
-        sums.add(float(loss.detach()), st)
+        sums.add(float(loss.detach()), st, mb)
     grad_norm = engine.get_global_grad_norm()
     return _all_reduce_sum(sums).stats(
         grad_norm=float(grad_norm) if grad_norm is not None else 0.0,

@@ -30,8 +30,12 @@ def describe(run) -> str:
 
 
 def measures(row: Mapping) -> dict[str, float]:
-    """A learner step row's figures the bars compare: the mean reward and each part's mean."""
-    return {REWARD: row["reward_mean"], **row.get("reward_parts", {})}
+    """A learner step row's figures the bars compare: the mean reward and each part's mean.
+
+    The mean reward is the row's own: a part named ``reward`` (the decoder refuses one) could
+    never stand in for it.
+    """
+    return {**row.get("reward_parts", {}), REWARD: row["reward_mean"]}
 
 
 def window_reached(

@@ -7,16 +7,39 @@ scalar at its step (nested dicts flattened with ``/``: ``reward_parts/<part>``,
 event files go to ``<run.dir>/tensorboard`` (``make tensorboard`` serves them); W&B and
 trackio take their usual settings from the environment (``WANDB_MODE``, ``WANDB_PROJECT``...)
 and are extras: ``pip install 'streamrl[wandb]'`` / ``'streamrl[trackio]'``.
+
+A learner restart (a crash, a resumed run) continues the same W&B and trackio run: the W&B
+run id and the trackio run name are drawn once and kept in ``<run.dir>/tracker.json``, and
+both are initialised with ``resume="allow"``. The configuration they record is the redacted
+one (``configs.redact``): no Redis password reaches a tracker.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import uuid
 from pathlib import Path
 
 from streamrl.configs.schema import RunConfig
 
 TENSORBOARD_DIR = "tensorboard"
+IDS_FILE = "tracker.json"
+
+
+def run_ids(run_dir: str | os.PathLike, name: str) -> dict[str, str]:
+    """The tracker run ids of the run in ``run_dir``: drawn on the first call, the same ever after."""
+    path = Path(run_dir) / IDS_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    # W&B ids: lowercase letters and digits; the trackio name reads as the run's
+    ids = {"wandb_id": uuid.uuid4().hex[:12], "trackio_name": f"{name}-{uuid.uuid4().hex[:6]}"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{IDS_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps(ids) + "\n")
+    os.replace(tmp, path)
+    return ids
 
 
 def scalars(row: dict, prefix: str = "") -> dict[str, float]:
@@ -63,7 +86,7 @@ class Tracker:
     """Rank 0's tracking backends; ``log`` once per step row.
 
     ``tokenizer_path`` decodes the sample tables (``model.path``); ``hyperparameters`` is the run's
-    whole configuration as W&B and trackio record it."""
+    whole configuration as W&B and trackio record it (``configs.redact.redacted(cfg)``)."""
 
     def __init__(self, run: RunConfig, tokenizer_path: str, hyperparameters: dict):
         self.run = run
@@ -75,12 +98,22 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=str(Path(run.dir) / TENSORBOARD_DIR))
+        if "wandb" in self.backends or "trackio" in self.backends:
+            ids = run_ids(run.dir, run.name)
         if "wandb" in self.backends:
             self.wandb = _import("wandb")
-            self.wandb_run = self.wandb.init(name=run.name, dir=run.dir, config=hyperparameters)
+            self.wandb_run = self.wandb.init(
+                name=run.name,
+                dir=run.dir,
+                config=hyperparameters,
+                id=ids["wandb_id"],
+                resume="allow",
+            )
         if "trackio" in self.backends:
             self.trackio = _import("trackio")
-            self.trackio.init(project=run.name, config=hyperparameters)
+            self.trackio.init(
+                project=run.name, name=ids["trackio_name"], config=hyperparameters, resume="allow"
+            )
 
     def tokenizer(self):
         if self._tokenizer is None:

@@ -54,3 +54,22 @@ def chunk_size(prompts, completions, answer, **columns):
 
 def batched_raises(prompts, completions, **columns):
     raise RuntimeError("batched plug-in bug")
+
+
+def trl_lengths(prompts, completions, completion_ids, level, **kwargs):
+    """TRL's form, recognised by its signature (no ``batched: true``): each sample scores its
+    completion's token count, read from completion_ids; the row's columns come as lists."""
+    assert len(prompts) == len(completions) == len(completion_ids) == len(level)
+    assert "answer" in kwargs
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def takes_anything(*args, **kwargs):
+    """No telling signature: per sample unless the spec forces ``batched: true``."""
+    if args:
+        return 2.0
+    return [1.0] * len(kwargs["completions"])
+
+
+def always_fails(messages, answer):
+    raise KeyError("the column this reward needs is not in the dataset")

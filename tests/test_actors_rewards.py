@@ -119,7 +119,9 @@ def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(
 ):
     cfg = RewardConfig(
         functions=[RewardSpec(fn=SHAPED), RewardSpec(fn=f"reward_plugins:{plugin}")],
-        timeout_s=1.0,
+        # only the hang is meant to meet the timeout: a memory hog on a loaded machine can take
+        # longer than a second to reach its limit, and must still fail as "memory"
+        timeout_s=1.0 if kind == "timeout" else 60.0,
         worker_memory_mb=256,
     )
     before = _failures(kind)
@@ -127,11 +129,13 @@ def test_a_misbehaving_reward_scores_zero_is_counted_and_the_pool_keeps_scoring(
         scores = pool.score([(turn("413"), "413"), (turn("413"), "413")])
         assert _failures(kind) == before + 2
         for score in scores:
-            assert score.failures == [kind] and math.isfinite(score.total)
+            # a hung worker leaves unknown which function hung: every one failed on that sample
+            assert {f.kind for f in score.failures.values()} == {kind}
+            assert f"reward_plugins:{plugin}" in score.failures and math.isfinite(score.total)
             assert score.total == pytest.approx(1.0 if healthy_part_kept else 0.0)
         # the pool keeps working: a hung or crashed worker was replaced, the next call scores again
         again = pool.score([(turn("413"), "413")])[0]
-        assert again.failures == [kind] and again.total == scores[0].total
+        assert again.failures == scores[0].failures and again.total == scores[0].total
 
 
 def _cfg(*specs: RewardSpec, **kwargs) -> RewardConfig:
@@ -180,7 +184,14 @@ def test_in_a_chunk_a_sample_that_raises_or_hangs_scores_zero_alone():
     with RewardPool(_cfg(*specs, timeout_s=1.0)) as pool:
         scores = pool.score(samples)
     assert [s.total for s in scores] == [2.0, 1.0, 2.0, 0.0, 2.0]
-    assert [s.failures for s in scores] == [[], ["exception"], [], ["timeout"], []]
+    assert [sorted(f.kind for f in s.failures.values()) for s in scores] == [
+        [],
+        ["exception"],
+        [],
+        ["timeout", "timeout"],
+        [],
+    ]
+    assert "this sample breaks the plug-in" in scores[1].failures["reward_plugins:picky"].error
     assert (_failures("exception"), _failures("timeout")) == (before[0] + 1, before[1] + 1)
 
 
@@ -192,11 +203,74 @@ def test_a_batched_reward_that_raises_scores_zero_for_its_chunk_only():
     with RewardPool(_cfg(*specs)) as pool:
         scores = pool.score([(turn("1"), "1"), (turn("2"), "3")])
     assert [s.total for s in scores] == [1.0, 0.0]
-    assert all(s.failures == ["exception"] for s in scores)
+    assert all(list(s.failures) == ["reward_plugins:batched_raises"] for s in scores)
+    assert scores[0].failures["reward_plugins:batched_raises"] == (
+        "exception",
+        "RuntimeError: batched plug-in bug",
+    )
 
 
 def test_a_workers_start_up_does_not_count_against_the_first_samples_time_limit():
     cfg = _cfg(RewardSpec(fn="slow_import_reward:one"), timeout_s=1.0)
     with RewardPool(cfg) as pool:
         scores = pool.score([(turn("1"), "1"), (turn("2"), "2")])
-    assert [(s.total, s.failures) for s in scores] == [(1.0, []), (1.0, [])]
+    assert [(s.total, s.failures) for s in scores] == [(1.0, {}), (1.0, {})]
+
+
+def test_the_form_is_read_from_the_signature_and_trl_rewards_get_completion_ids():
+    from streamrl.actors.rewards import RewardInput
+
+    samples = [
+        RewardInput(turn("ab"), "x", {"level": 1}, completion_ids=[5, 6, 7]),
+        RewardInput(turn("c"), "y", {"level": 2}, completion_ids=[8]),
+    ]
+    specs = [
+        # no `batched:` anywhere: TRL's signature is recognised
+        RewardSpec(fn="reward_plugins:trl_lengths"),
+        RewardSpec(fn="reward_plugins:takes_anything", name="per_sample"),
+        RewardSpec(fn="reward_plugins:takes_anything", name="forced", batched=True),
+    ]
+    with RewardPool(_cfg(*specs)) as pool:
+        scores = pool.score(samples)
+    assert [s.failures for s in scores] == [{}, {}]
+    assert [s.parts["reward_plugins:trl_lengths"] for s in scores] == [3.0, 1.0]
+    assert [s.parts["per_sample"] for s in scores] == [2.0, 2.0]
+    assert [s.parts["forced"] for s in scores] == [1.0, 1.0]
+
+
+def test_gsm8k_is_a_built_in_that_reads_the_number_after_the_hashes():
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 1,072"
+    with RewardPool(_cfg(RewardSpec(fn="gsm8k"))) as pool:
+        scores = pool.score(
+            [
+                (turn("So she sold $\\boxed{1072}$ clips."), solution),
+                (turn("She sold 24 clips."), solution),
+                (turn("The answer is 7."), "7"),
+            ]
+        )
+    assert [s.total for s in scores] == [1.0, 0.0, 1.0] and not any(s.failures for s in scores)
+
+
+def test_a_groups_failures_travel_in_its_meta_and_give_each_functions_rate_per_step():
+    from types import SimpleNamespace
+
+    from streamrl.actors.rewards import Failure, Score, failure_meta
+    from streamrl.learner.prepare import reward_failures_of
+
+    broken = {"picky": Failure("exception", "KeyError: 'level'" + "!" * 1000)}
+    group_a = [Score(0.0, failures=broken), Score(1.0), Score(0.0, failures=broken), Score(1.0)]
+    group_b = [Score(1.0)] * 4
+    deliveries = [
+        SimpleNamespace(group=SimpleNamespace(completions=scores, meta=failure_meta(scores)))
+        for scores in (group_a, group_b)
+    ]
+    rates, errors = reward_failures_of(deliveries, ["picky", "exact_match"])
+    assert rates == {"picky": 2 / 8, "exact_match": 0.0}
+    assert errors["picky"].startswith("KeyError: 'level'") and len(errors["picky"]) == 500
+    # a hostile count is clamped, a malformed key ignored
+    hostile = SimpleNamespace(
+        group=SimpleNamespace(
+            completions=[Score(0.0)] * 2, meta={"reward_failed/x": 10**9, "reward_error/x": 3}
+        )
+    )
+    assert reward_failures_of([hostile]) == ({"x": 1.0}, {})

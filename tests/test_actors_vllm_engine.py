@@ -265,14 +265,33 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
     _assert_matches_learner(rig, requests, outputs, 1.0)
 
 
+class _StopAtSecondPoll:
+    """A ``should_abort`` that asks to stop at its second poll.
+
+    The engine polls only while a request is unfinished, and its second poll comes one poll
+    interval after the first, once every request was submitted: a stop there finds requests in
+    flight by construction, instead of after a wall-clock delay that a fast CPU outruns."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        return self.polls >= 2
+
+
 def test_a_stop_aborts_the_requests_in_flight_without_an_error(rig):
-    started = time.monotonic()
-    outputs = rig.engine.generate(
-        rig.requests(32),
-        SamplingParams(max_new_tokens=48),
-        should_abort=lambda: time.monotonic() - started > 0.2,
-    )
-    assert len(outputs) == 32 and {o.finish_reason for o in outputs} <= {"abort", "length", "stop"}
+    # a near-random version: completions run to max_new_tokens, far past one poll interval
+    rig.publish(rig.engine.version + 1)
+    for _attempt in range(3):
+        hook = _StopAtSecondPoll()
+        outputs = rig.engine.generate(
+            rig.requests(64), SamplingParams(max_new_tokens=48, temperature=1.0), should_abort=hook
+        )
+        if hook.polls >= 2:
+            break
+    assert hook.polls >= 2, "every request finished within one poll interval, 3 times"
+    assert len(outputs) == 64 and {o.finish_reason for o in outputs} <= {"abort", "length", "stop"}
     assert any(o.finish_reason == "abort" for o in outputs)
 
 

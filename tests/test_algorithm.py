@@ -18,8 +18,10 @@ from streamrl.learner.batching import (
     collate,
     masked_out,
     pack_micro_batches,
+    pack_rows,
     partition_across_ranks,
     plan_rank_micro_batches,
+    row_width,
     samples_from_group,
 )
 
@@ -304,7 +306,9 @@ def test_partition_and_packing_keep_every_sample_once_and_respect_the_budget(
         batches = pack_micro_batches(share, budget)
         assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in share)
         for b in batches:
-            assert len(b) == 1 or max(len(s) for s in b) * len(b) <= budget
+            lengths = [len(s) for s in b]
+            packed = len(pack_rows(lengths, budget)) * row_width(max(lengths), budget)
+            assert len(b) == 1 or packed <= budget
     plans = [plan_rank_micro_batches(samples, world, r, budget) for r in range(world)]
     planned = [id(s) for mine, _ in plans for batch in mine for s in batch]
     assert sorted(planned) == sorted(id(s) for s in samples)

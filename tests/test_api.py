@@ -84,7 +84,7 @@ def _secret_cfg(tmp_path: Path, demo_policy: str, demo_dataset: str, secret: str
     )
 
 
-def test_children_get_the_resolved_config_in_a_0600_file_and_no_secret_on_their_command_line(
+def test_children_get_the_redacted_config_in_a_0600_file_and_no_secret_on_their_command_line(
     tmp_path, demo_policy, demo_dataset
 ):
     from streamrl.launch.supervisor import Supervisor
@@ -101,6 +101,7 @@ def test_children_get_the_resolved_config_in_a_0600_file_and_no_secret_on_their_
         sup.start()
         children = [sup.learner, *sup.actors]
         cmdlines = [Path(f"/proc/{c.proc.pid}/cmdline").read_bytes() for c in children]
+        environs = [Path(f"/proc/{c.proc.pid}/environ").read_bytes() for c in children]
     finally:
         sup.stop()
     assert len(cmdlines) == 3
@@ -108,8 +109,17 @@ def test_children_get_the_resolved_config_in_a_0600_file_and_no_secret_on_their_
         argv = cmdline.decode().split("\0")
         assert secret not in cmdline.decode()
         assert argv[argv.index("--config") + 1] == str(sup.config_file)
+    # the saved config is the run's, secrets redacted; the children reach Redis through
+    # REDIS_URL in their environment, which only this user can read
     assert stat.S_IMODE(sup.config_file.stat().st_mode) == 0o600
-    assert load_config(sup.config_file, env={}) == cfg
+    assert secret not in sup.config_file.read_text()
+    saved = load_config(sup.config_file, env={})
+    assert saved.broker.password is None and saved == cfg.model_copy(
+        update={"broker": cfg.broker.model_copy(update={"password": None})}
+    )
+    for environ in environs:
+        url = dict(v.split("=", 1) for v in environ.decode().split("\0") if "=" in v)["REDIS_URL"]
+        assert secret in url
     assert secret not in (sup.run_dir / "run.json").read_text()
 
 

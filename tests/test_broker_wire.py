@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from streamrl.broker.wire import (
     FINISH_REASONS,
+    RESERVED_PART_NAMES,
     Completion,
     RolloutGroup,
     WireError,
@@ -30,7 +31,8 @@ def completions(draw):
     tokens = draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n))
     logprobs = draw(st.lists(st.floats(-50.0, 0.0, width=32), min_size=n, max_size=n))
     versions = sorted(draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n)))
-    parts = draw(st.dictionaries(st.text(max_size=8), finite, max_size=3))
+    names = st.text(max_size=8).filter(lambda name: name not in RESERVED_PART_NAMES)
+    parts = draw(st.dictionaries(names, finite, max_size=3))
     return Completion(
         np.array(tokens, dtype=np.int32),
         np.array(logprobs, dtype=np.float32),

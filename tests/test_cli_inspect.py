@@ -6,7 +6,6 @@ import asyncio
 import json
 
 import numpy as np
-import pytest
 import redis
 import torch
 
@@ -89,18 +88,3 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     text = capsys.readouterr().out
     assert "policy version 4" in text and '"group_id": "g-2"' in text and dead["reason"] in text
     assert "weights: " in text
-
-
-def test_the_console_script_lists_its_commands_and_refuses_unknown_ones(capsys):
-    from streamrl.launch.cli import COMMANDS, main
-
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert all(f"streamrl {name}" in out for name in COMMANDS)
-    assert main(["frobnicate"]) == 2
-    assert "streamrl: error: unknown command 'frobnicate'" in capsys.readouterr().err
-    assert main([]) == 2
-    assert "streamrl: error: no command given" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as done:
-        main(["export", "--help"])
-    assert done.value.code == 0 and "--checkpoint" in capsys.readouterr().out

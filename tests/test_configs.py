@@ -100,7 +100,10 @@ def test_the_run_directory_follows_the_run_name_unless_set():
     assert load_config(overrides=["run.name=a", "run.dir=/tmp/b"], env={}).run.dir == "/tmp/b"
 
 
-@pytest.mark.parametrize("preset", ["configs/gpu.yaml", "configs/gpu_gsm8k_qwen05b.yaml"])
+@pytest.mark.parametrize(
+    "preset",
+    ["configs/gpu.yaml", "configs/gpu_gsm8k_qwen05b.yaml", "configs/gpu_gsm8k_qwen05b_lora.yaml"],
+)
 def test_the_gpu_presets_build_nothing_in_place_of_their_model_or_data(preset):
     cfg = load_config(preset, env={})
     assert cfg.model.build is None and cfg.data.build is None

@@ -11,6 +11,7 @@ import asyncio
 import math
 import struct
 import time
+import tracemalloc
 
 import msgpack
 import numpy as np
@@ -24,7 +25,8 @@ from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import RolloutConsumer
 from streamrl.broker.wire import FINISH_REASONS, RolloutGroup, WireError, decode_group, encode_group
 
-MAX_DECODE_S = 1.0
+# a decode of a hostile header may not allocate what it declares (GiBs): far below that
+MAX_DECODE_ALLOC = 64 * 2**20
 FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
 VALID = encode_group(make_group("fuzz", n_completions=3, length=5))
 FIELDS = list(msgpack.unpackb(VALID, raw=False))
@@ -62,14 +64,13 @@ arrays = st.builds(
 
 
 def assert_decodes_or_rejects(data: bytes) -> None:
-    """The property: a fully valid group or WireError, nothing else, and no hang."""
-    started = time.monotonic()
+    """The property: a fully valid group or WireError, nothing else (a hang meets pytest's
+    timeout)."""
     try:
         group = decode_group(data, vocab_size=VOCAB)
     except WireError as exc:
         assert str(exc), "a rejection must say why"
         group = None
-    assert time.monotonic() - started < MAX_DECODE_S
     if group is not None:
         assert_valid(group)
 
@@ -168,14 +169,17 @@ def test_huge_declared_sizes_are_rejected_without_allocating():
         b"\x81\xa3tok\xc6" + struct.pack(">I", 0x7FFFFFFF),
     ]
     for data in headers:
-        started = time.monotonic()
+        tracemalloc.start()
         try:
             decode_group(data, vocab_size=VOCAB)
         except WireError:
             pass
         else:
             raise AssertionError(f"{data[:8]!r} decoded")
-        assert time.monotonic() - started < MAX_DECODE_S
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert peak < MAX_DECODE_ALLOC, f"{data[:8]!r} allocated {peak} bytes"
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))

@@ -56,7 +56,11 @@ def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path, demo_policy):
     assert got["new_tokens"] >= 1
     expected = load_policy(demo_policy).lm_head.weight[0, :4].tolist()
     assert got["first_weight"] == expected
-    assert "org/not-cached" in got["missing"] and "could not be resolved" in got["missing"]
+    assert (
+        "org/not-cached" in got["missing"]
+        and "not a local folder nor in the hub cache" in got["missing"]
+    )
+    assert "HF_HUB_OFFLINE=1" in got["missing"]
 
 
 def test_a_missing_local_path_that_is_no_hub_id_is_a_clear_error(tmp_path):
@@ -78,13 +82,14 @@ def test_launch_with_a_model_that_is_neither_a_folder_nor_a_hub_id_exits_2_namin
     missing = "org/no-such-model"
     (tmp_path / "d.jsonl").write_text('{"prompt": "1>", "answer": "1"}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "streamrl.launch", "--actors", "1", f"run.dir={tmp_path / 'run'}",
+        [sys.executable, "-m", "streamrl", "run", "--actors", "1", f"run.dir={tmp_path / 'run'}",
          f"model.path={missing}", f"data.path={tmp_path / 'd.jsonl'}",
          "reward.functions=[{fn: exact_match}]"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert missing in done.stderr and "Traceback" not in done.stderr
-    assert f"model.path {missing!r}" in done.stderr
-    # no substitute policy was made where the model was named
-    assert not (tmp_path / "org").exists()
+    assert f"model.path {missing!r} is not a local folder nor in the hub cache" in done.stderr
+    assert "HF_HUB_OFFLINE=1" in done.stderr
+    # no substitute policy was made where the model was named, and no run directory was begun
+    assert not (tmp_path / "org").exists() and not (tmp_path / "run").exists()

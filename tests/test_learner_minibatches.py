@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from learner_rollouts import sample_groups, xadd_groups
-from test_learner_sync import BETAS, CLIP, EPS, GRAD_CLIP, LR, learner_config
+from test_learner_sync import ADAM_ROUNDING, BETAS, CLIP, EPS, GRAD_CLIP, LR, learner_config
 
 from streamrl.learner.step import minibatch_indices, minibatch_seed
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -92,7 +92,9 @@ def test_two_minibatches_equal_two_reference_updates_on_disjoint_halves(redis_cf
     learned = dict(learner.model.named_parameters())
     for name, expected in ref_model.named_parameters():
         diff = (learned[name] - expected).abs().max().item()
-        assert diff < 1e-5, f"{name}: learner and the two-mini-batch reference differ by {diff:.2e}"
+        assert diff < ADAM_ROUNDING, (
+            f"{name}: learner and the two-mini-batch reference differ by {diff:.2e}"
+        )
     moved = max(
         (p - q).abs().max().item()
         for p, q in zip(load_policy(demo_policy).parameters(), ref_model.parameters(), strict=True)

@@ -46,6 +46,13 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
         (True, 16, 4),
     ]
     assert rows[0]["zero_variance_groups"] == 4
+    # the trained step counts its prompt + completion tokens, what its packed rows ran on, and
+    # its tokens per second of step (one pass, so the batch's tokens)
+    real = sum(
+        len(g.prompt_token_ids) + len(c.token_ids) for g in groups[4:] for c in g.completions
+    )
+    assert rows[1]["sequence_tokens"] == real <= rows[1]["packed_tokens"]
+    assert rows[1]["tokens_per_s"] == pytest.approx(real / rows[1]["step_s"])
     client = redis.Redis.from_url(cfg.broker.redis_url)
     try:
         assert int(client.get(Keys.from_config(cfg).consumed)) == 8

@@ -14,6 +14,7 @@ from streamrl.learner.step import UpdateSums, _all_reduce_sum
 
 # dyadic values: every sum below is exact, whatever the order
 exact = st.integers(-64, 64).map(lambda k: k / 8)
+FIELDS = len(dataclasses.fields(UpdateSums))
 
 
 def _micro_batch(tokens: int, clipped: int, weight: float, truncated: int, kl: float, ent: float):
@@ -28,7 +29,7 @@ def _micro_batch(tokens: int, clipped: int, weight: float, truncated: int, kl: f
     )
 
 
-@given(values=st.lists(exact, min_size=7, max_size=7))
+@given(values=st.lists(exact, min_size=FIELDS, max_size=FIELDS))
 def test_the_sums_cross_the_wire_as_one_float64_tensor_and_come_back_field_for_field(values):
     sums = UpdateSums(*values)
     wire = sums.to_tensor()
@@ -59,7 +60,10 @@ def test_a_step_without_a_counted_token_reports_zero_means():
     assert (stats.tokens, stats.clip_fraction, stats.kl, stats.entropy) == (0, 0.0, 0.0, 0.0)
 
 
-@given(mine=st.lists(exact, min_size=7, max_size=7), theirs=st.lists(exact, min_size=7, max_size=7))
+@given(
+    mine=st.lists(exact, min_size=FIELDS, max_size=FIELDS),
+    theirs=st.lists(exact, min_size=FIELDS, max_size=FIELDS),
+)
 def test_summing_the_ranks_tensors_equals_one_rank_adding_every_micro_batch(mine, theirs):
     """The all-reduce adds the wire tensors; two ranks' sums then read as one rank's of both."""
     one_rank = UpdateSums(*(a + b for a, b in zip(mine, theirs, strict=True)))

@@ -273,3 +273,60 @@ def test_every_listening_socket_of_a_running_system_is_loopback_and_redis_wants_
         assert sup.redis_server.password in url_file.read_text()
     finally:
         sup.stop()
+
+
+# Run in a network + mount namespace whose /etc/hosts maps the host name to a documentation
+# address (192.0.2.2, held on its loopback device so it can be bound): what a LAN host looks like
+# to gloo, on a test host whose name resolves to 127.0.0.1. Prints the listening IPv4/IPv6
+# addresses of the process after the learner made its world of one.
+_ONE_RANK_LEARNER = """
+import socket, sys
+from streamrl.learner.engine import init_distributed
+init_distributed()
+found = set()
+for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":
+            raw = bytes.fromhex(local.split(":")[0])
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add(socket.inet_ntop(family, words))
+print("LISTENING", *sorted(found))
+"""
+
+
+def test_a_one_rank_learner_listens_on_loopback_where_the_host_name_resolves_to_the_lan(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from streamrl.launch.supervisor import DIST_ENV
+
+    unshare, ip = shutil.which("unshare"), shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin")
+    if not (unshare and ip):
+        pytest.skip("needs unshare and ip")
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"192.0.2.2 {socket.gethostname()}\n")
+    hosts.chmod(0o644)
+    inside = (
+        f"{ip} link set lo up && {ip} addr add 192.0.2.2/32 dev lo && "
+        f'mount --bind {hosts} /etc/hosts && exec {sys.executable} -c "$0"'
+    )
+    user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    # a plain `python -m streamrl.learner`: no launcher's variables (an earlier test of this
+    # process may have set them), no interface chosen
+    env = {k: v for k, v in os.environ.items() if k not in (*DIST_ENV, "GLOO_SOCKET_IFNAME")}
+    out = subprocess.run(
+        [unshare, *user, "--net", "--mount", "sh", "-c", inside, _ONE_RANK_LEARNER],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
+    if "LISTENING" not in out.stdout and "Operation not permitted" in out.stderr:
+        pytest.skip(f"this host refuses the namespaces: {out.stderr[-300:]}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    listening = out.stdout.split("LISTENING", 1)[1].split()
+    exposed = [a for a in listening if not ipaddress.ip_address(a).is_loopback]
+    assert not exposed, f"the one-rank learner listens on {exposed}"

@@ -47,8 +47,7 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
     try:
         for version in range(31):
             # one 64 KiB bucket
-            stats = pub.publish(version, learner_tensors(version, 64, 2))
-            assert stats.seconds < 5
+            pub.publish(version, learner_tensors(version, 64, 2))
             if version == 10:
                 late = InProcessActor(cfg, "late", 64, 2)
                 _wait_members(pub, 3)

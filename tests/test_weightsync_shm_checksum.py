@@ -11,7 +11,16 @@ import pytest
 import torch
 
 from streamrl.weightsync.layout import Layout, TensorSpec
-from streamrl.weightsync.shm import HEADER_BYTES, SHM_DIR, ShmReader, ShmWriter, checksum
+from streamrl.weightsync.shm import (
+    HEADER_BYTES,
+    SHM_DIR,
+    ShmReader,
+    ShmWriter,
+    checksum,
+    checksum_of_sum,
+    copy_with_checksum,
+    word_sum,
+)
 
 # an odd byte count (bf16 x 7) exercises the checksum's zero-padded tail
 LAYOUT = Layout.build([TensorSpec("w", (64, 3), "float32"), TensorSpec("b", (7,), "bfloat16")])
@@ -101,3 +110,41 @@ def test_the_checksum_covers_every_byte_and_the_version():
         changed = t.clone()
         changed[i] += 1
         assert checksum(changed, 1) != base, i
+
+
+@pytest.mark.parametrize("nbytes", [0, 5, 8, 13, (1 << 20) + 3, (33 << 20) + 5, (34 << 20) + 16])
+def test_the_blockwise_copy_and_the_device_sum_give_the_reference_checksum(nbytes):
+    """``copy_with_checksum`` (on CPU, block by block) and ``word_sum`` (a GPU's) against the
+    plain one-pass ``checksum``, on sizes with and without a tail and across block edges."""
+    g = torch.Generator().manual_seed(nbytes)
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+    dst = torch.zeros_like(src)
+    assert copy_with_checksum(dst, src, 9) == checksum(src, 9)
+    assert torch.equal(dst, src)
+    assert checksum_of_sum(int(word_sum(src)), 9) == checksum(src, 9)
+
+
+def test_the_device_sum_of_a_misaligned_view_equals_the_reference():
+    """A parameter inside a flat buffer may start off an 8-byte boundary."""
+    flat = torch.randn(1001)
+    view = flat[1:1000]
+    assert view.data_ptr() % 8
+    assert checksum_of_sum(int(word_sum(view)), 2) == checksum(view.contiguous(), 2)
+
+
+def test_the_sum_wraps_modulo_2_64_like_the_reference():
+    big = torch.full((64,), -1, dtype=torch.int64)
+    assert checksum_of_sum(int(word_sum(big)), 0) == checksum(big, 0) == (2**64 - 64)
+
+
+def test_checksums_taken_by_the_publisher_are_stored_and_a_mismatch_is_torn(segment):
+    """The writer trusts checksums given to it (a GPU took them before its copy); the reader still
+    checks what it copied against them."""
+    writer, reader = segment
+    tensors = _tensors(6)
+    sums = {name: checksum(t, 6) for name, t in tensors.items()}
+    slot, _ = writer.write(6, tensors, sums)
+    assert reader.read_into(6, slot, LAYOUT, PAIRS, _dest()) == "ok"
+    wrong = dict(sums, w=sums["w"] ^ 1)
+    slot, _ = writer.write(7, tensors, wrong)
+    assert reader.read_into(7, slot, LAYOUT, PAIRS, _dest()) == "torn"

@@ -51,11 +51,16 @@ def test_only_the_registry_knows_transport_names():
     assert offenders == []
 
 
-def test_the_capabilities_say_who_publishes_and_who_reads_shared_memory():
+def test_the_capabilities_say_who_publishes_reads_shared_memory_and_writes_in_the_background():
     capabilities = {
-        name: (t.publishes, t.shared_memory) for name, t in transports.TRANSPORTS.items()
+        name: (t.publishes, t.shared_memory, t.background)
+        for name, t in transports.TRANSPORTS.items()
     }
-    assert capabilities == {"shm": (True, True), "dist": (True, False), "none": (False, False)}
+    assert capabilities == {
+        "shm": (True, True, True),
+        "dist": (True, False, False),
+        "none": (False, False, False),
+    }
 
 
 def test_over_none_a_version_is_announced_without_moving_a_byte(redis_cfg):

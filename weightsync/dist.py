@@ -251,7 +251,13 @@ class DistSender:
             time.sleep(0.01)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
 
-    def send(self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict:
+    def send(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        checksums: dict[str, int] | None = None,
+    ) -> dict:
         """Broadcast one version to the current members; a failure re-forms the group and retries once."""
         for attempt in range(2):
             live = self.live_members()

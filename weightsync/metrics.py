@@ -8,7 +8,21 @@ _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 PUBLISH_SECONDS = Histogram(
     "streamrl_weights_publish_seconds",
-    "Wall time of one publish (conversion, copy or broadcast, announcement).",
+    "Wall time of one publish, from the learner's submit to the announcement (conversion, staging copy, shm write or broadcast).",
+    buckets=_SECONDS,
+)
+STAGE_SECONDS = Histogram(
+    "streamrl_weights_stage_seconds",
+    "Time the learner spends in one publish: the staging copy, with any wait for a free buffer (the rest runs in the background).",
+    buckets=_SECONDS,
+)
+STAGE_WAITS = Counter(
+    "streamrl_weights_stage_waits",
+    "Publishes that found their staging buffer still being written out (the learner waits; how long: ..._stage_wait_seconds).",
+)
+STAGE_WAIT_SECONDS = Histogram(
+    "streamrl_weights_stage_wait_seconds",
+    "Time the learner waited for a staging buffer whose previous version was still being written out.",
     buckets=_SECONDS,
 )
 PUBLISH_BYTES = Counter(

@@ -52,9 +52,14 @@ def _model_tensors(
 
 
 def swap_into_model(
-    model: torch.nn.Module, tensors: dict[str, torch.Tensor]
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    targets: dict[str, torch.Tensor] | None = None,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """Make the staged tensors the model's parameters; returns (seconds, the replaced tensors).
+
+    ``targets`` names the parameters by staged name when those are not the model's own names (a
+    LoRA adapter's, ``weightsync.lora.adapter_targets``); None = the model's parameters and buffers.
 
     Hand the replaced tensors back with ``applied(version, recycled=...)``: they
     become the next staging copy, so the actor still holds exactly one copy
@@ -62,7 +67,7 @@ def swap_into_model(
     its parameter is copied in place instead (and is itself handed back).
     """
     start = time.perf_counter()
-    targets = _model_tensors(model, tensors)
+    targets = _model_tensors(model, tensors) if targets is None else targets
     replaced = {}
     with torch.no_grad():
         for name, staged in tensors.items():

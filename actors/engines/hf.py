@@ -17,7 +17,10 @@ batches only prompts of one length, so prefill never needs padding or a mask.
 
 Between two forward passes the engine takes staged weights from its weight
 source and copies them into the model in place: every token records the
-version of the weights whose logits it was sampled from.
+version of the weights whose logits it was sampled from. With LoRA adapters
+travelling alone (``model.lora.sync: adapter``) the model is the peft-wrapped
+policy and the staged tensors are its adapters (``weight_targets``): each
+version replaces the previous adapters, the base weights stay as loaded.
 """
 
 from __future__ import annotations
@@ -62,8 +65,11 @@ class HFEngine(Engine):
         weight_source: WeightSource | None = None,
         version: int = 0,
         seed: int = 0,
+        weight_targets: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.model = model.eval()
+        # staged name -> parameter, when the staged names are not the model's (LoRA adapters)
+        self.weight_targets = weight_targets
         self.cache_kw = cache_kwarg(model)
         self.tokenizer = tokenizer
         self.batch_slots = batch_slots
@@ -88,7 +94,7 @@ class HFEngine(Engine):
         if staged is None:
             return
         version, tensors = staged
-        seconds, replaced = swap_into_model(self.model, tensors)
+        seconds, replaced = swap_into_model(self.model, tensors, self.weight_targets)
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
         self._serve(version)
         self.weight_source.applied(version, recycled=replaced)

@@ -22,6 +22,11 @@ across a swap:
 - ``dist``: the actor's subscriber stages each version on ``actor.device`` and
   the task pushes it over CUDA IPC (one GPU) or NCCL (tensor parallel).
 
+With LoRA adapters travelling alone (``model.lora.sync: adapter``) there is no weight transfer:
+the actor's subscriber stages each version's adapters (over any transport) and the engine loads
+them as a new LoRA adapter of the running engine (``weightsync.vllm_lora``); a request keeps the
+adapter it started with, so its tokens carry that version.
+
 A push that fails restores a complete version before generation resumes
 (counted in ``streamrl_weights_transfer_failures_total{reason="engine_push"}``);
 an engine that cannot be restored, or that dies, makes ``generate`` raise
@@ -50,6 +55,7 @@ from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.configs.errors import StreamRLError
 from streamrl.weightsync import metrics as weight_metrics
 from streamrl.weightsync import transports
+from streamrl.weightsync.lora import vllm_max_rank
 from streamrl.weightsync.vllm_adapter import (
     BucketSender,
     EngineFailed,
@@ -64,6 +70,7 @@ from streamrl.weightsync.vllm_adapter import (
     staged_buckets,
     token_versions,
 )
+from streamrl.weightsync.vllm_lora import MAX_LORAS, AdapterVersions
 
 if TYPE_CHECKING:
     from streamrl.broker.keys import Keys
@@ -89,6 +96,7 @@ def _import_vllm() -> SimpleNamespace:
             WeightTransferInitRequest,
             WeightTransferUpdateRequest,
         )
+        from vllm.lora.request import LoRARequest
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
         raise VLLMUnavailable(
@@ -101,6 +109,7 @@ def _import_vllm() -> SimpleNamespace:
         WeightTransferConfig=WeightTransferConfig,
         InitRequest=WeightTransferInitRequest,
         UpdateRequest=WeightTransferUpdateRequest,
+        LoRARequest=LoRARequest,
     )
 
 
@@ -125,16 +134,27 @@ def weight_transfer_backend(transport: str, tensor_parallel_size: int) -> str:
     return "ipc" if tensor_parallel_size == 1 else "nccl"
 
 
-def engine_args(
-    model: ModelConfig, actor: ActorConfig, backend: str, seed: int = 0, gpu: bool = True
-) -> dict:
-    """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build);
-    ``backend`` is its ``weight_transfer_backend``."""
+def torch_dtype(model: ModelConfig, gpu: bool):
+    """The dtype the engine computes in: ``model.dtype`` on a GPU or on the CPU build."""
     from streamrl.weightsync.policy import resolve_dtype
 
-    dtype = str(resolve_dtype(model.dtype, "cuda" if gpu else "cpu")).removeprefix("torch.")
+    return resolve_dtype(model.dtype, "cuda" if gpu else "cpu")
+
+
+def engine_args(
+    model: ModelConfig, actor: ActorConfig, backend: str | None, seed: int = 0, gpu: bool = True
+) -> dict:
+    """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build);
+    ``backend`` is its ``weight_transfer_backend`` (None: no weight transfer, the versions are LoRA
+    adapters). A hub id ``model.path`` (``org/name[@revision]``) becomes the snapshot folder the
+    learner loads too (``model_folder``): vLLM has no ``@revision`` form (it takes ``revision``
+    apart) and would look up a repository named ``name@revision``; a folder also keeps learner and
+    actors on the same files, offline included."""
+    from streamrl.weightsync.policy import model_folder
+
+    dtype = str(torch_dtype(model, gpu)).removeprefix("torch.")
     args = {
-        "model": model.path,
+        "model": model_folder(model.path),
         "dtype": dtype,
         "gpu_memory_utilization": actor.gpu_memory_utilization,
         "tensor_parallel_size": actor.tensor_parallel_size,
@@ -143,9 +163,18 @@ def engine_args(
         "seed": seed,
         # the G completions of a group share their prompt
         "enable_prefix_caching": True,
-        # a WeightTransferConfig(**this) when the engine is built
-        "weight_transfer_config": {"backend": backend},
     }
+    if backend is not None:
+        # a WeightTransferConfig(**this) when the engine is built
+        args["weight_transfer_config"] = {"backend": backend}
+    if model.lora.enabled and model.lora.sync == "adapter":
+        # each version is a LoRA adapter (weightsync.vllm_lora)
+        args.update(
+            enable_lora=True,
+            max_lora_rank=vllm_max_rank(model.lora.rank),
+            max_loras=MAX_LORAS,
+            max_cpu_loras=MAX_LORAS + 1,
+        )
     if not gpu:
         # torch.compile roughly doubles the CPU build's start-up: AsyncLLM on the demo policy started
         # in 24-42 s eager and in 45-57 s compiled, measured by hand on 2 cores
@@ -243,6 +272,7 @@ class VLLMEngine(Engine):
         announcements: Callable[[], object] | None = None,
         bucket_bytes: int = 64 << 20,
         timeout_s: float = 30.0,
+        adapters: AdapterVersions | None = None,
     ) -> None:
         api = _import_vllm()
         self._start_loop()
@@ -269,12 +299,15 @@ class VLLMEngine(Engine):
             bucket_bytes=bucket_bytes,
             timeout_s=timeout_s,
             poll_s=WEIGHT_POLL_S,
+            adapters=adapters,
         )
 
     @classmethod
     def from_config(cls, cfg: Config, weight_source=None, seed: int = 0) -> VLLMEngine:
         gpu = on_gpu()
         transport = transports.get(cfg.weightsync.transport)
+        if cfg.model.lora.enabled and cfg.model.lora.sync == "adapter":
+            return cls._with_adapters(cfg, weight_source, seed, gpu)
         if not gpu:
             # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the
             # host's RAM and refuses to start when that much is not free: never on a host that
@@ -321,6 +354,25 @@ class VLLMEngine(Engine):
         )
 
     @classmethod
+    def _with_adapters(cls, cfg: Config, weight_source, seed: int, gpu: bool) -> VLLMEngine:
+        """``model.lora.sync: adapter``: the actor's subscriber stages each version's adapters (over
+        any transport) and the engine loads them as a new LoRA adapter (``weightsync.vllm_lora``)."""
+        from streamrl.weightsync.lora import adapter_template
+
+        if not gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        _, config = adapter_template(cfg.model.path, cfg.model.lora, torch_dtype(cfg.model, gpu))
+        api = _import_vllm()
+        return cls(
+            engine_args(cfg.model, cfg.actor, None, seed, gpu=gpu),
+            seed,
+            weight_source=weight_source,
+            adapters=AdapterVersions(config, api.LoRARequest),
+            timeout_s=cfg.weightsync.timeout_s,
+        )
+
+    @classmethod
     def with_llm(
         cls,
         llm,
@@ -335,6 +387,7 @@ class VLLMEngine(Engine):
         sampling_params: Callable | None = None,
         init_request: Callable[[dict], object] | None = None,
         update_request: Callable[[dict], object] | None = None,
+        adapters: AdapterVersions | None = None,
     ) -> VLLMEngine:
         """An engine around an already built AsyncLLM (one engine shared by several tests).
 
@@ -360,6 +413,7 @@ class VLLMEngine(Engine):
             bucket_bytes=bucket_bytes,
             timeout_s=timeout_s,
             poll_s=poll_s,
+            adapters=adapters,
         )
         return self
 
@@ -388,8 +442,10 @@ class VLLMEngine(Engine):
         bucket_bytes,
         timeout_s,
         poll_s,
+        adapters=None,
     ) -> None:
         self.llm = llm
+        self.adapters = adapters
         self.version = 0
         self.seed = seed
         self.weight_source = weight_source
@@ -407,6 +463,13 @@ class VLLMEngine(Engine):
         self._live_publisher: str | None = None
         self._refused: set[tuple[str, int]] = set()
         if weight_source is None and announcements is None:
+            return
+        if adapters is not None:
+            try:
+                self._weights = self._call(self._spawn(self._follow_adapters()))
+            except BaseException:
+                self.close()
+                raise
             return
         if weight_source is not None and sender is None:
             raise ValueError("a vLLM engine with a weight source needs a sender for its backend")
@@ -517,6 +580,39 @@ class VLLMEngine(Engine):
             else:
                 self.weight_source.rejected(version)
 
+    async def _follow_adapters(self) -> None:
+        """Load every version the subscriber stages as a new LoRA adapter; drop adapters no request uses."""
+        while True:
+            try:
+                staged = self.weight_source.take_staged()
+            except Exception:
+                log.exception("vLLM engine: taking staged adapters failed")
+                staged = None
+            if staged is not None:
+                version, tensors = staged
+                start = time.perf_counter()
+                try:
+                    await asyncio.wait_for(
+                        self.adapters.load(self.llm, version, tensors), self.timeout_s
+                    )
+                except Exception as exc:
+                    # vLLM refused it (or the engine is gone: the next generate says so)
+                    self.push_failures += 1
+                    weight_metrics.TRANSFER_FAILURES.labels(reason="engine_push").inc()
+                    log.warning(
+                        "vLLM engine: loading the adapter of version %d failed: %r", version, exc
+                    )
+                    self.weight_source.rejected(version)
+                else:
+                    metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
+                    self._serve(version)
+                    self.weight_source.applied(version)
+            try:
+                await self.adapters.drop_unused(self.llm)
+            except Exception as exc:
+                log.warning("vLLM engine: removing unused adapters failed: %r", exc)
+            await asyncio.sleep(self.poll_s)
+
     async def _push(
         self, version: int, plan: Plan, fallback: Callable[[], Awaitable[tuple[int, Plan] | None]]
     ) -> bool:
@@ -593,11 +689,22 @@ class VLLMEngine(Engine):
 
     async def _one(self, request: Request, vllm_id: str, sampling) -> Output:
         start_version = self.version
+        # LoRA adapter versions: the request keeps the adapter it starts with, its tokens that version
+        held = self.adapters.acquire() if self.adapters is not None else None
+        if held is not None:
+            start_version = held[0]
         final = None
-        async for out in self.llm.generate(
-            {"prompt_token_ids": request.prompt_token_ids}, sampling, vllm_id
-        ):
-            final = out
+        try:
+            async for out in self.llm.generate(
+                {"prompt_token_ids": request.prompt_token_ids},
+                sampling,
+                vllm_id,
+                lora_request=held[1] if held is not None else None,
+            ):
+                final = out
+        finally:
+            if self.adapters is not None:
+                self.adapters.release(held)
         # aborted before its first token
         if final is None:
             return Output(request.request_id, *_empty(), finish_reason="abort")
@@ -614,7 +721,7 @@ class VLLMEngine(Engine):
                 log.warning("vLLM engine: stopping the weight task: %r", exc)
             self._weights = None
         self.llm.shutdown()
-        for part in (self.sender, self.announcements):
+        for part in (self.sender, self.announcements, self.adapters):
             if part is not None and hasattr(part, "close"):
                 part.close()
         self._stop_loop()

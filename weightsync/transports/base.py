@@ -28,9 +28,16 @@ class TransferTimeout(StreamRLError, TimeoutError):
 
 
 class Sender(Protocol):
-    def send(self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict:
+    def send(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        checksums: dict[str, int] | None = None,
+    ) -> dict:
         """Move one version (tensors by published name, already in the transfer dtype); returns what
-        the announcement's metadata adds so receivers find it."""
+        the announcement's metadata adds so receivers find it. ``checksums``: the tensors' shm
+        checksums when the publisher already took them (on a GPU), for a transport that stores them."""
         ...
 
     def close(self) -> None: ...
@@ -103,6 +110,9 @@ class Transport(ABC):
     # a version lies in a shared-memory segment on this host that a consumer may read in place
     # (vLLM's workers load it themselves: weightsync.vllm_shm_engine)
     shared_memory: ClassVar[bool] = False
+    # the publisher may write versions from its background thread while the learner trains on
+    # (False: written before ``Publisher.submit`` returns, e.g. a broadcast the actors take part in)
+    background: ClassVar[bool] = False
 
     @abstractmethod
     def sender(

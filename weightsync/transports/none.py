@@ -20,7 +20,13 @@ IDLE_WAIT_S = 1.0
 
 
 class NoSender:
-    def send(self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict:
+    def send(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        checksums: dict[str, int] | None = None,
+    ) -> dict:
         return {}
 
     def close(self) -> None:

@@ -34,8 +34,14 @@ class ShmSender:
     def __init__(self, writer: ShmWriter):
         self.writer = writer
 
-    def send(self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict:
-        slot, overrode = self.writer.write(version, tensors)
+    def send(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        checksums: dict[str, int] | None = None,
+    ) -> dict:
+        slot, overrode = self.writer.write(version, tensors, checksums)
         if overrode:
             metrics.TRANSFER_FAILURES.labels(reason="lease_timeout").inc()
         return {"segment": self.writer.name, "slot": slot}
@@ -112,6 +118,7 @@ class ShmReceiver:
 class Shm(Transport):
     name = "shm"
     shared_memory = True
+    background = True
 
     def sender(
         self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, layout: Layout

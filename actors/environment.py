@@ -1,0 +1,190 @@
+"""Multi-turn environments: the interface, loading one from a config, and calling it safely.
+
+An environment (``env.name``: ``module:Class`` or ``path/to/file.py:Class``, any callable that
+returns a fresh one; called once per trajectory) has:
+
+- ``reset(row) -> list[dict]``: the first messages (chat ``{role, content}``). ``row`` is the
+  dataset row: ``messages`` (its prompt as messages), ``answer`` and its other columns;
+- ``step(turn) -> Step``: ``turn`` is the model's assistant message (``content``, ``raw_content``,
+  ``finish_reason``, and ``tool_calls`` parsed from Qwen/Hermes ``<tool_call>`` JSON); the
+  ``Step`` holds the observation (messages: ``user`` or ``tool`` turns), an optional reward and
+  whether the trajectory is done;
+- optionally ``tools``: plain Python functions (typed, with a Google-style docstring), described
+  to the model through its chat template's tool format (``apply_chat_template(tools=...)``).
+  ``ToolEnvironment`` runs the tool calls of a turn for a subclass.
+
+A call that raises, runs past ``env.step_timeout_s`` or returns something else than the above
+ends its trajectory with that reason (``error``, ``timeout``, ``invalid``); the actor goes on.
+A hung call's thread is abandoned (a daemon): Python cannot kill a thread, and an environment
+is the config's own code, trusted like a reward plug-in; code the *model* wrote belongs in
+``actors.sandbox``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrl.actors import plugins
+from streamrl.configs.errors import ConfigError
+
+ROLES = ("system", "user", "assistant", "tool")
+# why a trajectory ended: the environment said done, a limit, or a failed call
+END_REASONS = ("done", "max_turns", "max_total_tokens", "length", "error", "timeout", "invalid")
+TRUNCATED = frozenset(END_REASONS) - {"done"}
+
+
+class EnvFailure(Exception):
+    """A ``reset``/``step`` call failed; ``reason`` is one of error, timeout, invalid."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass
+class Step:
+    """What ``step`` returns."""
+
+    messages: list[dict] = field(default_factory=list)
+    reward: float | None = None
+    done: bool = False
+
+
+def load(name: str) -> Callable[[], Any]:
+    """The factory ``env.name`` names (ValueError with the reason if it cannot be loaded)."""
+    return plugins.load(name, f"env.name {name!r}")
+
+
+def check(env_cfg) -> None:
+    """An ``env.name`` that cannot load fails here, before anything starts."""
+    if env_cfg.name:
+        try:
+            load(env_cfg.name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def call(fn: Callable, arg, timeout_s: float):
+    """``fn(arg)`` on a daemon thread, waited for at most ``timeout_s``; EnvFailure if it raises
+    or hangs."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn(arg)
+        # an environment is user code: anything it raises ends only its trajectory
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="env-step", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise EnvFailure("timeout", f"no answer within {timeout_s} s")
+    if "error" in result:
+        raise EnvFailure("error", repr(result["error"]))
+    return result["value"]
+
+
+def check_messages(messages, what: str) -> list[dict]:
+    """A non-empty list of ``{role, content: str}`` with a known role (EnvFailure invalid if not)."""
+    if not isinstance(messages, list) or not messages:
+        raise EnvFailure("invalid", f"{what}: expected a non-empty list of messages")
+    for m in messages:
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+        ):
+            raise EnvFailure(
+                "invalid", f"{what}: {str(m)[:200]!r} is not a {{role, content}} message"
+            )
+    return messages
+
+
+def check_step(value) -> Step:
+    """A ``Step`` with valid messages (none only when done) and a finite reward or None."""
+    if not isinstance(value, Step):
+        raise EnvFailure("invalid", f"step returned {type(value).__name__}, expected a Step")
+    if not isinstance(value.done, bool):
+        raise EnvFailure("invalid", "step: done must be a bool")
+    reward = value.reward
+    if reward is not None and (
+        isinstance(reward, bool)
+        or not isinstance(reward, (int, float))
+        or not math.isfinite(reward)
+    ):
+        raise EnvFailure("invalid", f"step: reward {reward!r} is not a finite number")
+    if not value.done:
+        check_messages(value.messages, "step")
+    return value
+
+
+# -- tools -----------------------------------------------------------------------------------
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> list[dict]:
+    """The Qwen/Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of a turn,
+    as ``{name, arguments}``; a block that is not such JSON is returned as ``{"error": why}``."""
+    calls = []
+    for block in _TOOL_CALL.findall(text):
+        try:
+            call_ = json.loads(block)
+        except json.JSONDecodeError as exc:
+            calls.append({"error": f"not JSON: {exc}"})
+            continue
+        if (
+            not isinstance(call_, dict)
+            or not isinstance(call_.get("name"), str)
+            or not isinstance(call_.get("arguments", {}), dict)
+        ):
+            calls.append({"error": "expected {name: str, arguments: object}"})
+            continue
+        calls.append({"name": call_["name"], "arguments": call_.get("arguments", {})})
+    return calls
+
+
+class ToolEnvironment:
+    """A base for environments whose model calls tools: ``step`` runs the turn's tool calls and
+    answers with their results as ``tool`` messages; a turn without tool calls goes to ``answer``.
+
+    A call of an unknown tool or with bad arguments is answered with the error text (the model
+    made the mistake and may learn from it); an exception inside a tool ends the trajectory.
+    """
+
+    tools: list[Callable] = []
+
+    def reset(self, row: dict) -> list[dict]:
+        raise NotImplementedError
+
+    def answer(self, turn: dict) -> Step:
+        """The model answered without a tool call: score it, or send feedback."""
+        raise NotImplementedError
+
+    def step(self, turn: dict) -> Step:
+        calls = turn.get("tool_calls") or []
+        if not calls:
+            return self.answer(turn)
+        by_name = {fn.__name__: fn for fn in self.tools}
+        results = []
+        for c in calls:
+            fn = by_name.get(c.get("name"))
+            if "error" in c:
+                content = f"error: {c['error']}"
+            elif fn is None:
+                content = f"error: no tool {c['name']!r}"
+            else:
+                try:
+                    content = str(fn(**c["arguments"]))
+                except TypeError as exc:
+                    content = f"error: {exc}"
+            results.append({"role": "tool", "name": c.get("name", ""), "content": content})
+        return Step(messages=results)

@@ -1,0 +1,232 @@
+"""Multi-turn rollouts, token in and token out: model turns and environment steps, kept as token ids.
+
+A trajectory is its prompt's token ids followed by one growing token list: each model turn's
+sampled tokens exactly as the engine returned them (with behaviour log-probs and per-token
+versions), then the environment's observation rendered by the chat template and appended as
+tokens. Model tokens are never decoded and re-encoded; the text the environment and the
+rewards see is decoded from them, but the training sequence is the token list itself. The loss
+mask is 1 at the model's tokens and 0 at the environment's.
+
+Each turn asks the engine to continue from the whole token sequence so far (the hf engine
+re-prefills it: see docs/multiturn.md); the engine tags every token with the version that
+sampled it, so a weight swap between turns is tagged per token as inside a turn.
+
+Rendering an observation: the chat template renders a probe conversation (a user turn, then an
+assistant turn) with and without the observation; the observation's text is what the longer
+rendering adds, preceded by what the template closes an assistant turn with (less the stop token
+the model already sampled). Only that text is tokenized.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from streamrl.actors import environment, metrics
+from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
+from streamrl.actors.environment import EnvFailure
+
+log = logging.getLogger(__name__)
+
+_PROBE = "streamrl probe turn"
+
+
+class RenderError(ValueError):
+    """The tokenizer's chat template cannot render an observation as an appendable suffix."""
+
+
+class Renderer:
+    """Token ids of a trajectory's first messages and of each observation, through the chat template."""
+
+    def __init__(self, tokenizer, tools: Sequence[Callable] = ()) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise RenderError("multi-turn environments need a tokenizer with a chat template")
+        self.tokenizer = tokenizer
+        self.tools = list(tools) or None
+        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
+        self._base = self._text(base, generation_prompt=False)
+        if _PROBE not in self._base:
+            raise RenderError("the chat template does not render an assistant turn's content")
+        # what the template writes after an assistant turn's content (e.g. "<|im_end|>\n")
+        self.closing = self._base[self._base.rindex(_PROBE) + len(_PROBE) :]
+        self._probe = base
+
+    def _text(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt(self, messages: list[dict]) -> list[int]:
+        return self._encode(self._text(messages, generation_prompt=True))
+
+    def observation(self, messages: list[dict], last_token: int, stopped: bool) -> list[int]:
+        """The tokens that follow a model turn ending in ``last_token`` (``stopped``: a stop token
+        ended it) to present ``messages`` and open the next assistant turn."""
+        full = self._text(self._probe + messages, generation_prompt=True)
+        if not full.startswith(self._base):
+            raise RenderError(
+                "the chat template renders earlier turns differently after an observation"
+            )
+        closing = self.closing
+        if stopped:
+            stop_text = self.tokenizer.decode([last_token], skip_special_tokens=False)
+            if stop_text and closing.startswith(stop_text):
+                closing = closing[len(stop_text) :]
+        return self._encode(closing + full[len(self._base) :])
+
+
+@dataclass
+class Trajectory:
+    env: object
+    prompt: list[int]
+    # the conversation as text (first messages, then assistant turns and observations)
+    messages: list[dict]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    env_rewards: list[float] = field(default_factory=list)
+    turns: int = 0
+    # one of environment.END_REASONS once ended
+    end: str | None = None
+
+    def add_model_turn(self, output: Output) -> None:
+        self.tokens += output.token_ids.tolist()
+        self.logprobs += output.logprobs.tolist()
+        self.versions += output.versions.tolist()
+        self.mask += [1] * len(output.token_ids)
+        self.turns += 1
+
+    def add_environment(self, ids: list[int]) -> None:
+        # the environment's tokens carry the version of the model token before them, so versions
+        # stay non-decreasing; they are never trained (mask 0), and their log-prob is a placeholder
+        self.tokens += ids
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [self.versions[-1]] * len(ids)
+        self.mask += [0] * len(ids)
+
+    @property
+    def truncated(self) -> bool:
+        return self.end in environment.TRUNCATED
+
+    def output(self, request_id: str) -> Output:
+        """The trajectory after its prompt as one engine ``Output`` (``meta['loss_mask']``);
+        finish reason ``stop`` when the environment said done, ``length`` when truncated."""
+        return Output(
+            request_id=request_id,
+            token_ids=np.asarray(self.tokens, dtype=np.int32),
+            logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            versions=np.asarray(self.versions, dtype=np.int32),
+            finish_reason="stop" if self.end == "done" else "length",
+            meta={
+                "loss_mask": np.asarray(self.mask, dtype=np.uint8),
+                "turns": self.turns,
+                "end": self.end,
+            },
+        )
+
+
+class Rollouts:
+    """Runs a batch of groups of trajectories to their ends, one model turn per engine call."""
+
+    def __init__(self, env_cfg, factory: Callable, renderer: Renderer, assistant_turn) -> None:
+        self.cfg = env_cfg
+        self.factory = factory
+        self.renderer = renderer
+        # Output -> the assistant message the environment and rewards see (actors.loop)
+        self.assistant_turn = assistant_turn
+
+    def start_group(self, row: dict, size: int) -> list[Trajectory]:
+        """``size`` fresh environments reset on ``row``; the same first messages for all (a group is
+        G trajectories from one initial state). EnvFailure if one fails or they differ."""
+        timeout = self.cfg.step_timeout_s
+        trajectories = []
+        first = None
+        for _ in range(size):
+            env = environment.call(lambda _: self.factory(), None, timeout)
+            messages = environment.check_messages(
+                environment.call(env.reset, dict(row), timeout), "reset"
+            )
+            if first is None:
+                first = messages
+                prompt = self.renderer.prompt(messages)
+            elif messages != first:
+                raise EnvFailure("invalid", "reset gave different first messages for one row")
+            trajectories.append(Trajectory(env, prompt, [dict(m) for m in messages]))
+        return trajectories
+
+    def run(
+        self,
+        engine: Engine,
+        trajectories: list[Trajectory],
+        params: SamplingParams,
+        should_abort: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Alternate model turns and environment steps until every trajectory ended; False if
+        aborted (``should_abort``) before that."""
+        room = getattr(engine, "max_positions", None)
+        while active := [t for t in trajectories if t.end is None]:
+            by_budget: dict[int, list[Trajectory]] = {}
+            for t in active:
+                budget = min(params.max_new_tokens, self.cfg.max_total_tokens - len(t.tokens))
+                if room is not None:
+                    budget = min(budget, room - len(t.prompt) - len(t.tokens))
+                if budget < 1:
+                    t.end = "max_total_tokens"
+                    continue
+                by_budget.setdefault(budget, []).append(t)
+            for budget, batch in by_budget.items():
+                requests = [Request(str(i), t.prompt + t.tokens) for i, t in enumerate(batch)]
+                outputs = engine.generate(
+                    requests, replace(params, max_new_tokens=budget), should_abort
+                )
+                if any(o.finish_reason == "abort" for o in outputs):
+                    return False
+                for t, o in zip(batch, outputs, strict=True):
+                    self._after_turn(t, o)
+        for t in trajectories:
+            metrics.ENV_TURNS.inc(t.turns)
+            metrics.ENV_TRAJECTORIES.labels(reason=t.end).inc()
+        return True
+
+    def _after_turn(self, t: Trajectory, output: Output) -> None:
+        t.add_model_turn(output)
+        turn = self.assistant_turn(output)
+        turn["tool_calls"] = environment.parse_tool_calls(turn["raw_content"])
+        t.messages.append(turn)
+        try:
+            step = environment.check_step(
+                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s)
+            )
+        except EnvFailure as exc:
+            log.warning("environment step failed, trajectory ends: %s", exc)
+            t.end = exc.reason
+            return
+        if step.reward is not None:
+            t.env_rewards.append(float(step.reward))
+        if step.done:
+            t.end = "done"
+            return
+        if t.turns >= self.cfg.max_turns:
+            t.end = "max_turns"
+            return
+        try:
+            ids = self.renderer.observation(
+                step.messages, t.tokens[-1], output.finish_reason == "stop"
+            )
+        # a tool message the template cannot render is the environment's garbage
+        except Exception as exc:
+            log.warning("observation not renderable, trajectory ends: %r", exc)
+            t.end = "invalid"
+            return
+        if len(t.tokens) + len(ids) >= self.cfg.max_total_tokens:
+            t.end = "max_total_tokens"
+            return
+        t.add_environment(ids)
+        t.messages += [dict(m) for m in step.messages]

@@ -1,0 +1,106 @@
+"""Which GPUs each supervised child gets: its ``CUDA_VISIBLE_DEVICES``, from ``learner.gpus`` and ``actor.gpus``.
+
+Indices in the config count the devices the launcher itself sees: its own ``CUDA_VISIBLE_DEVICES``
+when set (so ``learner.gpus: [0]`` under ``CUDA_VISIBLE_DEVICES=4,5`` is physical GPU 4), else
+every GPU of the host. A child's value is written in the launcher's own terms (ids, UUIDs or MIG
+names pass through unchanged). The learner process gets all of its ranks' GPUs and rank r takes
+``cuda:r`` of them (``LOCAL_RANK``), one GPU per rank; actor i gets the (i mod n)-th group of
+``actor.tensor_parallel_size`` indices, so more actors than groups share them round-robin.
+The schema checks the lists against each other (``Config._placement``); ``check`` checks them
+against the devices present. The supervisor records what it gave in ``<run.dir>/placement.json``,
+which the live view and ``streamrl inspect`` show. Imports the config schema (and torch, to count GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from streamrl.configs.schema import Config
+
+PLACEMENT_FILE = "placement.json"
+
+
+class PlacementError(ValueError):
+    """A GPU index names a device the launcher does not see."""
+
+
+def launcher_devices(env: Mapping[str, str] = os.environ) -> list[str] | None:
+    """The launcher's ``CUDA_VISIBLE_DEVICES`` as a list (empty: no GPU), or None when unset (all GPUs)."""
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return [d.strip() for d in raw.split(",") if d.strip()]
+
+
+def actor_gpus(cfg: Config, index: int) -> list[int] | None:
+    """The GPU indices of supervised actor ``index`` (a0 = 0), or None without placement."""
+    gpus = cfg.actor.gpus
+    if gpus is None:
+        return None
+    if gpus == "share":
+        return [cfg.learner.gpus[0] if cfg.learner.gpus else 0]
+    tp = cfg.actor.tensor_parallel_size
+    group = index % (len(gpus) // tp)
+    return gpus[group * tp : (group + 1) * tp]
+
+
+def visible_devices(indices: list[int], launcher: list[str] | None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that shows a child exactly ``indices`` of the launcher's devices."""
+    return ",".join(str(i) if launcher is None else launcher[i] for i in indices)
+
+
+def check(cfg: Config, available: int) -> None:
+    """Every configured index names one of the ``available`` devices the launcher sees."""
+    for key, gpus in (("learner.gpus", cfg.learner.gpus), ("actor.gpus", cfg.actor.gpus)):
+        if not isinstance(gpus, list):
+            continue
+        missing = [i for i in gpus if i >= available]
+        if missing:
+            raise PlacementError(
+                f"{key}={gpus} names GPU(s) {missing}, but the launcher sees {available} GPU(s) "
+                "(indices count its CUDA_VISIBLE_DEVICES when set, else the host's GPUs)"
+            )
+    if cfg.actor.gpus == "share" and available < 1:
+        raise PlacementError('actor.gpus="share" needs a GPU, but the launcher sees none')
+
+
+def check_launcher(cfg: Config, launcher: list[str] | None) -> None:
+    """``check`` against the devices the launcher sees; nothing to count (or import) without placement."""
+    if cfg.learner.gpus is not None or cfg.actor.gpus is not None:
+        check(cfg, gpu_count(launcher))
+
+
+def gpu_count(launcher: list[str] | None) -> int:
+    """How many devices the launcher sees: its CUDA_VISIBLE_DEVICES, else what CUDA reports."""
+    if launcher is not None:
+        return len(launcher)
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def write(run_dir: Path, placement: dict[str, str | None]) -> None:
+    """``{child name: its CUDA_VISIBLE_DEVICES, or None when inherited}``, replaced atomically."""
+    tmp = run_dir / f".{PLACEMENT_FILE}.tmp"
+    tmp.write_text(json.dumps(placement, indent=2) + "\n")
+    os.replace(tmp, run_dir / PLACEMENT_FILE)
+
+
+def read(run_dir: str | os.PathLike) -> dict[str, str | None] | None:
+    """The placement a supervisor recorded in ``run_dir``, or None (no supervised run there)."""
+    try:
+        data = json.loads((Path(run_dir) / PLACEMENT_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def describe(placement: Mapping[str, str | None]) -> str:
+    """``learner: GPU 0 · a0: GPU 1 · a1: GPU 1`` (``inherited`` for a child without placement)."""
+    return " · ".join(
+        f"{name}: {'inherited' if devices is None else f'GPU {devices}'}"
+        for name, devices in placement.items()
+    )

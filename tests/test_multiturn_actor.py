@@ -1,0 +1,129 @@
+"""A multi-turn actor process against a real Redis: it publishes trajectories with their loss
+masks, and a raising environment ends only its own trajectories."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from streamrl.broker.keys import Keys
+from streamrl.broker.wire import decode_group
+from streamrl.configs import Config
+from streamrl.examples.multiturn import build_policy, hint
+from streamrl.examples.reverse_digits.task import EOS
+from streamrl.weightsync.policy import load_tokenizer
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BOUND = 6
+ROWS = ["123", "214", "305", "436", "547", "658"]
+
+
+def test_multiturn_actor_publishes_masked_trajectories_and_survives_a_raising_env(
+    redis_server, tmp_path
+):
+    policy = build_policy(tmp_path / "policy")
+    tokenizer = load_tokenizer(str(policy))
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{n}>", "answer": n[::-1]}) + "\n" for n in ROWS)
+    )
+    run_name = f"multiturn-{uuid.uuid4().hex[:8]}"
+    overrides = [
+        f"run.name={run_name}",
+        f"run.dir={tmp_path / 'run'}",
+        f"broker.redis_url={redis_server.url}",
+        f"model.path={policy}",
+        f"data.path={data}",
+        "env.name=multiturn_envs:Flaky",
+        "rollout.group_size=4",
+        "actor.batch_slots=8",
+        f"learner.groups_per_step={BOUND}",
+        "algo.max_staleness=0",
+        "weightsync.transport=none",
+    ]
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", OMP_NUM_THREADS="1")
+    with open(tmp_path / "actor.log", "w") as log:
+        actor = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamrl.actors",
+                "--config",
+                "examples/multiturn/config.yaml",
+                "--actor-id",
+                "a",
+                *overrides,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    cfg = Config.model_validate(
+        {
+            "run": {"name": run_name},
+            "learner": {"groups_per_step": BOUND},
+            "algo": {"max_staleness": 0},
+        }
+    )
+    keys = Keys.from_config(cfg)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        deadline = time.monotonic() + 300
+        while client.xlen(keys.stream) < BOUND:
+            assert actor.poll() is None, (tmp_path / "actor.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out waiting for the groups"
+            time.sleep(0.2)
+        groups = [decode_group(f[b"g"]) for _, f in client.xrange(keys.stream)]
+        # it stopped at the admission bound, alive, through the raising rows
+        assert len(groups) == BOUND and actor.poll() is None
+        for g in groups:
+            answer = ROWS[int(g.meta["row"])][::-1]
+            prompt = tokenizer.decode(g.prompt_token_ids.tolist(), skip_special_tokens=False)
+            assert prompt == ROWS[int(g.meta["row"])] + ">"
+            for c in g.completions:
+                assert c.loss_mask is not None and c.ref_logprobs is not None
+                mask = c.loss_mask.astype(bool)
+                if int(answer[0]) % 2 == 0:
+                    # the raising step ended the trajectory after its first turn, flagged truncated
+                    assert mask.all() and c.finish_reason == "length"
+                    continue
+                assert c.finish_reason == "stop"
+                if mask.all():
+                    # right at once: one turn, no environment tokens
+                    assert (
+                        tokenizer.decode(c.token_ids.tolist(), skip_special_tokens=False)
+                        == answer + EOS
+                    )
+                    continue
+                # model turn, environment tokens (mask 0: the hint), model turn
+                edges = np.flatnonzero(np.diff(mask.astype(np.int8)))
+                assert len(edges) == 2
+                first = c.token_ids[: edges[0] + 1].tolist()
+                env_tokens = c.token_ids[edges[0] + 1 : edges[1] + 1].tolist()
+                attempt = tokenizer.decode(first, skip_special_tokens=False).removesuffix(EOS)
+                # the template closes the turn after the model's own end-of-sequence
+                assert tokenizer.decode(env_tokens, skip_special_tokens=False) == (
+                    "<|im_end|>" + hint(answer, attempt)
+                )
+                assert (c.logprobs[~mask] == 0).all()
+        assert "environment step failed" in (tmp_path / "actor.log").read_text()
+        actor.send_signal(signal.SIGTERM)
+        assert actor.wait(timeout=60) == 0
+    finally:
+        if actor.poll() is None:
+            actor.kill()
+            actor.wait()
+        client.close()
