@@ -11,7 +11,10 @@ Waiting (counted in ``streamrl_actor_admission_wait_seconds_total``): while
 admission control refuses a new group, and while the engine's weights are more
 than ``max_staleness`` versions behind the learner. With no learner the version
 stays 0 and the actor stops at the admission bound, which is the intended
-behaviour. SIGTERM aborts the groups in flight (their leases are released, not
+behaviour. With ``actor.refill`` (hf engine) one generation keeps its decode batch
+full: a freed slot takes the next admitted group's prompt, and each group is scored
+and published as soon as its G completions are done, so no slot waits for the
+longest completion of a batch. SIGTERM aborts the groups in flight (their leases are released, not
 published) and deregisters; a SIGKILLed actor's leases and heartbeat expire.
 """
 
@@ -105,6 +108,8 @@ class _Pending:
     outputs: list[Output] = field(default_factory=list)
     # the reference policy's log-probs per output (algo.reference_on: actors)
     ref_logprobs: list[np.ndarray] | None = None
+    # handed to the publisher during generation (actor.refill)
+    published: bool = False
     # multi-turn (env.name): the group's trajectories, whose first messages are the prompt
     trajectories: list[Trajectory] | None = None
 
@@ -155,6 +160,8 @@ class Actor:
         self.seq = 0
         self.leases: set[str] = set()
         self.tokens_per_s = 0.0
+        # one group scored and published at a time, in the order they finished
+        self.publishing = asyncio.Lock()
 
         self.phases = Phases()
         # -- load: everything that can fail on bad input, before touching Redis ----------------
@@ -288,46 +295,105 @@ class Actor:
                 return []
         finally:
             metrics.ADMISSION_WAIT_SECONDS.inc(time.monotonic() - started)
-        leases = [lease]
+        batch = [_Pending(lease, await self.prompts.next())]
         groups = max(1, self.cfg.actor.batch_slots // self.cfg.rollout.group_size)
-        while len(leases) < groups:
-            extra = await self.admission.try_start(self.actor_id, self.engine.version)
-            if extra is None:
+        while len(batch) < groups:
+            more = await self._admit_now()
+            if more is None:
                 break
-            self.leases.add(extra)
-            leases.append(extra)
-        return [_Pending(lease_id, await self.prompts.next()) for lease_id in leases]
+            batch.append(more)
+        return batch
+
+    async def _admit_now(self) -> _Pending | None:
+        """One more group if admission grants it at once, and the engine is fresh enough."""
+        learner_version = await self.admission.version()
+        if is_stale(learner_version, self.engine.version, self.cfg.algo.max_staleness):
+            return None
+        lease = await self.admission.try_start(self.actor_id, self.engine.version)
+        if lease is None:
+            return None
+        self.leases.add(lease)
+        return _Pending(lease, await self.prompts.next())
 
     def engine_version_tick(self, learner_version: int) -> None:
         """Outside generation the engine is idle: swap in staged weights here too."""
         self.engine.maybe_swap_weights()
         metrics.VERSION_LAG.set(max(0, learner_version - self.engine.version))
 
+    def _requests(self, g: int, pending: _Pending) -> list[Request]:
+        return [
+            Request(f"{g}:{j}", pending.prompt.token_ids)
+            for j in range(self.cfg.rollout.group_size)
+        ]
+
     async def _generate_score_publish(self, batch: list[_Pending]) -> None:
         if self.rollouts is not None:
             await self._roll_out_score_publish(batch)
             return
         group_size = self.cfg.rollout.group_size
-        requests = [
-            Request(f"{g}:{j}", pending.prompt.token_ids)
-            for g, pending in enumerate(batch)
-            for j in range(group_size)
-        ]
+        batch = list(batch)
+        requests = [r for g, pending in enumerate(batch) for r in self._requests(g, pending)]
+        extra = {}
+        # groups handed to the publisher while generation goes on (actor.refill)
+        published: list = []
+        if self.cfg.actor.refill and isinstance(self.engine, HFEngine):
+            extra = self._refill_callbacks(batch, published)
         start = time.monotonic()
         outputs = await asyncio.to_thread(
-            self.engine.generate, requests, self.params, self.stop.is_set
+            self.engine.generate, requests, self.params, self.stop.is_set, **extra
         )
         elapsed = time.monotonic() - start
         metrics.GENERATE_SECONDS.inc(elapsed)
         self.tokens_per_s = sum(len(o.token_ids) for o in outputs) / max(elapsed, 1e-9)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in published))
+        rest = [p for p in batch if not p.published]
         for g, pending in enumerate(batch):
-            pending.outputs = outputs[g * group_size : (g + 1) * group_size]
-        complete = [p for p in batch if all(o.finish_reason != "abort" for o in p.outputs)]
-        for pending in batch:
+            if not pending.published:
+                pending.outputs = outputs[g * group_size : (g + 1) * group_size]
+        complete = [p for p in rest if all(o.finish_reason != "abort" for o in p.outputs)]
+        for pending in rest:
             if pending not in complete:
                 await self._release(pending.lease_id)
+        await self._score_publish(complete)
+
+    def _refill_callbacks(self, batch: list[_Pending], published: list) -> dict:
+        """``refill`` and ``on_finished`` for the hf engine, called from its thread: admit groups
+        while slots are free, and publish each group once its completions are all done."""
+        loop = asyncio.get_running_loop()
+        size = self.cfg.rollout.group_size
+        finished: dict[int, dict[int, Output]] = {}
+
+        def refill() -> list[Request]:
+            if self.stop.is_set():
+                return []
+            more = asyncio.run_coroutine_threadsafe(self._admit_now(), loop).result()
+            if more is None:
+                return []
+            batch.append(more)
+            return self._requests(len(batch) - 1, more)
+
+        def on_finished(index: int, output: Output) -> None:
+            g, j = divmod(index, size)
+            outputs = finished.setdefault(g, {})
+            outputs[j] = output
+            if len(outputs) == size:
+                pending = batch[g]
+                pending.outputs = [outputs[k] for k in range(size)]
+                pending.published = True
+                published.append(
+                    asyncio.run_coroutine_threadsafe(self._score_publish([pending]), loop)
+                )
+
+        return {"refill": refill, "on_finished": on_finished}
+
+    async def _score_publish(self, complete: list[_Pending]) -> None:
+        """Score the groups whose completions are all done and publish them."""
         if not complete:
             return
+        async with self.publishing:
+            await self._score_publish_now(complete)
+
+    async def _score_publish_now(self, complete: list[_Pending]) -> None:
         conversational = self.dataset.format == "messages"
         samples = [
             RewardInput(

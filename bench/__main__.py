@@ -36,7 +36,8 @@ PARTS = [
 # Sections of the page written by other commands, placed after the part they follow: `make
 # bench-vllm` (the vLLM venv) writes engines, `python -m bench.variants` (an hour or more of runs)
 # variants, `python -m bench.staleness` (half an hour) staleness, `python -m bench.pinned` (a
-# 16-core host) pinned, and mutation holds `make mutate`'s reading, by hand.
+# 16-core host) pinned, `python -m bench.longtail` (hours of runs) longtail, and mutation holds
+# `make mutate`'s reading, by hand.
 # Any other docs/bench/*.md goes at the end: the page drops no section.
 PAGE = [
     *PARTS[: PARTS.index("actors") + 1],
@@ -45,6 +46,7 @@ PAGE = [
     "variants",
     "staleness",
     "pinned",
+    "longtail",
     *PARTS[PARTS.index("system") + 1 :],
     "mutation",
 ]

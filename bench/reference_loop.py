@@ -1,20 +1,23 @@
 """The yardstick: a plain synchronous GRPO loop in one process, on the demo task of ``make run``.
 
-    python -m bench.reference_loop --seed 0 [--carry-optimizer] [--lag N] [--max-rollouts N] \\
-        [dotted.key=value ...]
+    python -m bench.reference_loop --seed 0 [--task demo|longtail] [--carry-optimizer] [--lag N] \\
+        [--max-rollouts N] [dotted.key=value ...]
 
 Sample a batch on the current weights, score it, train on it, repeat: no
 broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
 char tokenizer, prompts (the shared dataset order of ``actors.prompts``),
 reward (``streamrl.examples.reverse_digits``, on the text with special tokens) and
-hyper-parameters as streamrl (``configs/demo_cpu.yaml`` plus the same
-overrides): groups_per_step prompts x group_size completions per rollout,
+hyper-parameters as streamrl (``configs/demo_cpu.yaml``, or with ``--task
+longtail`` ``configs/longtail_cpu.yaml`` and its task, plus the same overrides): groups_per_step prompts x group_size completions per rollout,
 ``(r - mean) / (std + eps)`` per group, token-level clipped ratio against the
 sampling log-probs, optional k3 KL to the warmed policy, ``minibatches``
 disjoint random mini-batches per pass (one AdamW step each, the token mean of
 the mini-batch), ``updates_per_batch`` passes, grad clip, AdamW. It is the
 textbook loop, written out here rather than reusing ``learner``, so that the
-system is measured against an independent implementation.
+system is measured against an independent implementation. Prompts of different
+lengths (the long-tail task) are left-padded, with an attention mask and position ids,
+and the whole rollout decodes until its longest completion stops, as a batched
+``generate`` does.
 
 Optimizer: by default a fresh AdamW on the warmed policy folder, as the
 streamrl learner starts; ``--carry-optimizer`` instead runs the format warm
@@ -52,23 +55,51 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from bench.tasks import DEMO, TASKS, Task
 from streamrl.actors.engines.hf import cache_kwarg
 from streamrl.actors.prompts import position
-from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
-from streamrl.examples.reverse_digits.rewards import EXACT_PART, reverse_digits_reward
-from streamrl.examples.reverse_digits.task import build_model, build_tokenizer, format_warm_start
+from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
+from streamrl.examples.reverse_digits.task import build_model, build_tokenizer
 from streamrl.learner import target
 
-CONFIG = "configs/demo_cpu.yaml"
+CONFIG = DEMO.config
+EXACT_PART = DEMO.exact_part
 EXACT_REWARD = 0.999
 
 
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token lists -> ids [N, P] right-aligned, and the mask of real tokens (None: one length)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    if all(len(p) == width for p in prompts):
+        return ids, None
+    mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    return ids, mask
+
+
+def _masked(mask: torch.Tensor | None) -> dict:
+    """Attention mask and position ids for left-padded rows; nothing when every row is full."""
+    if mask is None:
+        return {}
+    return {"attention_mask": mask.long(), "position_ids": (mask.long().cumsum(1) - 1).clamp(min=0)}
+
+
 @torch.no_grad()
-def sample(model, prompt_ids, max_new: int, eos: int, pad: int, temperature: float):
-    """prompt_ids [N, P] (one length) -> completions [N, T] (pad after EOS), behaviour log-probs [N, T]."""
+def sample(
+    model,
+    prompt_ids,
+    max_new: int,
+    eos: int,
+    pad: int,
+    temperature: float,
+    prompt_mask: torch.Tensor | None = None,
+):
+    """prompt_ids [N, P] (left-padded where ``prompt_mask`` says) -> completions [N, T] (pad after
+    EOS), behaviour log-probs [N, T]."""
     # the cache fills in place, so no version-specific output field is read
     cache = {cache_kwarg(model): DynamicCache(config=model.config)}
-    logits = model(input_ids=prompt_ids, use_cache=True, **cache).logits[:, -1]
+    extra = _masked(prompt_mask)
+    logits = model(input_ids=prompt_ids, use_cache=True, **cache, **extra).logits[:, -1]
     tokens, logprobs = [], []
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
     for t in range(max_new):
@@ -81,7 +112,10 @@ def sample(model, prompt_ids, max_new: int, eos: int, pad: int, temperature: flo
         done = done | (nxt == eos)
         if bool(done.all()) or t == max_new - 1:
             break
-        logits = model(input_ids=nxt[:, None], use_cache=True, **cache).logits[:, -1]
+        if extra:
+            mask = torch.cat([extra["attention_mask"], torch.ones_like(nxt)[:, None]], 1)
+            extra = {"attention_mask": mask, "position_ids": extra["position_ids"][:, -1:] + 1}
+        logits = model(input_ids=nxt[:, None], use_cache=True, **cache, **extra).logits[:, -1]
     return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
@@ -91,9 +125,13 @@ def completion_mask(completions, eos: int):
     return (is_eos.cumsum(1) - is_eos) == 0
 
 
-def token_logprobs(model, prompt_ids, completions, temperature: float):
+def token_logprobs(model, prompt_ids, completions, temperature: float, prompt_mask=None):
     ids = torch.cat([prompt_ids, completions], 1)
-    logits = model(input_ids=ids).logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature
+    mask = None
+    if prompt_mask is not None:
+        mask = torch.cat([prompt_mask, torch.ones_like(completions, dtype=torch.bool)], 1)
+    logits = model(input_ids=ids, **_masked(mask)).logits[:, prompt_ids.shape[1] - 1 : -1]
+    logits = logits.float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, completions[..., None]).squeeze(-1)
 
 
@@ -119,16 +157,17 @@ def run_reference(
     lag: int = 0,
     echo=print,
     max_rollouts: int | None = None,
+    task: Task = DEMO,
 ) -> dict:
     """Train until the preset's target, ``max_time_s`` or ``max_rollouts``; the per-rollout curve and throughput."""
     from streamrl.configs import load_config
     from streamrl.weightsync.policy import load_policy, load_tokenizer
 
     torch.set_num_threads(1)
-    cfg = load_config(CONFIG, list(overrides), env={})
+    cfg = load_config(task.config, list(overrides), env={})
     r, a, lrn, run = cfg.rollout, cfg.algo, cfg.learner, cfg.run
     workdir = Path(workdir)
-    data = write_dataset(workdir / "data" / "train.jsonl", seed=seed)
+    data = task.write_dataset(workdir / "data" / "train.jsonl", seed=seed)
     random.seed(seed)
     torch.manual_seed(seed)
     if carry_optimizer:
@@ -137,13 +176,13 @@ def run_reference(
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
         )
-        format_warm_start(model, tokenizer, seed=seed, optimizer=optimizer)
+        task.warm_start(model, tokenizer, seed, optimizer)
         for group in optimizer.param_groups:
             group["lr"] = lrn.lr
         torch.manual_seed(seed)
         started = time.monotonic()
     else:
-        policy = build_policy(workdir / "policy", seed=seed)
+        policy = task.build_policy(workdir / "policy", seed=seed)
         started = time.monotonic()
         tokenizer = load_tokenizer(policy)
         model = load_policy(policy)
@@ -178,13 +217,17 @@ def run_reference(
             _, row = position(cursor, len(rows), run.seed)
             cursor += 1
             batch.append(rows[row])
-        prompts = torch.tensor([tokenizer(b["prompt"])["input_ids"] for b in batch])
+        prompts, prompt_mask = left_pad([tokenizer(b["prompt"])["input_ids"] for b in batch], pad)
         prompts = prompts.repeat_interleave(r.group_size, 0)
+        if prompt_mask is not None:
+            prompt_mask = prompt_mask.repeat_interleave(r.group_size, 0)
         answers = [b["answer"] for b in batch for _ in range(r.group_size)]
         if lag:
             sampler.load_state_dict(history[0])
         model.eval()
-        completions, old_lp = sample(sampler, prompts, r.max_new_tokens, eos, pad, r.temperature)
+        completions, old_lp = sample(
+            sampler, prompts, r.max_new_tokens, eos, pad, r.temperature, prompt_mask
+        )
         model.train()
         mask = completion_mask(completions, eos).float()
         reward = torch.tensor(
@@ -199,20 +242,23 @@ def run_reference(
         if a.advantage == "grpo":
             centred = centred / (grouped.std(1, unbiased=False, keepdim=True) + a.adv_eps)
         adv = centred.view(-1).float()
-        ref_lp = token_logprobs(ref, prompts, completions, r.temperature) if ref else None
+        ref_lp = (
+            token_logprobs(ref, prompts, completions, r.temperature, prompt_mask) if ref else None
+        )
         # pi_prox: the policy at the rollout's start; with no lag (or algo.proximal: behaviour, the
         # plain PPO ratio against the sampling policy) the sampling policy itself
         prox_lp, weight = old_lp, torch.ones_like(old_lp)
         if lag and a.proximal == "recompute":
             with torch.no_grad():
-                prox_lp = token_logprobs(model, prompts, completions, r.temperature)
+                prox_lp = token_logprobs(model, prompts, completions, r.temperature, prompt_mask)
             prox_lp = torch.where(mask.bool(), prox_lp, old_lp)
             weight = torch.exp(prox_lp - old_lp).clamp(max=a.rho_max)
         gen_s = time.monotonic() - t0
         parts = torch.randperm(len(reward)).chunk(lrn.minibatches)
         for _ in range(lrn.updates_per_batch):
             for mb in parts:
-                lp = token_logprobs(model, prompts[mb], completions[mb], r.temperature)
+                mb_mask = None if prompt_mask is None else prompt_mask[mb]
+                lp = token_logprobs(model, prompts[mb], completions[mb], r.temperature, mb_mask)
                 ratio = torch.exp(lp - prox_lp[mb])
                 clipped = ratio.clamp(1 - a.clip_low, 1 + a.clip_high)
                 obj = weight[mb] * torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
@@ -232,7 +278,7 @@ def run_reference(
         tokens += int(mask.sum())
         exact = float((reward >= EXACT_REWARD).float().mean())
         curve.append((now, float(reward.mean()), exact))
-        seen.append({target.REWARD: float(reward.mean()), EXACT_PART: exact})
+        seen.append({target.REWARD: float(reward.mean()), task.exact_part: exact})
         if step % 25 == 0:
             echo(
                 f"rollout {step:4d} t={now:6.1f}s reward {reward.mean():.3f} exact {exact:.3f} "
@@ -262,6 +308,7 @@ def run_reference(
         "carry_optimizer": carry_optimizer,
         "lag": lag,
         "overrides": list(overrides),
+        "task": task.name,
     }
 
 
@@ -330,6 +377,7 @@ def run(quick: bool = False) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", choices=sorted(TASKS), default=DEMO.name)
     parser.add_argument("--max-time-s", type=float, default=600.0)
     parser.add_argument("--workdir", default=None, help="policy/data folder (default: a temp dir)")
     parser.add_argument("--carry-optimizer", action="store_true")
@@ -343,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-rollouts", type=int, default=None, help="stop after this many rollouts"
     )
     parser.add_argument("--json", help="also write the result here")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value on configs/demo_cpu.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value on the task's preset")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="reference-loop-") as tmp:
         result = run_reference(
@@ -354,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             args.carry_optimizer,
             lag=args.lag,
             max_rollouts=args.max_rollouts,
+            task=TASKS[args.task],
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result))

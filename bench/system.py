@@ -43,6 +43,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cli import command_line, publish
+from bench.tasks import DEMO, Task
 from streamrl.examples.reverse_digits.rewards import EXACT_PART
 from streamrl.learner import target as run_target
 
@@ -54,6 +55,8 @@ SECTION = Path("docs/bench/system.md")
 MILESTONE_REWARD = 0.7
 # (lr, k3 KL coefficient): the grid every system is tuned on (issue 11)
 GRID = tuple((lr, kl) for lr in (3e-4, 6e-4) for kl in (0.0, 0.1))
+# in run_loop_outcome's extra: the reference loop keeps the warm start's AdamW (reference_loop --carry-optimizer)
+CARRY = "carry-optimizer"
 # the learner stops itself at max_time_s after its own start-up; past cap + grace the bench stops the run
 STOP_GRACE_S = 45.0
 SCRAPE_EVERY_S = 10.0
@@ -255,6 +258,8 @@ class Outcome:
     samples: list[int] = field(default_factory=list)
     # generated tokens the learner never trained (stale), over all generated; None where not counted
     wasted_fraction: float | None = None
+    # the task's target bars: reward, exact match
+    bars: tuple[float, float] = (TARGET_REWARD, TARGET_EXACT)
 
     def target_index(self, reward: float, exact: float = 0.0) -> int | None:
         """Curve index closing the first ``WINDOW`` points whose means reach both bars (learner.target)."""
@@ -269,7 +274,7 @@ class Outcome:
 
     @property
     def time_to_target_s(self) -> float | None:
-        return self.time_to(TARGET_REWARD, TARGET_EXACT)
+        return self.time_to(*self.bars)
 
     @property
     def time_from_first_step_s(self) -> float | None:
@@ -279,7 +284,7 @@ class Outcome:
 
     @property
     def samples_to_target(self) -> int | None:
-        end = self.target_index(TARGET_REWARD, TARGET_EXACT)
+        end = self.target_index(*self.bars)
         return None if end is None or not self.samples else sum(self.samples[: end + 1])
 
     @property
@@ -295,13 +300,15 @@ class Outcome:
         return statistics.fmean(r for _, r, _ in recent), statistics.fmean(e for _, _, e in recent)
 
 
-def seed_inputs(seed: int) -> tuple[Path, Path]:
-    """The warmed policy and the prompts of one seed, built once and shared by streamrl and TRL."""
-    from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
+def seed_folder(seed: int, task: Task = DEMO) -> Path:
+    return ROOT / (f"seed{seed}" if task is DEMO else f"{task.name}-seed{seed}")
 
-    folder = ROOT / f"seed{seed}"
+
+def seed_inputs(seed: int, task: Task = DEMO) -> tuple[Path, Path]:
+    """The warmed policy and the prompts of one seed, built once and shared by streamrl and TRL."""
+    folder = seed_folder(seed, task)
     # TRL's run_trl looks for <workdir>/policy and <workdir>/data/train.jsonl: the same files.
-    return build_policy(folder / "policy", seed=seed), write_dataset(
+    return task.build_policy(folder / "policy", seed=seed), task.write_dataset(
         folder / "data" / "train.jsonl", seed=seed
     )
 
@@ -322,6 +329,8 @@ def load_outcome(path: Path) -> Outcome:
     data = json.loads(path.read_text())
     data["curve"] = [tuple(p) for p in data["curve"]]
     data["scrapes"] = [Scrape(**s) for s in data["scrapes"]]
+    if "bars" in data:
+        data["bars"] = tuple(data["bars"])
     return Outcome(**data)
 
 
@@ -333,14 +342,17 @@ def run_streamrl(
     cap_s: float,
     stop_at_target: bool,
     reuse: bool = False,
+    task: Task = DEMO,
 ) -> Outcome:
     """Launch the system, poll it, scrape every process, stop at the target or the cap."""
     name = f"bench-{system.replace(' ', '').replace(',', '-').replace('=', '')}-s{seed}".lower()
+    if task is not DEMO:
+        name = f"{task.name}-{name}"
     saved = saved_path(name, cap_s)
     if reuse and saved.exists():
         print(f"   {system} seed {seed}: reusing {saved}", flush=True)
         return load_outcome(saved)
-    outcome = _launch_and_watch(system, name, seed, extra, actors, cap_s, stop_at_target)
+    outcome = _launch_and_watch(system, name, seed, extra, actors, cap_s, stop_at_target, task)
     save_outcome(outcome, saved)
     return outcome
 
@@ -353,12 +365,15 @@ def _launch_and_watch(
     actors: int,
     cap_s: float,
     stop_at_target: bool,
+    task: Task = DEMO,
 ) -> Outcome:
     from streamrl.configs import load_config
     from streamrl.launch.status import read_steps, time_to_target
     from streamrl.launch.supervisor import Supervisor
 
-    policy, data = seed_inputs(seed)
+    policy, data = seed_inputs(seed, task)
+    reward_bar, exact_bar, window = task.target()
+    bars = {run_target.REWARD: reward_bar, task.exact_part: exact_bar}
     overrides = [
         f"run.seed={seed}",
         f"run.name={name}",
@@ -368,7 +383,7 @@ def _launch_and_watch(
         f"data.path={data}",
         *extra,
     ]
-    cfg = load_config(CONFIG, overrides, env={})
+    cfg = load_config(task.config, overrides, env={})
     sup = Supervisor(cfg, actors=actors)
     scrapes: list[Scrape] = []
     started, started_unix = time.monotonic(), time.time()
@@ -385,10 +400,7 @@ def _launch_and_watch(
                 last_scrape = time.monotonic()
                 scrapes.append(scrape_all(sup.redis, sup.keys))
             steps = read_steps(sup.run_dir) if stop_at_target else []
-            if (
-                stop_at_target
-                and time_to_target(steps, started_unix, TARGET_BARS, WINDOW) is not None
-            ):
+            if stop_at_target and time_to_target(steps, started_unix, bars, window) is not None:
                 scrapes.append(scrape_all(sup.redis, sup.keys))
                 break
             time.sleep(POLL_S)
@@ -399,7 +411,11 @@ def _launch_and_watch(
     steps = [s for s in read_steps(sup.run_dir) if s["time"] - started_unix <= cap_s]
     group_size = cfg.rollout.group_size
     curve = [
-        (s["time"] - started_unix, s["reward_mean"], s["reward_parts"].get(EXACT_PART, math.nan))
+        (
+            s["time"] - started_unix,
+            s["reward_mean"],
+            s["reward_parts"].get(task.exact_part, math.nan),
+        )
         for s in steps
     ]
     loop_s = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
@@ -416,6 +432,7 @@ def _launch_and_watch(
         wall_s,
         samples=[s["groups"] * group_size for s in steps],
         wasted_fraction=stale_token_fraction(scrapes),
+        bars=(reward_bar, exact_bar),
         extra={
             "steps": steps,
             "updates_per_batch": cfg.learner.updates_per_batch,
@@ -465,31 +482,51 @@ def stale_token_fraction(scrapes: list[Scrape]) -> float | None:
 
 
 def run_loop_outcome(
-    system: str, seed: int, point: tuple[float, float], cap_s: float, reuse: bool = False
+    system: str,
+    seed: int,
+    point: tuple[float, float],
+    cap_s: float,
+    reuse: bool = False,
+    task: Task = DEMO,
+    extra: list[str] | tuple[str, ...] = (),
 ) -> Outcome:
-    """The reference loop or TRL on one seed at one grid point (saved like the streamrl runs)."""
+    """The reference loop or TRL on one seed at one grid point (saved like the streamrl runs);
+    ``extra``: more preset overrides (the reference loop's ``carry-optimizer`` is one of them)."""
     tag = "reference" if system == REFERENCE else "trl"
-    saved = saved_path(f"{tag}-s{seed}-lr{point[0]:g}-kl{point[1]:g}", cap_s)
+    if task is not DEMO:
+        tag = f"{task.name}-{tag}"
+    extra = list(extra)
+    carry = CARRY in extra
+    overrides = [*point_overrides(point), *(o for o in extra if o != CARRY)]
+    suffix = "".join(f"-{o}" for o in extra).replace("=", "")
+    saved = saved_path(f"{tag}-s{seed}-lr{point[0]:g}-kl{point[1]:g}{suffix}", cap_s)
     if reuse and saved.exists():
         print(f"   {system} seed {seed}: reusing {saved}", flush=True)
         return load_outcome(saved)
-    seed_inputs(seed)
-    overrides = point_overrides(point)
+    seed_inputs(seed, task)
     print(f"   {system} seed {seed}: {' '.join(overrides)}, cap {cap_s:g} s", flush=True)
     started = time.monotonic()
     if system == REFERENCE:
         from bench.reference_loop import run_reference
 
-        result = run_reference(seed, cap_s, ROOT / f"seed{seed}", overrides, echo=lambda line: None)
+        result = run_reference(
+            seed,
+            cap_s,
+            seed_folder(seed, task),
+            overrides,
+            carry,
+            echo=lambda line: None,
+            task=task,
+        )
     else:
         from bench.trl_baseline import run_trl
 
-        result = run_trl(seed, cap_s, ROOT / f"seed{seed}", True, overrides)
+        result = run_trl(seed, cap_s, seed_folder(seed, task), True, overrides, task)
     wall_s = time.monotonic() - started
     print(f"   -> {result['steps']} rollouts in {wall_s:.0f} s", flush=True)
     from streamrl.configs import load_config
 
-    cfg = load_config(CONFIG, overrides, env={})
+    cfg = load_config(task.config, overrides, env={})
     rollout = cfg.learner.groups_per_step * cfg.rollout.group_size
     outcome = Outcome(
         system,
@@ -499,10 +536,14 @@ def run_loop_outcome(
         result["samples_per_s"],
         result["tokens_per_s"],
         wall_s,
-        extra={"setup_s": result["setup_s"], "overrides": overrides},
+        extra={
+            "setup_s": result["setup_s"],
+            "overrides": [*overrides, *([CARRY] if carry else [])],
+        },
         samples=[rollout] * len(result["curve"]),
         # a synchronous loop trains every token it generates
         wasted_fraction=0.0,
+        bars=task.target()[:2],
     )
     save_outcome(outcome, saved)
     return outcome

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
+from bench.tasks import DEMO, Task
 from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.learner import target
 
@@ -189,13 +189,15 @@ def run_trl(
     workdir,
     stop_at_target: bool = False,
     overrides: Sequence[str] = (),
+    task: Task = DEMO,
 ) -> dict:
     """Train with TRL's GRPOTrainer for ``max_time_s`` seconds; returns the per-step curve and throughput.
 
         The clock starts after the warmed demo policy is built (a one-time cost
         shared with streamrl) and includes TRL's own setup: loading the model,
         building the trainer. ``overrides`` are dotted keys of the preset (``learner.lr=6e-4``)
-    for the hyper-parameters TRL shares with it. ``samples_per_s`` / ``tokens_per_s`` count
+    for the hyper-parameters TRL shares with it; ``task`` picks the preset, policy and prompts
+    (the long-tail task's prompts have different lengths: TRL left-pads them). ``samples_per_s`` / ``tokens_per_s`` count
         completions and completion tokens (EOS included) over the training loop,
         setup excluded.
     """
@@ -204,8 +206,8 @@ def run_trl(
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     workdir = Path(workdir)
-    policy = build_policy(workdir / "policy", seed=seed)
-    data = write_dataset(workdir / "data" / "train.jsonl", seed=seed)
+    policy = task.build_policy(workdir / "policy", seed=seed)
+    data = task.write_dataset(workdir / "data" / "train.jsonl", seed=seed)
 
     from datasets import load_dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -213,13 +215,13 @@ def run_trl(
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    kwargs = grpo_config_kwargs(seed, str(workdir / "trl"), overrides=overrides)
+    kwargs = grpo_config_kwargs(seed, str(workdir / "trl"), task.config, overrides)
     recorder = StepRecorder(
         tokenizer,
         started,
         max_time_s,
         stop_at_target,
-        demo_target(),
+        task.target(),
         kwargs["steps_per_generation"] * kwargs["num_iterations"],
     )
 

@@ -442,6 +442,10 @@ class ActorConfig(Section):
         ge=1,
         description="Concurrent sequences in the hf engine's decode batch (finished slots are refilled).",
     )
+    refill: bool = Field(
+        False,
+        description="hf engine: keep the decode batch full across groups. A freed slot takes the next admitted group's prompt and each group is published as soon as its completions are done, so no slot waits for a batch's longest completion (completions of very different lengths). False: a batch of batch_slots / group_size groups is generated, then published.",
+    )
     heartbeat_s: float = Field(
         2.0, gt=0, description="Heartbeat period; an actor is considered dead after 3 missed beats."
     )

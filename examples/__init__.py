@@ -1,7 +1,8 @@
 """Example tasks shipped with streamrl, outside its core.
 
-``streamrl.examples.reverse_digits`` is the CPU demo (``configs/demo_cpu.yaml``): an
-importable package, because the preset names its policy builder, dataset writer and
+``streamrl.examples.reverse_digits`` is the CPU demo (``configs/demo_cpu.yaml``) and
+``streamrl.examples.longtail_copy`` the long-tail task (``configs/longtail_cpu.yaml``):
+importable packages, because the presets name their policy builders, dataset writers and
 rewards as ``module:function``. The other folder here (``copy_task``) is a
 plain folder a config loads by path, as a user's own task would be (GSM8K needs none: its
 reward is the built-in ``gsm8k``).

@@ -82,6 +82,48 @@ def test_more_requests_than_slots_are_all_completed_by_refilling_slots(policy):
         torch.testing.assert_close(torch.from_numpy(output.logprobs), expected, atol=2e-5, rtol=0)
 
 
+def test_refill_keeps_the_batch_full_across_calls_worth_and_reports_each_request_as_it_ends(policy):
+    model, tokenizer = policy
+    batch_sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    params = SamplingParams(max_new_tokens=10, stop_token_ids=(tokenizer.eos_token_id,))
+    first = _requests(tokenizer, 4)
+    # two more waves of requests, then nothing: the engine must ask again only while a slot is free
+    waves = [_requests(tokenizer, 7)[4:], _requests(tokenizer, 9)[7:]]
+    refills, finished = [], {}
+
+    def refill():
+        refills.append(len(finished))
+        return waves.pop(0) if waves else []
+
+    def on_finished(index, output):
+        assert index not in finished
+        finished[index] = output
+
+    try:
+        outputs = HFEngine(model, tokenizer, batch_slots=4, seed=3).generate(
+            first, params, refill=refill, on_finished=on_finished
+        )
+    finally:
+        hook.remove()
+    requests = first + _requests(tokenizer, 9)[4:]
+    assert [o.request_id for o in outputs] == [r.request_id for r in requests]
+    assert max(batch_sizes) <= 4
+    # every request was reported once, with the output generate returned
+    assert sorted(finished) == list(range(9))
+    for index, output in finished.items():
+        assert output.request_id == outputs[index].request_id
+        assert output.token_ids.tolist() == outputs[index].token_ids.tolist()
+    # the first refill came once a slot was free, before all of the first requests ended
+    assert refills[0] < 4
+    for request, output in zip(requests, outputs, strict=True):
+        assert output.finish_reason in ("stop", "length")
+        expected = _recomputed_logprobs(model, request, output, params)
+        torch.testing.assert_close(torch.from_numpy(output.logprobs), expected, atol=2e-5, rtol=0)
+
+
 class _SwapAfter:
     """Stages version 1 (perturbed weights) on the ``swap_at``-th poll, as a subscriber would."""
 

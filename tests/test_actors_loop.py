@@ -1,6 +1,7 @@
 """Actor processes end to end against a real Redis and the real shm weight publisher.
 
-One scenario (module fixture), several properties: two actors start, a third
+One scenario (module fixture), several properties: two actors start (a with
+``actor.refill``, b without), a third
 joins once groups are flowing, and together they stop at the admission bound
 (no learner runs); then a learner step is simulated with the real pieces
 (weights published over shm, version bumped, entries counted as consumed)
@@ -154,8 +155,10 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
     try:
         # the learner is at version 1 but has not published weights yet: actors must wait for them
         admission(lambda a: a.set_version(1))
-        for actor_id in ("a", "b"):
-            procs[actor_id] = _start_actor(actor_id, overrides, tmp)
+        # a keeps its decode batch full across groups (actor.refill), b generates batch by batch:
+        # every property below holds for both
+        procs["a"] = _start_actor("a", [*overrides, "actor.refill=true"], tmp)
+        procs["b"] = _start_actor("b", overrides, tmp)
         _wait_for(
             lambda: _running_version(client, keys, "a", "b") == [0, 0],
             90,

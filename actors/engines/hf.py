@@ -7,6 +7,11 @@ prompt is prefilled on its own and spliced into the row), so up to
 ``batch_slots`` sequences decode together while requests keep arriving. Rows
 with nothing left to do are dropped from the batch.
 
+A caller can keep the batch full across groups: ``refill`` is asked for more
+requests whenever a slot is free and none waits, and ``on_finished`` hears of each
+request as it ends, so a long completion never holds finished slots idle while the
+caller publishes what is done (the long-tail task: ``actor.refill``).
+
 Identical prompts (the G completions of a group) are prefilled once. Prefill
 batches only prompts of one length, so prefill never needs padding or a mask.
 
@@ -21,6 +26,7 @@ version replaces the previous adapters, the base weights stay as loaded.
 from __future__ import annotations
 
 import inspect
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -32,6 +38,9 @@ from streamrl.actors import metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
 from streamrl.actors.engines.sampling import sample
 from streamrl.weightsync.subscriber import swap_into_model
+
+# after ``refill`` gave nothing, it is asked again no sooner than this: it may ask Redis
+REFILL_RETRY_S = 0.02
 
 
 class _Row:
@@ -97,7 +106,13 @@ class HFEngine(Engine):
         requests: Sequence[Request],
         params: SamplingParams,
         should_abort: Callable[[], bool] | None = None,
+        refill: Callable[[], Sequence[Request]] | None = None,
+        on_finished: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
+        """As ``Engine.generate``; also ``refill()``, asked for more requests while a slot is free
+        and none waits (their outputs follow the given requests'), and ``on_finished(index,
+        output)``, called as each request stops or reaches its length (not on abort)."""
+        requests = list(requests)
         limits = [self._token_limit(r, params) for r in requests]
         stop_ids = torch.tensor(sorted(set(params.stop_token_ids)) or [-1], device=self.device)
         stop_window = (
@@ -111,8 +126,15 @@ class HFEngine(Engine):
         rows: list[_Row] = []
         done: dict[int, _Row] = {}
         state = _Batch(self)
+        refused_at = -REFILL_RETRY_S
+
+        def finish(row: _Row) -> None:
+            done[row.index] = row
+            if on_finished is not None:
+                on_finished(row.index, self._output(requests[row.index], row))
+
         with torch.inference_mode():
-            while pending or rows:
+            while True:
                 if should_abort is not None and should_abort():
                     # rows that just finished keep their reason
                     for row in rows:
@@ -126,8 +148,22 @@ class HFEngine(Engine):
                 # refill: finished rows are replaced, the batch grows up to batch_slots
                 free = [i for i, row in enumerate(rows) if row.finish is not None]
                 for i in free:
-                    done[rows[i].index] = rows[i]
+                    finish(rows[i])
                 capacity = len(free) + max(0, self.batch_slots - len(rows))
+                if (
+                    refill is not None
+                    and capacity > len(pending)
+                    and time.monotonic() - refused_at >= REFILL_RETRY_S
+                ):
+                    more = list(refill())
+                    if not more:
+                        refused_at = time.monotonic()
+                    for request in more:
+                        limits.append(self._token_limit(request, params))
+                        requests.append(request)
+                        pending.append(len(requests) - 1)
+                if not (pending or rows):
+                    break
                 admitted = [pending.popleft() for _ in range(min(capacity, len(pending)))]
                 if admitted:
                     reused = free[: len(admitted)]
@@ -147,8 +183,9 @@ class HFEngine(Engine):
                 keep = [i for i, row in enumerate(rows) if row.finish is None]
                 if len(keep) < len(rows):
                     for row in rows:
-                        if row.finish is not None:
-                            done[row.index] = row
+                        # a freed slot that no new request took was reported above
+                        if row.finish is not None and row.index not in done:
+                            finish(row)
                     rows = [rows[i] for i in keep]
                     state.keep_rows(keep)
                 if not rows:

@@ -15,24 +15,46 @@ from streamrl.examples.reverse_digits.task import (
     build_tokenizer,
     distinct_examples,
     format_warm_start,
+    make_example,
 )
 
 
 def build_policy(
-    path: str | os.PathLike, seed: int = 0, warm_start_steps: int = 100, warm_start_lr: float = 1e-3
+    path: str | os.PathLike,
+    seed: int = 0,
+    warm_start_steps: int = 100,
+    warm_start_lr: float = 1e-3,
+    make=make_example,
 ) -> Path:
-    """The ``model.build`` hook: build (once) the warmed demo policy as a Hugging Face folder."""
+    """The ``model.build`` hook: build (once) the warmed demo policy as a Hugging Face folder
+    (``make``: the task whose answer format the warm start teaches)."""
     path = Path(path)
     if (path / "config.json").exists():
         return path
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
     if warm_start_steps:
-        format_warm_start(model, tokenizer, steps=warm_start_steps, lr=warm_start_lr, seed=seed)
+        format_warm_start(
+            model, tokenizer, steps=warm_start_steps, lr=warm_start_lr, seed=seed, make=make
+        )
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     # atomic: concurrent builders never see half a folder
+    os.replace(tmp, path)
+    return path
+
+
+def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Write ``rows`` as JSONL at ``path`` once, atomically."""
+    path = Path(path)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -43,14 +65,6 @@ def write_dataset(path: str | os.PathLike, size: int = 1000, seed: int = 0) -> P
     Every prompt is distinct (the default 1,000 rows are all 3-digit numbers,
     shuffled by ``seed``): rows drawn with replacement held only ~630 distinct prompts.
     """
-    path = Path(path)
-    if path.exists():
-        return path
-    rows = distinct_examples(size, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-    return path
+    if Path(path).exists():
+        return Path(path)
+    return write_rows(path, distinct_examples(size, seed))

@@ -73,6 +73,7 @@ def format_warm_start(
     lr: float = 1e-3,
     seed: int = 0,
     optimizer=None,
+    make=make_example,
 ) -> float:
     """Supervised steps on *random* digit strings of the right length + EOS.
 
@@ -82,7 +83,8 @@ def format_warm_start(
     steps at 3e-4 left the format at ~20 % (reward ~0.09), and RL then spent most
     of its time learning to stop. ``optimizer`` (an AdamW over ``model``, its lr set
     to ``lr`` here) lets a caller keep the moments for RL; by default a fresh one is
-    made and dropped. Returns the last loss.
+    made and dropped. ``make(rng)`` draws an example (another task's prompts and answer
+    lengths). Returns the last loss.
     """
     import torch
 
@@ -96,15 +98,20 @@ def format_warm_start(
     for _ in range(steps):
         texts, prompt_lens = [], []
         for _ in range(batch):
-            ex = make_example(rng)
+            ex = make(rng)
             target = "".join(rng.choice(string.digits) for _ in range(len(ex["answer"])))
             texts.append(ex["prompt"] + target)
             prompt_lens.append(len(tokenizer(ex["prompt"])["input_ids"]))
         ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
-        input_ids = torch.tensor(ids)
+        # right padding, never a label: under causal attention no real token sees it
+        width = max(len(row) for row in ids)
+        input_ids = torch.tensor(
+            [row + [tokenizer.pad_token_id] * (width - len(row)) for row in ids]
+        )
         labels = input_ids.clone()
         for row, plen in enumerate(prompt_lens):
             labels[row, :plen] = -100
+            labels[row, len(ids[row]) :] = -100
         loss = model(input_ids=input_ids, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
