@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from bench.learner import _model, _samples
+from bench.learner import _model, random_samples
 from streamrl.configs import Config
 from streamrl.learner import algorithm
 from streamrl.learner.batching import collate
@@ -53,7 +53,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_in_float64():
     plain = _model(*SHAPE, seed=3).double()
     checkpointed = copy.deepcopy(plain)
     enable_gradient_checkpointing(checkpointed)
-    batch = collate(_samples(6, SHAPE[-1], seed=4), 0)
+    batch = collate(random_samples(6, SHAPE[-1], seed=4), 0)
     want, plain_calls = _grads(plain, batch)
     got, checkpointed_calls = _grads(checkpointed, batch)
     layers = SHAPE[1]
@@ -89,7 +89,7 @@ def test_the_engine_checkpoints_layers_offloads_the_optimizer_and_trains():
     # a CPU learner keeps torch AdamW (DeepSpeedCPUAdam would compile for minutes)
     assert type(engine.basic_optimizer) is torch.optim.AdamW
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-    samples = _samples(8, SHAPE[-1], seed=6)
+    samples = random_samples(8, SHAPE[-1], seed=6)
     stats = train_batch(
         engine, samples, 0, algo=cfg.algo, learner=cfg.learner, rollout=cfg.rollout,
         seed=0, rank=rank, world=world, pad_id=0,
