@@ -132,7 +132,6 @@ class Supervisor:
         # an earlier run there as it was
         self._prepare_inputs()
         placement.check_launcher(self.cfg, self.launcher_devices)
-        self._check_dataset()
         said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
@@ -152,6 +151,7 @@ class Supervisor:
     def _prepare_inputs(self) -> None:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
         from streamrl.actors import environment, inputs, rewards
+        from streamrl.launch.dataset_check import check_dataset
 
         # else the vLLM actors would crash-loop under the backoff while the others train
         if (
@@ -168,11 +168,7 @@ class Supervisor:
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
         environment.check(self.cfg.env)
-
-    def _check_dataset(self) -> None:
-        """Load the dataset as an actor does, unless these inputs passed before (``dataset_check``)."""
-        from streamrl.launch.dataset_check import check_dataset
-
+        # the dataset loaded as an actor loads it, unless these inputs passed before
         check_dataset(self.cfg)
 
     def _start_redis(self) -> None:
