@@ -17,3 +17,10 @@ def publish(section: Path, text: str) -> None:
     section.parent.mkdir(parents=True, exist_ok=True)
     section.write_text(text)
     print(text)
+
+
+def gpu_name() -> str:
+    """The CUDA device's name, or "no CUDA device": what a result measured on a GPU says it ran on."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"

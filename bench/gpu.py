@@ -1,7 +1,7 @@
 """`python -m bench.gpu`: every check a lent GPU machine runs, one subprocess each with its own
 timeout, then a summary.
 
-    python -m bench.gpu [--only NAME,...] [--budget-s 300] [--out FILE]   (on a CUDA host)
+    python -m bench.gpu [--only NAME,...] [--budget-s 560] [--out FILE]   (on a CUDA host)
     python -m bench.gpu --cpu                                             (smoke run, tiny shapes)
 
 The machine is lent for minutes (one H100/H200, 16 cores, no internet), so the checks run in
@@ -49,7 +49,7 @@ CHECKS = (
         "pytest",
         CUDA_TESTS,
         CUDA_TESTS,
-        150,
+        100,
         "the CUDA tests (they skip on a CPU host) and the publisher's, whose GPU path they include",
     ),
     Check(
@@ -57,24 +57,25 @@ CHECKS = (
         "bench.weightsync",
         ("--shape", "qwen05b", "--device", "cuda", "--actor-device", "cpu,cuda"),
         ("--shape", "tiny", "--device", "cpu", "--actor-device", "cpu"),
-        120,
-        "publish -> applied at Qwen2.5-0.5B's shape, to a CPU actor and to a CUDA actor",
-    ),
-    Check(
-        "learner-memory-0.5b",
-        "bench.learner_memory",
-        ("--shape", "qwen05b", "--device", "cuda"),
-        ("--help",),
         90,
-        "the learner's peak memory at Qwen2.5-0.5B's shape (branch gpuready)",
+        "publish -> applied at Qwen2.5-0.5B's shape, to a CPU actor and to a CUDA actor",
     ),
     Check(
         "longtail",
         "bench.longtail",
-        ("--device", "cuda"),
+        ("--device", "cuda", "--seeds", "0,1,2", "--grid", "3e-4:0", "--cap-s", "80"),
         ("--help",),
-        150,
-        "the long-tail task, synchronous loop against streamrl, on the GPU (branch longtail)",
+        280,
+        "the long-tail task on the GPU, 3 seeds back to back: the synchronous loop wholly on it "
+        "against streamrl with its learner and actors on it",
+    ),
+    Check(
+        "learner-memory-0.5b",
+        "bench.learner_memory",
+        ("--measure", "--device", "cuda", "--seconds", "5"),
+        ("--measure", "--cpu"),
+        100,
+        "the learner's peak memory and tokens/s at Qwen2.5-0.5B's shape, per memory knob",
     ),
 )  # fmt: skip
 
@@ -131,13 +132,14 @@ def run_all(checks: list[Check], cpu: bool, budget_s: float, echo=print) -> list
 
 def summary(results: list[Result], cpu: bool) -> str:
     from bench.__main__ import machine
+    from bench.cli import gpu_name
 
     lines = [
         "## GPU check (`python -m bench.gpu`)",
         "",
         "One command for a lent GPU machine (one H100/H200, 16 cores, no internet, minutes): "
         "`python -m bench.gpu --out docs/bench/gpu.md` runs each check below as a subprocess "
-        "with its own timeout under one budget (`--budget-s`, 300 s), kills a check's process "
+        "with its own timeout under one budget (`--budget-s`, 560 s), kills a check's process "
         "group when its time is up, and reports a module not in the tree as missing. "
         "`python -m bench.gpu --cpu` is the same run at tiny shapes on CPU (tests/test_bench_gpu.py). "
         "Checks: "
@@ -147,7 +149,7 @@ def summary(results: list[Result], cpu: bool) -> str:
         + ".",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M')} · {machine()} · "
-        f"{'CPU smoke run (--cpu)' if cpu else _gpu_name()}",
+        f"{'CPU smoke run (--cpu)' if cpu else gpu_name()}",
         "",
         "| check | status | seconds |",
         "|---|---|---|",
@@ -159,12 +161,6 @@ def summary(results: list[Result], cpu: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
-
-
 def passed(results: list[Result]) -> bool:
     return all(r.status in ("ok", "module missing") for r in results)
 
@@ -173,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="smoke run on CPU at tiny shapes")
     parser.add_argument("--only", default=None, help="comma-separated check names")
-    parser.add_argument("--budget-s", type=float, default=300.0, help="for all checks together")
+    parser.add_argument("--budget-s", type=float, default=560.0, help="for all checks together")
     parser.add_argument("--out", type=Path, default=None, help="write the summary here too")
     args = parser.parse_args(argv)
     checks = list(CHECKS)

@@ -2,6 +2,7 @@
 
     python -m bench.longtail --seeds 0,1,2 [--cap-s 900] [--grid 3e-4:0,3e-4:0.1,6e-4:0,6e-4:0.1] \\
         [--systems streamrl,loop,trl] [--parts yardstick,demo,longtail] [--yardstick PATH] [--reuse]
+    python -m bench.longtail --device cuda --seeds 0 --grid 3e-4:0 --cap-s 120   (a lent GPU)
 
 Three parts, every run stopped at its task's target or at ``--cap-s`` (seconds after launch):
 
@@ -18,6 +19,10 @@ Three parts, every run stopped at its task's target or at ``--cap-s`` (seconds a
   (``bench.reference_loop --task longtail``, the warm start's AdamW kept, its best start on
   the demo) and TRL. Each system's best grid point is the one with the lowest median time to
   the target over the seeds; the ratios compare medians at each system's best point.
+
+``--device cuda`` runs the long-tail part only, every system on the one GPU in float32: the
+loop wholly on it, streamrl's learner and its actors' hf engines on it (``actor.gpus=share``);
+TRL is not run there. It writes docs/bench/longtail_gpu.md and docs/img/longtail_gpu_curves.png.
 
 Writes docs/bench/longtail.md and the reward-against-wall-time plots docs/img/longtail_curves.png
 and docs/img/demo_curves.png. The last line printed is ``RATIO <streamrl median / loop median>``
@@ -39,7 +44,7 @@ import time
 from pathlib import Path
 
 from bench import system
-from bench.cli import command_line, publish
+from bench.cli import command_line, gpu_name, publish
 from bench.system import CARRY, REFERENCE, TRL, Outcome, median_ttt, save_outcome, saved_path
 from bench.tasks import DEMO, LONGTAIL, Task
 
@@ -47,6 +52,13 @@ ROOT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_YARDSTICK = ROOT_DIR.parent / "shared" / "reference" / "grpo_toy.py"
 SECTION = Path("docs/bench/longtail.md")
 IMG = {"demo": Path("docs/img/demo_curves.png"), "longtail": Path("docs/img/longtail_curves.png")}
+GPU_SECTION = Path("docs/bench/longtail_gpu.md")
+GPU_IMG = Path("docs/img/longtail_gpu_curves.png")
+# streamrl on one GPU: the learner takes it (DeepSpeed's accelerator follows CUDA), the actors'
+# hf engines share it, and the tiny model stays in float32 as the loop does
+GPU_OVERRIDES = ("actor.device=cuda", "actor.gpus=share", "model.dtype=float32")
+# the ratio each device's long-tail run must reach
+GOAL = {"cpu": 0.5, "cuda": 0.6}
 STREAMRL, LOOP, YARDSTICK = "streamrl", "synchronous loop", "one-file loop (yardstick)"
 SYSTEM_NAMES = {"streamrl": STREAMRL, "loop": LOOP, "trl": TRL}
 PARTS = ("yardstick", "demo", "longtail")
@@ -132,16 +144,26 @@ def run_yardstick(path: Path, seed: int, cap_s: float, reuse: bool) -> Outcome:
 
 
 def run_system(
-    name: str, task: Task, seed: int, point: tuple[float, float], cap_s: float, reuse: bool
+    name: str,
+    task: Task,
+    seed: int,
+    point: tuple[float, float],
+    cap_s: float,
+    reuse: bool,
+    device: str = "cpu",
 ) -> Outcome:
-    """One run of ``name`` (streamrl, the loop or TRL) on ``task`` at ``point``."""
+    """One run of ``name`` (streamrl, the loop or TRL) on ``task`` at ``point``, on ``device``."""
     if name == STREAMRL:
         label = f"{STREAMRL}, {system.point_label(point)}"
-        outcome = system.run_streamrl(
-            label, seed, system.point_overrides(point), ACTORS, cap_s, True, reuse, task
-        )
+        extra = system.point_overrides(point)
+        if device != "cpu":
+            label = f"{label}, {device}"
+            extra = [*extra, *GPU_OVERRIDES]
+        outcome = system.run_streamrl(label, seed, extra, ACTORS, cap_s, True, reuse, task)
     elif name == LOOP:
-        outcome = system.run_loop_outcome(REFERENCE, seed, point, cap_s, reuse, task, [CARRY])
+        outcome = system.run_loop_outcome(
+            REFERENCE, seed, point, cap_s, reuse, task, [CARRY], device
+        )
     else:
         outcome = system.run_loop_outcome(TRL, seed, point, cap_s, reuse, task)
     outcome.system = name
@@ -263,9 +285,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"of {','.join(PARTS)}")
     parser.add_argument("--yardstick", type=Path, default=DEFAULT_YARDSTICK)
     parser.add_argument("--reuse", action="store_true", help="read saved runs instead")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the long-tail part on a GPU"
+    )
     args = parser.parse_args(argv)
+    gpu = args.device == "cuda"
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device here")
+        if set(args.parts.split(",")) - {"longtail"} and args.parts != ",".join(PARTS):
+            parser.error("--device cuda runs the long-tail part only")
+        args.parts = "longtail"
+        if "trl" in args.systems.split(","):
+            args.systems = ",".join(s for s in args.systems.split(",") if s != "trl")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("DS_ACCELERATOR", args.device)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -273,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     names = [SYSTEM_NAMES[s.strip()] for s in args.systems.split(",") if s.strip()]
     parts = [p for p in args.parts.split(",") if p]
+    img = GPU_IMG if gpu else IMG["longtail"]
     unknown = set(parts) - set(PARTS)
     if unknown or STREAMRL not in names:
         parser.error(f"parts of {PARTS} (got {sorted(unknown)}), systems must include streamrl")
@@ -344,16 +381,28 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for point in args.grid:
                 for name in names:
-                    outcome = run_system(name, LONGTAIL, seed, point, args.cap_s, args.reuse)
+                    outcome = run_system(
+                        name, LONGTAIL, seed, point, args.cap_s, args.reuse, args.device
+                    )
                     grid[name].setdefault(point, []).append(outcome)
         best = {name: best_point(by_point) for name, by_point in grid.items()}
         results = {name: outcomes for name, (_, outcomes) in best.items()}
-        plot(results, "long-tail copy task, each system at its best grid point", IMG["longtail"])
+        where = f"on {gpu_name()}, float32" if gpu else "on the CPU"
+        plot(results, f"long-tail copy task {where}, each system at its best grid point", img)
         final = ratio(results[STREAMRL], results[LOOP]) if LOOP in results else math.nan
         reward_bar, exact_bar, window = LONGTAIL.target()
         lines += [
-            "### The long-tail task",
+            f"### The long-tail task {where}",
             "",
+            *(
+                [
+                    "The loop wholly on the GPU; streamrl's learner and its 2 actors' hf engines "
+                    f"on it too (`{' '.join(GPU_OVERRIDES)}`).",
+                    "",
+                ]
+                if gpu
+                else []
+            ),
             f"`{LONGTAIL.config}`: copy 1–24 digits, lengths P(n) ∝ n^-1.5 (median 2), the preset's "
             "recipe and a light warm start (100 steps at 3e-4). Target: "
             f"{window}-step means of reward ≥ {reward_bar} and exact copies ≥ {exact_bar}. "
@@ -366,18 +415,18 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *seed_table(results),
             "",
-            f"- streamrl / synchronous loop: {_fmt_ratio(final, 0.5)}",
+            f"- streamrl / synchronous loop: {_fmt_ratio(final, GOAL[args.device])}",
             *(
                 [f"- streamrl / TRL: {_fmt_ratio(ratio(results[STREAMRL], results[TRL]), 0.5)}"]
                 if TRL in results
                 else []
             ),
             "",
-            f"![reward against wall time on the long-tail task]({IMG['longtail'].relative_to('docs')})",
+            f"![reward against wall time on the long-tail task]({img.relative_to('docs')})",
             "",
         ]
     lines.append(f"All runs took {(time.monotonic() - started) / 60:.0f} min.")
-    publish(SECTION, "\n".join(lines) + "\n")
+    publish(GPU_SECTION if gpu else SECTION, "\n".join(lines) + "\n")
     print(f"RATIO {final:.3f}" if math.isfinite(final) else "RATIO nan")
     return 0
 

@@ -67,13 +67,17 @@ EXACT_PART = DEMO.exact_part
 EXACT_REWARD = 0.999
 
 
-def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def left_pad(
+    prompts: list[list[int]], pad: int, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token lists -> ids [N, P] right-aligned, and the mask of real tokens (None: one length)."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     if all(len(p) == width for p in prompts):
         return ids, None
-    mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    mask = torch.tensor(
+        [[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=device
+    )
     return ids, mask
 
 
@@ -101,7 +105,7 @@ def sample(
     extra = _masked(prompt_mask)
     logits = model(input_ids=prompt_ids, use_cache=True, **cache, **extra).logits[:, -1]
     tokens, logprobs = [], []
-    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new):
         logp = torch.log_softmax(logits.float() / temperature, -1)
         nxt = torch.multinomial(logp.exp(), 1).squeeze(-1)
@@ -158,8 +162,11 @@ def run_reference(
     echo=print,
     max_rollouts: int | None = None,
     task: Task = DEMO,
+    device: str = "cpu",
 ) -> dict:
-    """Train until the preset's target, ``max_time_s`` or ``max_rollouts``; the per-rollout curve and throughput."""
+    """Train until the preset's target, ``max_time_s`` or ``max_rollouts``; the per-rollout curve and
+    throughput. ``device``: where the whole loop runs (the warm start, sampling and learning), in
+    float32 as on the CPU."""
     from streamrl.configs import load_config
     from streamrl.weightsync.policy import load_policy, load_tokenizer
 
@@ -173,6 +180,7 @@ def run_reference(
     if carry_optimizer:
         tokenizer = build_tokenizer()
         model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+        model.to(device)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
         )
@@ -185,13 +193,13 @@ def run_reference(
         policy = task.build_policy(workdir / "policy", seed=seed)
         started = time.monotonic()
         tokenizer = load_tokenizer(policy)
-        model = load_policy(policy)
+        model = load_policy(policy).to(device=device, dtype=torch.float32)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
         )
     ref = None
     if a.kl_coef > 0:
-        ref = type(model)(model.config)
+        ref = type(model)(model.config).to(device)
         ref.load_state_dict(model.state_dict())
         ref.eval().requires_grad_(False)
     sampler = model
@@ -217,7 +225,9 @@ def run_reference(
             _, row = position(cursor, len(rows), run.seed)
             cursor += 1
             batch.append(rows[row])
-        prompts, prompt_mask = left_pad([tokenizer(b["prompt"])["input_ids"] for b in batch], pad)
+        prompts, prompt_mask = left_pad(
+            [tokenizer(b["prompt"])["input_ids"] for b in batch], pad, device
+        )
         prompts = prompts.repeat_interleave(r.group_size, 0)
         if prompt_mask is not None:
             prompt_mask = prompt_mask.repeat_interleave(r.group_size, 0)
@@ -236,6 +246,7 @@ def run_reference(
                 for c, ans in zip(completions, answers, strict=True)
             ],
             dtype=torch.float64,
+            device=device,
         )
         grouped = reward.view(lrn.groups_per_step, r.group_size)
         centred = grouped - grouped.mean(1, keepdim=True)
@@ -254,7 +265,7 @@ def run_reference(
             prox_lp = torch.where(mask.bool(), prox_lp, old_lp)
             weight = torch.exp(prox_lp - old_lp).clamp(max=a.rho_max)
         gen_s = time.monotonic() - t0
-        parts = torch.randperm(len(reward)).chunk(lrn.minibatches)
+        parts = torch.randperm(len(reward), device=device).chunk(lrn.minibatches)
         for _ in range(lrn.updates_per_batch):
             for mb in parts:
                 mb_mask = None if prompt_mask is None else prompt_mask[mb]
@@ -390,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-rollouts", type=int, default=None, help="stop after this many rollouts"
     )
+    parser.add_argument("--device", default="cpu", help="torch device of the whole loop")
     parser.add_argument("--json", help="also write the result here")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value on the task's preset")
     args = parser.parse_args(argv)
@@ -403,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             lag=args.lag,
             max_rollouts=args.max_rollouts,
             task=TASKS[args.task],
+            device=args.device,
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result))

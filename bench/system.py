@@ -384,7 +384,8 @@ def _launch_and_watch(
         *extra,
     ]
     cfg = load_config(task.config, overrides, env={})
-    sup = Supervisor(cfg, actors=actors)
+    # each run starts over: a finished run of the same name would be resumed, not measured
+    sup = Supervisor(cfg, actors=actors, overwrite=True)
     scrapes: list[Scrape] = []
     started, started_unix = time.monotonic(), time.time()
     last_scrape = started
@@ -489,12 +490,18 @@ def run_loop_outcome(
     reuse: bool = False,
     task: Task = DEMO,
     extra: list[str] | tuple[str, ...] = (),
+    device: str = "cpu",
 ) -> Outcome:
     """The reference loop or TRL on one seed at one grid point (saved like the streamrl runs);
-    ``extra``: more preset overrides (the reference loop's ``carry-optimizer`` is one of them)."""
+    ``extra``: more preset overrides (the reference loop's ``carry-optimizer`` is one of them);
+    ``device``: the reference loop's (TRL runs on the CPU)."""
+    if device != "cpu" and system != REFERENCE:
+        raise ValueError(f"{system} runs on the CPU only here, not on {device}")
     tag = "reference" if system == REFERENCE else "trl"
     if task is not DEMO:
         tag = f"{task.name}-{tag}"
+    if device != "cpu":
+        tag = f"{tag}-{device.replace(':', '')}"
     extra = list(extra)
     carry = CARRY in extra
     overrides = [*point_overrides(point), *(o for o in extra if o != CARRY)]
@@ -517,6 +524,7 @@ def run_loop_outcome(
             carry,
             echo=lambda line: None,
             task=task,
+            device=device,
         )
     else:
         from bench.trl_baseline import run_trl

@@ -106,7 +106,8 @@ def format_warm_start(
         # right padding, never a label: under causal attention no real token sees it
         width = max(len(row) for row in ids)
         input_ids = torch.tensor(
-            [row + [tokenizer.pad_token_id] * (width - len(row)) for row in ids]
+            [row + [tokenizer.pad_token_id] * (width - len(row)) for row in ids],
+            device=model.device,
         )
         labels = input_ids.clone()
         for row, plen in enumerate(prompt_lens):
