@@ -85,7 +85,11 @@ class Result:
     name: str
     status: str
     seconds: float
-    tail: str
+    output: str
+
+    @property
+    def tail(self) -> str:
+        return self.output[-TAIL_CHARS:]
 
 
 def available(check: Check) -> bool:
@@ -111,7 +115,7 @@ def run_check(check: Check, cpu: bool, timeout_s: float) -> Result:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         status = f"timeout ({timeout_s:.0f} s)"
-    return Result(check.name, status, time.monotonic() - started, (out or "")[-TAIL_CHARS:])
+    return Result(check.name, status, time.monotonic() - started, out or "")
 
 
 def run_all(checks: list[Check], cpu: bool, budget_s: float, echo=print) -> list[Result]:
@@ -124,7 +128,8 @@ def run_all(checks: list[Check], cpu: bool, budget_s: float, echo=print) -> list
             continue
         echo(f"== {check.name}: {check.what}", flush=True)
         result = run_check(check, cpu, min(check.timeout_s, left))
-        echo(result.tail, flush=True)
+        # the whole output goes to the log: a failure's cause is rarely in the summary's tail
+        echo(result.output, flush=True)
         echo(f"== {check.name}: {result.status} in {result.seconds:.0f} s", flush=True)
         results.append(result)
     return results

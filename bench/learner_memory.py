@@ -288,9 +288,16 @@ def measure_one(
     )  # fmt: skip
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
+    started = time.perf_counter()
+
+    def phase(what: str) -> None:
+        print(f"{what}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(dtype)
+    phase("model built")
     engine = build_engine(cfg.learner, model, world)
+    phase("engine built")
     # GSM8K-like rows: a 128-token prompt and a 512-token completion; 4 micro-batches per step
     prompt, completion = (128, 512) if device == "cuda" else (8, 24)
     samples = random_samples(
@@ -309,6 +316,7 @@ def measure_one(
 
     step()  # warm-up: allocator, DeepSpeed buckets, kernels
     sync()
+    phase("warm-up step done")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     steps, t0 = 0, time.perf_counter()
@@ -340,26 +348,24 @@ def measure(shape_name: str, tokens: int, seconds: float, device: str) -> list[t
     rows = []
     for label, knobs in MEASURED.items():
         job = {"shape": shape_name, "knobs": knobs, "tokens": tokens, "seconds": seconds}
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.learner_memory",
-                "--one",
-                json.dumps(job),
-                "--device",
-                device,
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        lines = done.stdout.strip().splitlines()
-        if done.returncode == 0 and lines:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.learner_memory", "--one", json.dumps(job), "--device", device],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        # the child's progress is passed on as it comes: a run its caller kills still shows where it was
+        err = []
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            err.append(line.rstrip())
+        lines = proc.stdout.read().strip().splitlines()
+        proc.wait()
+        if proc.returncode == 0 and lines:
             rows.append((label, json.loads(lines[-1])))
         else:
-            tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+            tail = err[-1:] or [f"exit code {proc.returncode}"]
             rows.append((label, {"error": tail[0][:200]}))
+        # as each row is done: a run cut short by its caller's timeout still shows what it measured
+        print(f"{label}: {json.dumps(rows[-1][1])}", flush=True)
     return rows
 
 
