@@ -1,6 +1,7 @@
 """Prompt datasets and the prompt order all actors share.
 
-Loading, through the ``datasets`` library: JSONL, JSON, Parquet, CSV and Arrow files,
+Loading, through the ``datasets`` library (a local JSONL file is parsed with ``json``, which
+is cheaper to start): JSON, Parquet, CSV and Arrow files,
 saved dataset folders (``save_to_disk``), local dataset repositories, and hub datasets
 (``data.path`` = ``org/name``, with ``data.config`` and ``data.split``; the repository is
 fetched into the hub cache with ``snapshot_download`` and read with ``load_dataset``, so
@@ -76,6 +77,8 @@ def _looks_local(path: Path) -> bool:
 
 
 def _load_table(path: Path, split: str, config: str | None = None):
+    if path.suffix.lower() == ".jsonl" and path.is_file():
+        return _Rows(_check_json_lines(path))
     import datasets
 
     datasets.disable_progress_bars()
@@ -141,14 +144,16 @@ def _load_repo(folder: str, config: str | None, split: str, shown: str):
         ) from None
 
 
-def _check_json_lines(path: Path) -> None:
-    """Name the first bad line of a JSONL file (datasets' own error does not)."""
+def _check_json_lines(path: Path) -> list[dict] | None:
+    """Name the first bad line of a JSONL file (datasets' own error does not); its rows, or None
+    for a ``.json`` file (``load_dataset`` reads those: a list, or a dict of columns, or more)."""
     if path.suffix.lower() != ".jsonl":
         try:
             json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             raise PromptDataError(f"{path}: not valid JSON: {exc}") from None
-        return
+        return None
+    rows = []
     with open(path) as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -161,6 +166,29 @@ def _check_json_lines(path: Path) -> None:
                 raise PromptDataError(
                     f"{path}: row {number}: expected a JSON object, got {type(row).__name__}"
                 )
+            rows.append(row)
+    return rows
+
+
+class _Rows:
+    """A JSONL file's rows as the table ``PromptDataset`` reads, parsed once by
+    ``_check_json_lines``. ``datasets`` is not imported for it: with pandas and pyarrow that is
+    ~0.6 CPU-s in every actor at start-up (docs/startup.md). As ``load_dataset("json")`` gives
+    them: the columns in first-seen order, None where a row lacks one."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.column_names = list(dict.fromkeys(key for row in rows for key in row))
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self._rows[index]
+        return {column: row.get(column) for column in self.column_names}
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
 
 def _pick_columns(
