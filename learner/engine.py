@@ -55,6 +55,49 @@ def skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def defer_muon_compile() -> None:
+    """Import DeepSpeed's Muon module with its ``torch.compile`` deferred to each function's first call.
+
+    ``deepspeed.initialize`` and ZeRO-2's gradient reduction import it whatever the optimizer, and
+    its functions are decorated with ``torch.compile`` at import: ~1.1 CPU-s of TorchDynamo set-up
+    at every learner start (docs/startup.md), for code an AdamW learner never calls. The module
+    cannot be left out (the reduction imports it with no fallback), so it is imported here once,
+    each function compiled when first called, as it would have been. A DeepSpeed without the
+    module is left alone.
+    """
+    import functools
+    import importlib
+    import importlib.util
+    import sys
+
+    name = "deepspeed.runtime.zero.muon.original_muon"
+    if name in sys.modules or importlib.util.find_spec("deepspeed.runtime.zero.muon") is None:
+        return
+    from deepspeed.runtime import compiler
+
+    def deferred(*args, **kwargs):
+        def wrap(fn):
+            compiled = None
+
+            @functools.wraps(fn)
+            def call(*a, **k):
+                nonlocal compiled
+                if compiled is None:
+                    compiled = torch.compile(fn, *args, **kwargs)
+                return compiled(*a, **k)
+
+            return call
+
+        return wrap
+
+    eager = compiler.compile
+    compiler.compile = deferred
+    try:
+        importlib.import_module(name)
+    finally:
+        compiler.compile = eager
+
+
 @contextlib.contextmanager
 def _gloo_on_loopback():
     """GLOO_SOCKET_IFNAME=lo while the default group is made (a value the user set is kept),
@@ -169,6 +212,7 @@ def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
     (a LoRA policy's adapters: ZeRO-2 partitions only those) and a linear warmup; returns the engine."""
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
+    defer_muon_compile()
     import deepspeed
 
     bf16 = next(model.parameters()).dtype == torch.bfloat16

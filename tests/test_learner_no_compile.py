@@ -50,3 +50,39 @@ def test_learner_process_starts_and_trains_without_building_a_torch_extension(
     assert "built successfully" not in out
     # it trained, so every start-up path ran
     assert "step     1" in out
+
+
+DEFERRED = """
+import torch
+calls = []
+real = torch.compile
+torch.compile = lambda *a, **k: calls.append(a) or real(*a, **k)
+from deepspeed.runtime import compiler
+eager = compiler.compile
+from streamrl.learner.engine import defer_muon_compile
+defer_muon_compile()
+import deepspeed.runtime.zero.muon.original_muon as muon
+assert calls == [], calls
+assert compiler.compile is eager
+fn = muon.zeropower_via_newtonschulz5
+assert fn.__wrapped__.__module__ == muon.__name__ and not hasattr(fn.__wrapped__, "__wrapped__")
+g = torch.randn(6, 4, dtype=torch.float64)
+fn(g, 1)
+assert len(calls) == 1 and calls[0][0] is fn.__wrapped__, calls
+fn(g, 1)
+assert len(calls) == 1, calls
+print("ok")
+"""
+
+
+def test_deepspeeds_muon_functions_are_compiled_at_their_first_call_not_at_import():
+    # ~1.1 CPU-s of TorchDynamo set-up per learner start otherwise (docs/startup.md)
+    done = subprocess.run(
+        [sys.executable, "-c", DEFERRED],
+        env=dict(_env(), TORCHDYNAMO_DISABLE="1"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
