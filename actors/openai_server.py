@@ -95,6 +95,19 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def max_positions(engine: Engine, model_path: str) -> int:
+    """The longest sequence the engine takes: a longer one is the caller's 400, never an engine
+    error (which ends the actor). The hf engine knows it; else the model's config says it."""
+    known = getattr(engine, "max_positions", None)
+    if known:
+        return known
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None) or (
+        1 << 30
+    )
+
+
 def error(status: int, message: str, code: str, headers: dict | None = None) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return web.json_response(
@@ -171,9 +184,11 @@ class AgentServer:
         self.admit, self.publish, self.release = admit, publish, release
         self.model_name = cfg.model.path
         self.token = load_token(self.agent.token_file, cfg.run.dir, actor_id)
-        max_positions = getattr(engine, "max_positions", None) or 1 << 30
         self.recorder = Recorder(
-            tokenizer, cfg.rollout.group_size, self.agent.max_total_tokens, max_positions
+            tokenizer,
+            cfg.rollout.group_size,
+            self.agent.max_total_tokens,
+            max_positions(engine, cfg.model.path),
         )
         self.batcher = Batcher(engine, should_abort)
         self.in_flight = 0

@@ -170,7 +170,7 @@ def _agent(client: openai.OpenAI, task: dict) -> list:
     first = _call(client, messages)
     attempt = first.choices[0].message.content
     messages += [
-        {"role": "assistant", "content": attempt},
+        first.choices[0].message.model_dump(exclude_none=True),
         {"role": "user", "content": hint(task["answer"], attempt)},
     ]
     second = _call(client, messages)
@@ -278,6 +278,7 @@ def test_a_diverged_conversation_is_refused_and_the_trajectory_kept(actor):
 
 
 def test_callers_without_the_token_are_refused(actor):
+    assert actor.base_url.startswith("http://127.0.0.1:")
     for key in (None, "", "wrong-token-of-some-length", actor.token[:-1]):
         status, answer = post(f"{actor.base_url}/groups", {}, key)
         assert status == 401 and answer["error"]["code"] == "invalid_api_key"
