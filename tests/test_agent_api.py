@@ -22,9 +22,11 @@ import pytest
 import redis
 import yaml
 
+from streamrl.actors.openai_server import load_token
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
+from streamrl.configs.errors import ConfigError
 from streamrl.examples.multiturn import build_policy, hint
 from streamrl.learner.batching import collate, samples_from_group
 from streamrl.weightsync.policy import load_tokenizer
@@ -321,3 +323,20 @@ def test_malformed_requests_get_4xx_and_the_actor_keeps_serving(actor):
         if tr["id"] != t["id"]:
             assert actor.post(f"{tr['base_url']}/chat/completions", good)[0] == 200
         actor.reward(tr, 0.0)
+
+
+def test_a_generated_token_is_owner_only_and_a_shared_token_file_is_refused(tmp_path):
+    token = load_token(None, str(tmp_path), "a0")
+    written = tmp_path / "agent" / "a0.token"
+    assert written.read_text().strip() == token and len(token) >= 32
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert load_token(None, str(tmp_path), "a0") != token
+    mine = tmp_path / "mine.token"
+    mine.write_text("a-configured-token-0123456789\n")
+    mine.chmod(0o600)
+    assert load_token(str(mine), str(tmp_path), "a0") == "a-configured-token-0123456789"
+    mine.chmod(0o640)
+    with pytest.raises(ConfigError, match="readable by others"):
+        load_token(str(mine), str(tmp_path), "a0")
+    with pytest.raises(ConfigError, match="agent.token_file"):
+        load_token(str(tmp_path / "missing"), str(tmp_path), "a0")
