@@ -135,7 +135,8 @@ class Batcher:
             try:
                 first = await asyncio.wait_for(self.queue.get(), IDLE_S)
             except asyncio.TimeoutError:
-                self.engine.maybe_swap_weights()
+                # a swap copies the weights: off the event loop, which serves the other calls
+                await asyncio.to_thread(self.engine.maybe_swap_weights)
                 continue
             waiting = [first]
             while not self.queue.empty():

@@ -5,6 +5,7 @@ callers without the token, diverged conversations and malformed requests, and ke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -107,7 +108,13 @@ def policy(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def actor(redis_server, policy, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("agent-run")
+    with serving(redis_server.url, policy, tmp_path_factory.mktemp("agent-run"), "hf") as a:
+        yield a
+
+
+@contextlib.contextmanager
+def serving(redis_url: str, policy: Path, tmp: Path, engine: str):
+    """An actor process with ``engine`` serving the API; stopped (and checked) afterwards."""
     data = tmp / "train.jsonl"
     data.write_text(
         "".join(json.dumps({"prompt": f"{n}>", "answer": n[::-1]}) + "\n" for n in ROWS)
@@ -115,7 +122,7 @@ def actor(redis_server, policy, tmp_path_factory):
     run_name = f"agent-{uuid.uuid4().hex[:8]}"
     config = {
         "run": {"name": run_name, "dir": str(tmp / "run")},
-        "broker": {"redis_url": redis_server.url},
+        "broker": {"redis_url": redis_url},
         "model": {"path": str(policy)},
         "data": {"path": str(data)},
         "rollout": {"group_size": GROUP, "max_new_tokens": MAX_NEW},
@@ -125,7 +132,7 @@ def actor(redis_server, policy, tmp_path_factory):
             ]
         },
         "agent": {"enabled": True, "max_total_tokens": 40, "max_body_bytes": 4096},
-        "actor": {"batch_slots": 4},
+        "actor": {"batch_slots": 4, "engine": engine},
         "learner": {"groups_per_step": 16},
         "algo": {"max_staleness": 0},
         "weightsync": {"transport": "none"},
@@ -143,7 +150,7 @@ def actor(redis_server, policy, tmp_path_factory):
             stderr=subprocess.STDOUT,
         )
     try:
-        a = Actor(proc, tmp / "run", redis_server.url, run_name, log)
+        a = Actor(proc, tmp / "run", redis_url, run_name, log)
         yield a
         assert proc.poll() is None, log.read_text()[-3000:]
         # the token never reaches the log
