@@ -269,8 +269,9 @@ class AgentServer:
     async def _body(self, request: web.Request) -> dict:
         try:
             body = await request.json()
-        except json.JSONDecodeError as exc:
-            raise BadCall(f"the body is not JSON: {exc}") from None
+        # not UTF-8, not JSON, or nested past the parser's recursion limit
+        except (ValueError, RecursionError) as exc:
+            raise BadCall(f"the body is not JSON: {type(exc).__name__}") from None
         if not isinstance(body, dict):
             raise BadCall("the body must be a JSON object")
         return body

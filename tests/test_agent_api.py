@@ -305,6 +305,8 @@ def test_malformed_requests_get_4xx_and_the_actor_keeps_serving(actor):
     good = {"model": "p", "messages": group["task"]["messages"]}
     bad = [
         (b"{not json", 400),
+        (b"\xff\xfe{}", 400),
+        (b"[" * 4000, 400),
         (json.dumps({"model": "p"}).encode(), 400),
         (json.dumps([1, 2]).encode(), 400),
         (json.dumps({**good, "temperature": 0.3}).encode(), 400),
