@@ -113,8 +113,9 @@ def actor(redis_server, policy, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serving(redis_url: str, policy: Path, tmp: Path, engine: str):
-    """An actor process with ``engine`` serving the API; stopped (and checked) afterwards."""
+def serving(redis_url: str, policy: Path, tmp: Path, engine: str, **sections: dict):
+    """An actor process with ``engine`` serving the API (``sections``: config keys that differ
+    from this module's); stopped (and checked) afterwards."""
     data = tmp / "train.jsonl"
     data.write_text(
         "".join(json.dumps({"prompt": f"{n}>", "answer": n[::-1]}) + "\n" for n in ROWS)
@@ -137,6 +138,8 @@ def serving(redis_url: str, policy: Path, tmp: Path, engine: str):
         "algo": {"max_staleness": 0},
         "weightsync": {"transport": "none"},
     }
+    for section, keys in sections.items():
+        config[section].update(keys)
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     log = tmp / "actor.log"
@@ -349,3 +352,25 @@ def test_a_generated_token_is_owner_only_and_a_shared_token_file_is_refused(tmp_
         load_token(str(mine), str(tmp_path), "a0")
     with pytest.raises(ConfigError, match="agent.token_file"):
         load_token(str(tmp_path / "missing"), str(tmp_path), "a0")
+
+
+def test_an_abandoned_group_is_dropped_and_its_admission_slot_freed(redis_server, policy, tmp_path):
+    # one group in flight at most: a second is refused until the first is dropped
+    with serving(
+        redis_server.url,
+        policy,
+        tmp_path,
+        "hf",
+        agent={"group_timeout_s": 1.0},
+        learner={"groups_per_step": 1},
+    ) as a:
+        group = a.open_group()
+        assert a.post(f"{a.base_url}/groups", {})[0] == 503
+        good = {"model": "p", "messages": group["task"]["messages"]}
+        url = f"{group['trajectories'][0]['base_url']}/chat/completions"
+        deadline = time.monotonic() + 120
+        while a.post(url, good)[0] != 404:
+            assert time.monotonic() < deadline, "the abandoned group was never dropped"
+            time.sleep(0.2)
+        assert "not closed within agent.group_timeout_s" in a.log.read_text()
+        assert a.open_group()["group_id"] != group["group_id"]
