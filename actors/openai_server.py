@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from aiohttp import web
 
 from streamrl.actors.agent_recorder import (
@@ -115,6 +116,11 @@ def error(status: int, message: str, code: str, headers: dict | None = None) -> 
     )
 
 
+def _aborted() -> Output:
+    empty = np.zeros(0, np.int32)
+    return Output("", empty, np.zeros(0, np.float32), empty, "abort")
+
+
 class Batcher:
     """Every call's generation goes through here: calls waiting together are batched into one
     ``engine.generate`` per distinct sampling setting, one batch at a time (the engine is not
@@ -126,12 +132,16 @@ class Batcher:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Output:
+        if self.should_abort():
+            # the batcher has ended or is ending: nothing would answer
+            return _aborted()
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put((input_ids, params, future))
+        self.queue.put_nowait((input_ids, params, future))
         return await future
 
     async def run(self) -> None:
-        while True:
+        """Until ``should_abort``: then the calls still waiting are answered with an abort."""
+        while not self.should_abort():
             try:
                 first = await asyncio.wait_for(self.queue.get(), IDLE_S)
             except asyncio.TimeoutError:
@@ -159,6 +169,9 @@ class Batcher:
                 for (_, _, future), output in zip(items, outputs, strict=True):
                     if not future.done():
                         future.set_result(output)
+        while not self.queue.empty():
+            _, _, future = self.queue.get_nowait()
+            future.set_result(_aborted())
 
 
 class AgentServer:
@@ -232,9 +245,14 @@ class AgentServer:
         return self.base_url
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Stop serving. Once the actor is stopping the batcher finishes its batch (the engine
+        aborts it) and answers what waits; otherwise (an error elsewhere) it is cancelled."""
+        batcher, sweeper = self._tasks or (None, None)
+        if sweeper is not None:
+            sweeper.cancel()
+            if not self.batcher.should_abort():
+                batcher.cancel()
+            await asyncio.gather(batcher, sweeper, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
 
