@@ -14,7 +14,9 @@ stays 0 and the actor stops at the admission bound, which is the intended
 behaviour. With ``actor.refill`` (hf engine) one generation keeps its decode batch
 full: a freed slot takes the next admitted group's prompt, and each group is scored
 and published as soon as its G completions are done, so no slot waits for the
-longest completion of a batch. SIGTERM aborts the groups in flight (their leases are released, not
+longest completion of a batch. With ``agent.enabled`` the actor runs no rollouts of its own: it
+serves the OpenAI API to agent programs (``openai_server``) and publishes the groups their calls
+recorded. SIGTERM aborts the groups in flight (their leases are released, not
 published) and deregisters; a SIGKILLed actor's leases and heartbeat expire.
 """
 
@@ -509,12 +511,18 @@ class Actor:
                 asyncio.to_thread(self.rewards.score, samples) if samples else _nothing(),
                 self._score_reference([pending]),
             )
-            by_id = dict(zip((t.id for t in unscored), scored or [], strict=True))
+            by_id = dict(zip((t.id for t in unscored), scored, strict=True))
             scores = [
                 by_id[t.id] if t.reward is None else Score(t.reward, {"agent": t.reward})
                 for t in group.trajectories
             ]
-            await self._publish([pending], scores)
+            try:
+                await self._publish([pending], scores)
+            # the actor serves on (unlike its own loop, which ends): the lease must not leak
+            except Exception:
+                log.exception("agent group %s not published", group.id)
+                await self._release(pending.lease_id)
+                return False
         return True
 
     def _with_env(self, t: Trajectory, score: Score) -> Score:
