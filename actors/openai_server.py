@@ -349,13 +349,13 @@ class AgentServer:
         self.in_flight += 1
         t = None
         try:
+            body = await self._body(request)
             try:
                 t = self.recorder.get(request.match_info["tid"])
             except KeyError:
                 return error(404, "no such open trajectory", "trajectory_not_found")
             # busy from here: a second call of this trajectory waits for none of this one's awaits
             t.busy = True
-            body = await self._body(request)
             params, max_tokens = self._sampling(body)
             if chat:
                 plan = self.recorder.chat(t, body.get("messages"), body.get("tools"), max_tokens)

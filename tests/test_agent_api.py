@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -354,23 +355,57 @@ def test_a_generated_token_is_owner_only_and_a_shared_token_file_is_refused(tmp_
         load_token(str(tmp_path / "missing"), str(tmp_path), "a0")
 
 
-def test_an_abandoned_group_is_dropped_and_its_admission_slot_freed(redis_server, policy, tmp_path):
-    # one group in flight at most: a second is refused until the first is dropped
+@pytest.fixture(scope="module")
+def limited(redis_server, policy, tmp_path_factory):
+    """An actor with one group in flight at most, a 1 s group timeout and one call at a time."""
     with serving(
         redis_server.url,
         policy,
-        tmp_path,
+        tmp_path_factory.mktemp("agent-limited"),
         "hf",
-        agent={"group_timeout_s": 1.0},
+        agent={"group_timeout_s": 1.0, "max_concurrent_requests": 1},
         learner={"groups_per_step": 1},
     ) as a:
-        group = a.open_group()
-        assert a.post(f"{a.base_url}/groups", {})[0] == 503
-        good = {"model": "p", "messages": group["task"]["messages"]}
-        url = f"{group['trajectories'][0]['base_url']}/chat/completions"
-        deadline = time.monotonic() + 120
-        while a.post(url, good)[0] != 404:
-            assert time.monotonic() < deadline, "the abandoned group was never dropped"
-            time.sleep(0.2)
-        assert "not closed within agent.group_timeout_s" in a.log.read_text()
-        assert a.open_group()["group_id"] != group["group_id"]
+        yield a
+
+
+def test_an_abandoned_group_is_dropped_and_its_admission_slot_freed(limited):
+    a = limited
+    group = a.open_group()
+    assert a.post(f"{a.base_url}/groups", {})[0] == 503
+    good = {"model": "p", "messages": group["task"]["messages"]}
+    url = f"{group['trajectories'][0]['base_url']}/chat/completions"
+    deadline = time.monotonic() + 120
+    while a.post(url, good)[0] != 404:
+        assert time.monotonic() < deadline, "the abandoned group was never dropped"
+        time.sleep(0.2)
+    assert "not closed within agent.group_timeout_s" in a.log.read_text()
+    assert a.open_group()["group_id"] != group["group_id"]
+
+
+def test_calls_past_the_concurrency_limit_get_429(limited):
+    a = limited
+    host, port = a.base_url.removeprefix("http://").split("/")[0].split(":")
+    url = f"{a.base_url}/trajectories/none/chat/completions"
+    # a call that holds its slot: its body arrives only when the test sends the rest
+    held = socket.create_connection((host, int(port)))
+    body = json.dumps({"model": "p", "messages": [{"role": "user", "content": "1>"}]}).encode()
+    held.sendall(
+        b"POST /v1/trajectories/none/chat/completions HTTP/1.1\r\n"
+        + f"Host: {host}\r\nAuthorization: Bearer {a.token}\r\n".encode()
+        + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body[:5]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (status := a.post(url, {"model": "p"}))[0] != 429:
+            # until the held call has reached the server, this one is served (and not found)
+            assert status[0] == 404, status
+            assert time.monotonic() < deadline, "the held call never took its slot"
+            time.sleep(0.05)
+        assert status[1]["error"]["code"] == "too_many_requests"
+        held.sendall(body[5:])
+        assert held.recv(4096).startswith(b"HTTP/1.1 404")
+    finally:
+        held.close()
+    assert a.post(url, {"model": "p"})[0] == 404
