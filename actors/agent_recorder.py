@@ -194,10 +194,18 @@ def assistant_message(tokenizer, output: Output, tools: list | None) -> dict:
 class Recorder:
     """The open groups and trajectories of one actor, and the token bookkeeping of their calls."""
 
-    def __init__(self, tokenizer, group_size: int, max_total_tokens: int, max_positions: int):
+    def __init__(
+        self,
+        tokenizer,
+        group_size: int,
+        max_total_tokens: int,
+        max_positions: int,
+        max_prompt_tokens: int,
+    ) -> None:
         self.tokenizer = tokenizer
         self.group_size = group_size
         self.max_total_tokens = max_total_tokens
+        self.max_prompt_tokens = max_prompt_tokens
         self.max_positions = max_positions
         self.vocab = len(tokenizer)
         self.groups: dict[str, AgentGroup] = {}
@@ -304,6 +312,11 @@ class Recorder:
         if prompt is not None:
             if not prompt:
                 raise BadCall("the prompt renders to no tokens")
+            # the learner refuses longer ones (broker.semantics)
+            if len(prompt) > self.max_prompt_tokens:
+                raise BadCall(
+                    f"the first prompt is {len(prompt)} tokens, over rollout.max_prompt_tokens={self.max_prompt_tokens}"
+                )
             so_far, prompt_len, used = prompt, len(prompt), 0
         else:
             so_far = t.record.prompt + t.record.tokens + added
@@ -360,11 +373,12 @@ class Recorder:
             t.record.end = "done"
 
 
-def group_outputs(group: AgentGroup) -> tuple[list[int], list[Output]]:
+def group_outputs(group: AgentGroup, max_total_tokens: int) -> tuple[list[int], list[Output]]:
     """The group's prompt (the longest common prefix of its trajectories' first prompts) and each
     trajectory after it as an engine ``Output`` with its loss mask: a trajectory whose first
     prompt is longer than the group's carries the rest as tokens of mask 0. ValueError if a
-    trajectory made no call or the prompts share no token."""
+    trajectory made no call, the prompts share no token, or that rest makes a trajectory longer
+    than ``max_total_tokens`` (the learner's bound)."""
     records = [t.record for t in group.trajectories]
     if any(r is None for r in records):
         raise ValueError("a trajectory of the group made no call")
@@ -394,6 +408,11 @@ def group_outputs(group: AgentGroup) -> tuple[list[int], list[Output]]:
                         [np.zeros(len(rest), np.uint8), out.meta["loss_mask"]]
                     ),
                 },
+            )
+        if len(out.token_ids) > max_total_tokens:
+            raise ValueError(
+                f"trajectory {j}: {len(rest)} tokens of its first prompt beyond the group's "
+                f"make it longer than agent.max_total_tokens={max_total_tokens}"
             )
         outputs.append(out)
     return common, outputs

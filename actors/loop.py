@@ -490,7 +490,9 @@ class Actor:
         recorded conversation) and publish it; False, and its lease released, if it cannot be."""
         pending = group.pending
         try:
-            prompt_ids, pending.outputs = agent_recorder.group_outputs(group)
+            prompt_ids, pending.outputs = agent_recorder.group_outputs(
+                group, self.cfg.agent.max_total_tokens
+            )
         except ValueError as exc:
             log.warning("agent group %s dropped: %s", group.id, exc)
             await self._release(pending.lease_id)

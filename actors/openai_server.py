@@ -203,6 +203,7 @@ class AgentServer:
             cfg.rollout.group_size,
             self.agent.max_total_tokens,
             max_positions(engine, cfg.model.path),
+            cfg.rollout.max_prompt_tokens,
         )
         self.batcher = Batcher(engine, should_abort)
         self.in_flight = 0

@@ -459,7 +459,7 @@ class AgentConfig(Section):
     max_total_tokens: int = Field(
         4096,
         ge=1,
-        description="Tokens of one trajectory after its prompt (the model's and the agent's messages together); a call may generate at most what is left, and a call with nothing left gets 400.",
+        description="Tokens of one trajectory after its prompt (the model's and the agent's messages together); a call may generate at most what is left, and a call with nothing left gets 400. The learner's bound on a completion in agent mode (in place of rollout.max_new_tokens, which bounds one call).",
     )
     group_timeout_s: float = Field(
         600.0,

@@ -26,6 +26,7 @@ import yaml
 
 from streamrl.actors.openai_server import load_token
 from streamrl.broker.keys import Keys
+from streamrl.broker.semantics import Limits
 from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
 from streamrl.configs.errors import ConfigError
@@ -409,3 +410,12 @@ def test_calls_past_the_concurrency_limit_get_429(limited):
     finally:
         held.close()
     assert a.post(url, {"model": "p"})[0] == 404
+
+
+def test_the_learner_bounds_an_agent_trajectory_by_agent_max_total_tokens():
+    agent = Config.model_validate(
+        {"rollout": {"max_new_tokens": 4}, "agent": {"enabled": True, "max_total_tokens": 40}}
+    )
+    limits = Limits.from_config(agent)
+    assert limits.max_completion_tokens == 40
+    assert limits.completion_key == "agent.max_total_tokens"
