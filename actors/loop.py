@@ -14,7 +14,9 @@ stays 0 and the actor stops at the admission bound, which is the intended
 behaviour. With ``actor.refill`` (hf engine) one generation keeps its decode batch
 full: a freed slot takes the next admitted group's prompt, and each group is scored
 and published as soon as its G completions are done, so no slot waits for the
-longest completion of a batch. SIGTERM aborts the groups in flight (their leases are released, not
+longest completion of a batch. With ``agent.enabled`` the actor runs no rollouts of its own: it
+serves the OpenAI API to agent programs (``openai_server``) and publishes the groups their calls
+recorded. SIGTERM aborts the groups in flight (their leases are released, not
 published) and deregisters; a SIGKILLed actor's leases and heartbeat expire.
 """
 
@@ -28,16 +30,17 @@ import threading
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from streamrl.actors import environment, inputs, metrics
+from streamrl.actors import agent_recorder, environment, inputs, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.actors.engines.vllm import VLLMEngine
 from streamrl.actors.evaluation import Evaluator
+from streamrl.actors.openai_server import AgentServer
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.reference import ReferenceScorer
 from streamrl.actors.rewards import RewardInput, RewardPool, Score, failure_meta
@@ -265,6 +268,8 @@ class Actor:
     async def run(self) -> None:
         beat = asyncio.create_task(self._heartbeat())
         try:
+            if self.cfg.agent.enabled:
+                await self._serve_agents()
             while not self.stop.is_set():
                 batch = await self._admit()
                 if not batch:
@@ -454,6 +459,74 @@ class Actor:
             started, [self._with_env(t, s) for t, s in zip(every, scores, strict=True)]
         )
 
+    async def _serve_agents(self) -> None:
+        """Serve the OpenAI API (``agent.enabled``) until stopped: agents open groups, their calls
+        are generated and recorded, and each closed group is scored and published."""
+        server = AgentServer(
+            self.cfg,
+            self.actor_id,
+            self.tokenizer,
+            self.engine,
+            self.params,
+            self._admit_now,
+            self._publish_agent_group,
+            self._release,
+            self.stop.is_set,
+        )
+        await server.start()
+        try:
+            while not self.stop.is_set() and server.failed() is None:
+                metrics.VERSION_LAG.set(
+                    max(0, await self.admission.version() - self.engine.version)
+                )
+                await asyncio.sleep(POLL_S)
+            if server.failed() is not None:
+                raise server.failed()
+        finally:
+            await server.close()
+
+    async def _publish_agent_group(self, group: agent_recorder.AgentGroup) -> bool:
+        """Score a group the agents closed (their reported rewards, or the reward functions on the
+        recorded conversation) and publish it; False, and its lease released, if it cannot be."""
+        pending = group.pending
+        try:
+            prompt_ids, pending.outputs = agent_recorder.group_outputs(
+                group, self.cfg.agent.max_total_tokens
+            )
+        except ValueError as exc:
+            log.warning("agent group %s dropped: %s", group.id, exc)
+            await self._release(pending.lease_id)
+            return False
+        pending.prompt = replace(pending.prompt, token_ids=prompt_ids)
+        unscored = [t for t in group.trajectories if t.reward is None]
+        samples = [
+            RewardInput(
+                agent_recorder.Recorder.conversation(t, pending.prompt.messages),
+                pending.prompt.answer,
+                pending.prompt.columns,
+                self.dataset.format == "messages" or t.kind == "chat",
+            )
+            for t in unscored
+        ]
+        async with self.publishing:
+            scored, _ = await asyncio.gather(
+                asyncio.to_thread(self.rewards.score, samples) if samples else _nothing(),
+                self._score_reference([pending]),
+            )
+            by_id = dict(zip((t.id for t in unscored), scored, strict=True))
+            scores = [
+                by_id[t.id] if t.reward is None else Score(t.reward, {"agent": t.reward})
+                for t in group.trajectories
+            ]
+            try:
+                await self._publish([pending], scores)
+            # the actor serves on (unlike its own loop, which ends): the lease must not leak
+            except Exception:
+                log.exception("agent group %s not published", group.id)
+                await self._release(pending.lease_id)
+                return False
+        return True
+
     def _with_env(self, t: Trajectory, score: Score) -> Score:
         """A trajectory's score: its environment's rewards added (part ``env``), or
         ``env.truncated_reward`` in place of both when it was truncated."""
@@ -550,6 +623,10 @@ class Actor:
         if self.publish_log is not None:
             self.publish_log.close()
         await self.redis.aclose()
+
+
+async def _nothing() -> list:
+    return []
 
 
 def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:

@@ -26,21 +26,27 @@ class Limits:
     max_abs_reward: float
     # algo.reference_on: actors with a KL term: every completion carries reference log-probs
     needs_ref_logprobs: bool = False
-    # the knob max_completion_tokens comes from: a multi-turn trajectory's limit is env.max_total_tokens
+    # the knob max_completion_tokens comes from: a multi-turn trajectory's limit is
+    # env.max_total_tokens, an agent's agent.max_total_tokens
     completion_key: str = "rollout.max_new_tokens"
 
     @classmethod
     def from_config(cls, cfg: Config) -> Limits:
-        multiturn = cfg.env.name is not None
+        key = (
+            "agent.max_total_tokens"
+            if cfg.agent.enabled
+            else "env.max_total_tokens"
+            if cfg.env.name is not None
+            else "rollout.max_new_tokens"
+        )
+        section, name = key.split(".")
         return cls(
             group_size=cfg.rollout.group_size,
-            max_completion_tokens=cfg.env.max_total_tokens
-            if multiturn
-            else cfg.rollout.max_new_tokens,
+            max_completion_tokens=getattr(getattr(cfg, section), name),
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             max_abs_reward=cfg.broker.max_abs_reward,
             needs_ref_logprobs=cfg.algo.actors_score_reference,
-            completion_key="env.max_total_tokens" if multiturn else "rollout.max_new_tokens",
+            completion_key=key,
         )
 
 

@@ -424,6 +424,50 @@ class EnvConfig(Section):
     )
 
 
+class AgentConfig(Section):
+    """Agents written against the OpenAI API (docs/multiturn.md#agents-on-the-openai-api): the actor
+    serves `/v1/.../chat/completions` and `/v1/.../completions` from its engine instead of running
+    its own rollouts, records every call token in, token out, and publishes a group once the agent
+    has closed its G trajectories."""
+
+    enabled: bool = Field(
+        False,
+        description="Serve the OpenAI API to agent programs instead of the actor's own prompt -> completion (or `env.name`) loop.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        description="Bind address of the API (loopback unless you expose it on purpose: every caller with the token can spend the actor's engine).",
+    )
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the API (0 = a free one). The actor writes its base URL to <run.dir>/agent/<actor id>.url.",
+    )
+    token_file: str | None = Field(
+        None,
+        description="File holding the bearer token agents must send (`Authorization: Bearer ...`, the openai client's api_key); refused if group- or world-accessible. None = a fresh random token per actor start, written to <run.dir>/agent/<actor id>.token (mode 0600). The token never appears in argv or logs.",
+    )
+    max_body_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest request body; larger ones get 413."
+    )
+    max_concurrent_requests: int = Field(
+        64,
+        ge=1,
+        description="Completion requests in flight at once (they are batched into the engine); more get 429.",
+    )
+    max_total_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Tokens of one trajectory after its prompt (the model's and the agent's messages together); a call may generate at most what is left, and a call with nothing left gets 400. The learner's bound on a completion in agent mode (in place of rollout.max_new_tokens, which bounds one call).",
+    )
+    group_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A group whose G trajectories are not all closed this long after it was opened is dropped and its admission lease released.",
+    )
+
+
 class ActorConfig(Section):
     """Actor processes and their generation engine."""
 
@@ -716,6 +760,7 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
@@ -764,6 +809,14 @@ class Config(Section):
                     f"share GPU(s) {shared}: "
                     'give them disjoint GPUs, or actor.gpus="share" to put the actors on the learner\'s GPU'
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _one_rollout_source(self) -> Config:
+        if self.agent.enabled and self.env.name:
+            raise ValueError(
+                f"agent.enabled and env.name={self.env.name!r}: an actor either serves agents or runs an environment, not both"
+            )
         return self
 
     @model_validator(mode="after")
