@@ -214,3 +214,27 @@ def test_a_swap_makes_the_next_turn_reprefill_under_the_new_weights(demo_policy,
         )
     if poll:
         assert straddled, "no trajectory's turn 2 outlived two tokens"
+
+
+def test_an_aborted_rollout_drops_its_kept_caches(demo_policy, tokenizer):
+    engine = _engine(demo_policy, tokenizer)
+    rollouts = Rollouts(
+        EnvConfig(name="unused:name", max_turns=4, max_total_tokens=40),
+        Feedback,
+        Renderer(tokenizer),
+        lambda output: assistant_turn(tokenizer, output),
+    )
+    group = rollouts.start_group(ROW, 3)
+    params = SamplingParams(max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
+    kept = []
+
+    def stop_in_turn_2() -> bool:
+        # the first poll of turn 2 comes before its prefill takes the caches turn 1 kept
+        if len(engine.lengths) < 2:
+            return False
+        kept.append(len(engine.sessions))
+        return True
+
+    assert not rollouts.run(engine, group, params, stop_in_turn_2)
+    # turn 1 ended with every trajectory's cache kept; none is left after the abort
+    assert kept == [3] and len(engine.sessions) == 0
