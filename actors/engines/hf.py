@@ -35,7 +35,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -114,7 +114,7 @@ class HFEngine(Engine):
         self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
 
-    def end_sessions(self, sessions) -> None:
+    def end_sessions(self, sessions: Iterable[str]) -> None:
         self.sessions.drop(sessions)
 
     # -- generation ----------------------------------------------------------------------------
