@@ -73,7 +73,7 @@ SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_sys
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
 # failure instead of a skip.
-VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_actors_vllm_lora.py tests/test_system_vllm_hf.py tests/test_agent_api_vllm.py
+VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_actors_vllm_lora.py tests/test_actors_vllm_multiturn.py tests/test_system_vllm_hf.py tests/test_agent_api_vllm.py
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 
 # All other tests run first, on TEST_WORKERS pytest-xdist workers, each test module on one worker

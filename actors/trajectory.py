@@ -7,9 +7,11 @@ tokens. Model tokens are never decoded and re-encoded; the text the environment 
 rewards see is decoded from them, but the training sequence is the token list itself. The loss
 mask is 1 at the model's tokens and 0 at the environment's.
 
-Each turn asks the engine to continue from the whole token sequence so far (the hf engine
-re-prefills it: see docs/multiturn.md); the engine tags every token with the version that
-sampled it, so a weight swap between turns is tagged per token as inside a turn.
+Each turn asks the engine to continue from the whole token sequence so far, as a request of
+the trajectory's session: the hf engine continues from the KV cache it kept for the session,
+vLLM finds the sequence in its prefix cache (docs/multiturn.md). A session ends with its
+trajectory. The engine tags every token with the version that sampled it, so a weight swap
+between turns is tagged per token as inside a turn.
 
 Rendering an observation: the chat template renders a probe conversation (a user turn, then an
 assistant turn) with and without the observation; the observation's text is what the longer
@@ -20,6 +22,7 @@ the model already sampled). Only that text is tokenized.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -95,6 +98,8 @@ class Trajectory:
     turns: int = 0
     # one of environment.END_REASONS once ended
     end: str | None = None
+    # the engine session of its turns (Request.session)
+    session: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def add_model_turn(self, output: Output) -> None:
         self.tokens += output.token_ids.tolist()
@@ -169,9 +174,17 @@ class Rollouts:
         should_abort: Callable[[], bool] | None = None,
     ) -> bool:
         """Alternate model turns and environment steps until every trajectory ended; False if
-        aborted (``should_abort``) before that."""
+        aborted (``should_abort``) before that. The engine keeps an ended trajectory's session no
+        longer than the next turn (and none after the return)."""
+        try:
+            return self._run(engine, trajectories, params, should_abort)
+        finally:
+            engine.end_sessions(t.session for t in trajectories)
+
+    def _run(self, engine, trajectories, params, should_abort) -> bool:
         room = getattr(engine, "max_positions", None)
         while active := [t for t in trajectories if t.end is None]:
+            engine.end_sessions(t.session for t in trajectories if t.end is not None)
             by_budget: dict[int, list[Trajectory]] = {}
             for t in active:
                 budget = min(params.max_new_tokens, self.cfg.max_total_tokens - len(t.tokens))
@@ -182,7 +195,9 @@ class Rollouts:
                     continue
                 by_budget.setdefault(budget, []).append(t)
             for budget, batch in by_budget.items():
-                requests = [Request(str(i), t.prompt + t.tokens) for i, t in enumerate(batch)]
+                requests = [
+                    Request(str(i), t.prompt + t.tokens, t.session) for i, t in enumerate(batch)
+                ]
                 outputs = engine.generate(
                     requests, replace(params, max_new_tokens=budget), should_abort
                 )

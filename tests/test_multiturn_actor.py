@@ -1,5 +1,6 @@
 """A multi-turn actor process against a real Redis: it publishes trajectories with their loss
-masks, and a raising environment ends only its own trajectories."""
+masks, and a raising environment ends only its own trajectories (the vLLM engine's run:
+test_actors_vllm_multiturn)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ ROWS = ["123", "214", "305", "436", "547", "658"]
 def test_multiturn_actor_publishes_masked_trajectories_and_survives_a_raising_env(
     redis_server, tmp_path
 ):
+    check_multiturn_actor(redis_server, tmp_path, "actor.engine=hf")
+
+
+def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
+    """An actor process (``extra``: more overrides, e.g. its engine) publishes the demo's
+    two-attempt trajectories with their loss masks, through a raising environment."""
     policy = build_policy(tmp_path / "policy")
     tokenizer = load_tokenizer(str(policy))
     data = tmp_path / "train.jsonl"
@@ -52,6 +59,7 @@ def test_multiturn_actor_publishes_masked_trajectories_and_survives_a_raising_en
         f"learner.groups_per_step={BOUND}",
         "algo.max_staleness=0",
         "weightsync.transport=none",
+        *extra,
     ]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", OMP_NUM_THREADS="1")
     with open(tmp_path / "actor.log", "w") as log:

@@ -9,7 +9,7 @@ two tokens of one completion.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,6 +56,9 @@ class SamplingParams:
 class Request:
     request_id: str
     prompt_token_ids: list[int]
+    # a multi-turn trajectory's id: an engine may keep its state (the hf engine its KV cache) from
+    # one turn to the next, until ``end_sessions``
+    session: str | None = None
 
 
 @dataclass
@@ -105,6 +108,9 @@ class Engine(ABC):
         version that samples every new token. It raises when the engine can no longer take
         weights (a dead vLLM engine), so the actor ends and its supervisor restarts it.
         """
+
+    def end_sessions(self, sessions: Iterable[str]) -> None:  # noqa: B027 - vLLM keeps none
+        """Drop what the engine kept for these sessions (their trajectories ended)."""
 
     def _serve(self, version: int) -> None:
         """Record that the weights of ``version`` now sample every new token."""

@@ -15,6 +15,13 @@ caller publishes what is done (the long-tail task: ``actor.refill``).
 Identical prompts (the G completions of a group) are prefilled once. Prefill
 batches only prompts of one length, so prefill never needs padding or a mask.
 
+Multi-turn trajectories (``Request.session``) continue from their KV cache: when
+a row of a session ends, its keys and values are kept (``kv_sessions``), and the
+session's next request prefills only the tokens it adds (the last sampled token
+and the environment's) on top of them. A weight swap drops every kept cache, and
+a row whose turn straddled a swap is not kept: a turn after a swap re-prefills
+its whole sequence under the new weights (docs/multiturn.md).
+
 Between two forward passes the engine takes staged weights from its weight
 source and copies them into the model in place: every token records the
 version of the weights whose logits it was sampled from. With LoRA adapters
@@ -28,7 +35,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +43,7 @@ from transformers import DynamicCache
 
 from streamrl.actors import metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from streamrl.actors.engines.kv_sessions import Saved, Sessions
 from streamrl.actors.engines.sampling import sample
 from streamrl.weightsync.subscriber import swap_into_model
 
@@ -44,9 +52,9 @@ REFILL_RETRY_S = 0.02
 
 
 class _Row:
-    __slots__ = ("index", "tokens", "logprobs", "versions", "limit", "finish")
+    __slots__ = ("index", "tokens", "logprobs", "versions", "limit", "finish", "swaps")
 
-    def __init__(self, index: int, limit: int) -> None:
+    def __init__(self, index: int, limit: int, swaps: int = 0) -> None:
         # position in the caller's request list
         self.index = index
         self.tokens: list[int] = []
@@ -54,6 +62,8 @@ class _Row:
         self.versions: list[int] = []
         self.limit = limit
         self.finish: str | None = None
+        # the engine's swap count at the row's prefill: its KV cache is of one version while equal
+        self.swaps = swaps
 
 
 class HFEngine(Engine):
@@ -77,6 +87,9 @@ class HFEngine(Engine):
         self.version = version
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.sessions = Sessions()
+        # weight swaps so far: a kept KV cache is valid only under the weights it was computed with
+        self.swaps = 0
         config = model.config
         self.max_positions = getattr(config, "max_position_embeddings", None) or 1 << 30
         self.layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
@@ -96,8 +109,13 @@ class HFEngine(Engine):
         version, tensors = staged
         seconds, replaced = swap_into_model(self.model, tensors, self.weight_targets)
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
+        self.swaps += 1
+        self.sessions.clear()
         self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
+
+    def end_sessions(self, sessions: Iterable[str]) -> None:
+        self.sessions.drop(sessions)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -148,6 +166,7 @@ class HFEngine(Engine):
                 # refill: finished rows are replaced, the batch grows up to batch_slots
                 free = [i for i, row in enumerate(rows) if row.finish is not None]
                 for i in free:
+                    self._keep_cache(requests[rows[i].index], rows[i], state, i)
                     finish(rows[i])
                 capacity = len(free) + max(0, self.batch_slots - len(rows))
                 if (
@@ -170,21 +189,25 @@ class HFEngine(Engine):
                     targets = reused + list(
                         range(len(rows), len(rows) + len(admitted) - len(reused))
                     )
-                    new_rows = [_Row(index, limits[index]) for index in admitted]
+                    new_rows = [_Row(index, limits[index], self.swaps) for index in admitted]
                     for target, row in zip(targets, new_rows, strict=True):
                         if target < len(rows):
                             rows[target] = row
                         else:
                             rows.append(row)
-                    logits = state.prefill(
-                        [requests[i].prompt_token_ids for i in admitted], targets
-                    )
+                    prompts = [requests[i].prompt_token_ids for i in admitted]
+                    cached = [
+                        self.sessions.take(requests[i].session, prompt)
+                        for i, prompt in zip(admitted, prompts, strict=True)
+                    ]
+                    logits = state.prefill(prompts, targets, cached)
                     self._record(new_rows, logits, params, state, targets, stop_ids, stop_window)
                 keep = [i for i, row in enumerate(rows) if row.finish is None]
                 if len(keep) < len(rows):
-                    for row in rows:
+                    for i, row in enumerate(rows):
                         # a freed slot that no new request took was reported above
                         if row.finish is not None and row.index not in done:
+                            self._keep_cache(requests[row.index], row, state, i)
                             finish(row)
                     rows = [rows[i] for i in keep]
                     state.keep_rows(keep)
@@ -196,6 +219,14 @@ class HFEngine(Engine):
                 )
         metrics.TOKENS_GENERATED.inc(sum(len(row.tokens) for row in done.values()))
         return [self._output(requests[i], done[i]) for i in range(len(requests))]
+
+    def _keep_cache(self, request: Request, row: _Row, state: _Batch, slot: int) -> None:
+        """Keep a finished row's KV cache for its session's next turn, if it is of one version."""
+        if request.session is None or row.swaps != self.swaps:
+            return
+        tokens = tuple(request.prompt_token_ids) + tuple(row.tokens[:-1])
+        keys, values = state.row_cache(slot, len(tokens))
+        self.sessions.save(request.session, Saved(tokens, keys, values))
 
     def _token_limit(self, request: Request, params: SamplingParams) -> int:
         if not request.prompt_token_ids:
@@ -271,33 +302,67 @@ class _Batch:
     def rows(self) -> int:
         return self.valid.shape[0]
 
-    def prefill(self, prompts: list[list[int]], targets: list[int]) -> torch.Tensor:
-        """Prefill ``prompts`` into batch rows ``targets``; returns their next-token logits [n, V]."""
-        unique: dict[tuple[int, ...], int] = {}
-        for prompt in prompts:
-            unique.setdefault(tuple(prompt), len(unique))
-        by_length: dict[int, list[tuple[int, ...]]] = {}
-        for prompt in unique:
-            by_length.setdefault(len(prompt), []).append(prompt)
+    def prefill(
+        self, prompts: list[list[int]], targets: list[int], cached: list[Saved | None]
+    ) -> torch.Tensor:
+        """Prefill ``prompts`` into batch rows ``targets``; returns their next-token logits [n, V].
+
+        A prompt with a ``cached`` entry runs only its tokens past the entry's through the model,
+        on top of the entry's keys and values. One forward pass per (cached length, new length)."""
+        # identical prompts without a cache are prefilled once; a cached one is its own
+        keys = [
+            (None if saved is None else id(saved), tuple(p))
+            for p, saved in zip(prompts, cached, strict=True)
+        ]
+        unique: dict[tuple, Saved | None] = {}
+        for key, saved in zip(keys, cached, strict=True):
+            unique.setdefault(key, saved)
+        groups: dict[tuple[int, int], list[tuple]] = {}
+        for key, saved in unique.items():
+            past = 0 if saved is None else len(saved.tokens)
+            groups.setdefault((past, len(key[1]) - past), []).append(key)
         vocab = self.model.config.vocab_size
+        index = {key: i for i, key in enumerate(unique)}
         unique_logits = torch.empty(len(unique), vocab, device=self.device)
-        unique_kv: dict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for _length, group in by_length.items():
+        unique_kv: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for (past, _new), group in groups.items():
             cache = DynamicCache(config=self.model.config)
-            ids = torch.tensor(group, dtype=torch.long, device=self.device)
+            if past:
+                saved = [unique[key] for key in group]
+                for layer in range(len(saved[0].keys)):
+                    cache.update(
+                        torch.stack([s.keys[layer] for s in saved]),
+                        torch.stack([s.values[layer] for s in saved]),
+                        layer,
+                    )
+            ids = torch.tensor(
+                [key[1][past:] for key in group], dtype=torch.long, device=self.device
+            )
             out = self.model(
                 input_ids=ids, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1
             )
-            for j, prompt in enumerate(group):
-                unique_logits[unique[prompt]] = out.logits[j, -1]
-                unique_kv[prompt] = (
+            for j, key in enumerate(group):
+                unique_logits[index[key]] = out.logits[j, -1]
+                unique_kv[key] = (
                     [layer.keys[j] for layer in cache.layers],
                     [layer.values[j] for layer in cache.layers],
                 )
         if self.cache is None:
             self._adopt_empty(cache)
-        self._place([unique_kv[tuple(p)] for p in prompts], [len(p) for p in prompts], targets)
-        return unique_logits[[unique[tuple(p)] for p in prompts]]
+        self._place([unique_kv[key] for key in keys], [len(p) for p in prompts], targets)
+        return unique_logits[[index[key] for key in keys]]
+
+    def row_cache(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of the keys and values of row ``row``'s last ``length`` positions, per layer."""
+        # a row's positions are its last valid columns (left padding)
+        held = int(self.valid[row].sum())
+        if held != length:
+            raise RuntimeError(f"row {row} holds {held} positions, not {length}")
+        width = self.valid.shape[1]
+        return (
+            [layer.keys[row, :, width - length :].clone() for layer in self.cache.layers],
+            [layer.values[row, :, width - length :].clone() for layer in self.cache.layers],
+        )
 
     def _adopt_empty(self, cache: DynamicCache) -> None:
         """Take an initialised cache's layers (their types and dtypes) with zero rows and columns."""

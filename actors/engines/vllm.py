@@ -34,6 +34,13 @@ an engine that cannot be restored, or that dies, makes ``generate`` raise
 Per-token versions: the version label set by ``finish_weight_update`` comes
 back as ``weight_versions`` spans on each completion
 (``weightsync.vllm_adapter.token_versions``).
+
+Multi-turn trajectories: each turn is a request whose prompt is the trajectory's
+token ids so far (a ``TokensPrompt``, nothing decoded and re-encoded); the prefix
+cache finds the blocks of the turns before it (``meta["cached_tokens"]``), so a
+turn prefills little more than what the environment appended. A swap clears the
+prefix cache (``pause_generation(clear_cache=True)``): a turn after one
+recomputes its whole sequence under the new weights, as the hf engine does.
 """
 
 from __future__ import annotations
@@ -502,6 +509,11 @@ class VLLMEngine(Engine):
     async def _spawn(coro) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(coro)
 
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence a request may reach (multi-turn budgets: ``actors.trajectory``)."""
+        return self.llm.model_config.max_model_len
+
     # -- weights -------------------------------------------------------------------------------
 
     def maybe_swap_weights(self) -> None:
@@ -696,6 +708,7 @@ class VLLMEngine(Engine):
         final = None
         try:
             async for out in self.llm.generate(
+                # a TokensPrompt: the ids as they are, never detokenized
                 {"prompt_token_ids": request.prompt_token_ids},
                 sampling,
                 vllm_id,
@@ -708,7 +721,10 @@ class VLLMEngine(Engine):
         # aborted before its first token
         if final is None:
             return Output(request.request_id, *_empty(), finish_reason="abort")
-        return to_output(request.request_id, final.outputs[0], start_version)
+        output = to_output(request.request_id, final.outputs[0], start_version)
+        # prompt tokens found in the prefix cache (a multi-turn turn: the turns before it)
+        output.meta["cached_tokens"] = final.num_cached_tokens or 0
+        return output
 
     def close(self) -> None:
         if not self._loop.is_running():
