@@ -117,8 +117,9 @@ def check_messages(messages, what: str) -> list[dict]:
     return messages
 
 
-def check_step(value) -> Step:
-    """A ``Step`` with valid messages (none only when done) and a finite reward or None."""
+def check_step(value, tool_calls: int = 0) -> Step:
+    """A ``Step`` with valid messages (none only when done), a finite reward or None, and at most
+    one tool failure for each of the turn's ``tool_calls``."""
     if not isinstance(value, Step):
         raise EnvFailure("invalid", f"step returned {type(value).__name__}, expected a Step")
     if not isinstance(value.done, bool):
@@ -134,6 +135,10 @@ def check_step(value) -> Step:
     if not isinstance(failures, list) or not all(f in ENV_TOOL_FAILURES for f in failures):
         raise EnvFailure(
             "invalid", f"step: tool_failures must be a list of {sorted(ENV_TOOL_FAILURES)}"
+        )
+    if len(failures) > tool_calls:
+        raise EnvFailure(
+            "invalid", f"step: {len(failures)} tool failures for {tool_calls} tool calls"
         )
     if not value.done:
         check_messages(value.messages, "step")

@@ -235,7 +235,8 @@ class Rollouts:
         started = time.perf_counter()
         try:
             step = environment.check_step(
-                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s)
+                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s),
+                len(turn["tool_calls"]),
             )
         except EnvFailure as exc:
             log.warning("environment step failed, trajectory ends: %s", exc)

@@ -116,8 +116,29 @@ def test_an_environment_reporting_an_unknown_tool_failure_is_invalid(tokenizer):
         lambda output: assistant_turn(tokenizer, output),
     )
     (t,) = rollouts.start_group(ROW, 1)
-    rollouts._after_turn(t, _turn(tokenizer, "1"))
+    rollouts._after_turn(t, _turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>'))
     assert t.end == "invalid" and t.tool_failed == {} and t.steps == 1
+
+
+def test_an_environment_reporting_more_failures_than_calls_is_invalid(tokenizer):
+    class Inflates:
+        def reset(self, row):
+            return row["messages"]
+
+        def step(self, turn):
+            return Step(
+                messages=[{"role": "user", "content": "x"}], tool_failures=["unknown_tool"] * 2
+            )
+
+    rollouts = Rollouts(
+        EnvConfig(name="unused:name"),
+        Inflates,
+        Renderer(tokenizer),
+        lambda output: assistant_turn(tokenizer, output),
+    )
+    (t,) = rollouts.start_group(ROW, 1)
+    rollouts._after_turn(t, _turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>'))
+    assert t.end == "invalid" and t.tool_calls == 1 and t.tool_failed == {}
 
 
 def _group(env: dict, n: int = 2) -> RolloutGroup:
