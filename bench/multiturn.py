@@ -138,8 +138,8 @@ def section(runs: list[dict], cap_s: float, argv: list[str] | None) -> str:
         f"beforehand. Target: {target.describe(cfg.run)}. Cap {cap_s:.0f} s. The machine is "
         "shared: the load average (1 min) before and after each run says how much.",
         "",
-        "| seed | time to target | steps | reward / exact at the target | successes at turn 2 "
-        "| turns / trajectory | load before → after |",
+        "| seed | time to target | steps | reward / exact at the target (a miss: its last "
+        f"{window} steps) | successes at turn 2 | turns / trajectory | load before → after |",
         "|---|---|---|---|---|---|---|",
     ]
     for run in runs:
