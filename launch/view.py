@@ -66,8 +66,8 @@ def live_table(
 
 
 def _env_line(env: dict) -> str:
-    """A multi-turn step's trajectories: turns, and tool calls with their failures and the
-    environment's step time where there are any."""
+    """A multi-turn step's trajectories: turns, the tool calls and the share that failed (when
+    there are any), and the mean environment step time."""
     text = f"{env.get('turns', 0):.2f}"
     if env.get("tool_calls"):
         failed = sum(v for k, v in env.items() if k.startswith(env_stats.TOOL_FAILED))

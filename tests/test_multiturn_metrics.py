@@ -221,3 +221,13 @@ def test_a_steps_summary_is_per_trajectory_over_its_multiturn_groups():
     # no multi-turn group: no entry; no step call: 0 s, not a division by zero
     assert env_stats.summarize([({}, 8)]) == {}
     assert env_stats.summarize([({"end/timeout": 1}, 1)])["step_s"] == 0.0
+
+
+def test_the_live_line_shows_turns_tool_calls_their_failures_and_the_step_time():
+    from streamrl.launch.status import Snapshot
+    from streamrl.launch.view import plain_line
+
+    env = env_stats.summarize([(STATS, 2)])
+    line = plain_line(Snapshot(at=0.0, version=1, last_step={"reward_mean": 0.5, "env": env}), 1.0)
+    # 3 turns and 2 tool calls over 2 trajectories, 1 of the 2 calls failed, 0.25 s over 3 steps
+    assert "turns=1.50 tools=1.00 tools_failed=50% env_step=83.3ms " in line
