@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.actors import plugins
+from streamrl.broker.env_stats import END_REASONS, TOOL_FAILURES
 from streamrl.configs.errors import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool")
-# why a trajectory ended: the environment said done, a limit, or a failed call
-END_REASONS = ("done", "max_turns", "max_total_tokens", "length", "error", "timeout", "invalid")
 TRUNCATED = frozenset(END_REASONS) - {"done"}
+# the tool-call failures an environment judges (``Step.tool_failures``); "parse" the actor
+# counts itself, from the blocks it parsed
+ENV_TOOL_FAILURES = frozenset(TOOL_FAILURES) - {"parse"}
 
 
 class EnvFailure(Exception):
@@ -47,13 +49,20 @@ class EnvFailure(Exception):
         self.reason = reason
 
 
+class ToolRaised(Exception):
+    """A tool raised (``ToolEnvironment``): the trajectory ends with ``error``, and the call is
+    counted as a tool failure ``raised``."""
+
+
 @dataclass
 class Step:
-    """What ``step`` returns."""
+    """What ``step`` returns. ``tool_failures``: the reason of each of the turn's tool calls that
+    failed (``unknown_tool``, ``bad_arguments``), for the metrics; ``ToolEnvironment`` fills it."""
 
     messages: list[dict] = field(default_factory=list)
     reward: float | None = None
     done: bool = False
+    tool_failures: list[str] = field(default_factory=list)
 
 
 def load(name: str) -> Callable[[], Any]:
@@ -88,7 +97,7 @@ def call(fn: Callable, arg, timeout_s: float):
     if thread.is_alive():
         raise EnvFailure("timeout", f"no answer within {timeout_s} s")
     if "error" in result:
-        raise EnvFailure("error", repr(result["error"]))
+        raise EnvFailure("error", repr(result["error"])) from result["error"]
     return result["value"]
 
 
@@ -108,8 +117,9 @@ def check_messages(messages, what: str) -> list[dict]:
     return messages
 
 
-def check_step(value) -> Step:
-    """A ``Step`` with valid messages (none only when done) and a finite reward or None."""
+def check_step(value, tool_calls: int = 0) -> Step:
+    """A ``Step`` with valid messages (none only when done), a finite reward or None, and at most
+    one tool failure for each of the turn's ``tool_calls``."""
     if not isinstance(value, Step):
         raise EnvFailure("invalid", f"step returned {type(value).__name__}, expected a Step")
     if not isinstance(value.done, bool):
@@ -121,6 +131,15 @@ def check_step(value) -> Step:
         or not math.isfinite(reward)
     ):
         raise EnvFailure("invalid", f"step: reward {reward!r} is not a finite number")
+    failures = value.tool_failures
+    if not isinstance(failures, list) or not all(f in ENV_TOOL_FAILURES for f in failures):
+        raise EnvFailure(
+            "invalid", f"step: tool_failures must be a list of {sorted(ENV_TOOL_FAILURES)}"
+        )
+    if len(failures) > tool_calls:
+        raise EnvFailure(
+            "invalid", f"step: {len(failures)} tool failures for {tool_calls} tool calls"
+        )
     if not value.done:
         check_messages(value.messages, "step")
     return value
@@ -157,7 +176,8 @@ class ToolEnvironment:
     answers with their results as ``tool`` messages; a turn without tool calls goes to ``answer``.
 
     A call of an unknown tool or with bad arguments is answered with the error text (the model
-    made the mistake and may learn from it); an exception inside a tool ends the trajectory.
+    made the mistake and may learn from it) and reported in ``Step.tool_failures``; an exception
+    inside a tool ends the trajectory (``ToolRaised``).
     """
 
     tools: list[Callable] = []
@@ -174,17 +194,22 @@ class ToolEnvironment:
         if not calls:
             return self.answer(turn)
         by_name = {fn.__name__: fn for fn in self.tools}
-        results = []
+        results, failures = [], []
         for c in calls:
             fn = by_name.get(c.get("name"))
             if "error" in c:
                 content = f"error: {c['error']}"
             elif fn is None:
                 content = f"error: no tool {c['name']!r}"
+                failures.append("unknown_tool")
             else:
                 try:
                     content = str(fn(**c["arguments"]))
+                # the arguments do not fit the tool (Python says so with a TypeError)
                 except TypeError as exc:
                     content = f"error: {exc}"
+                    failures.append("bad_arguments")
+                except Exception as exc:
+                    raise ToolRaised(f"tool {c['name']!r} raised {exc!r}") from exc
             results.append({"role": "tool", "name": c.get("name", ""), "content": content})
-        return Step(messages=results)
+        return Step(messages=results, tool_failures=failures)

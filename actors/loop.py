@@ -44,7 +44,7 @@ from streamrl.actors.openai_server import AgentServer
 from streamrl.actors.prompts import Prompt, PromptDataset, PromptSource
 from streamrl.actors.reference import ReferenceScorer
 from streamrl.actors.rewards import RewardInput, RewardPool, Score, failure_meta
-from streamrl.actors.trajectory import Renderer, Rollouts, Trajectory
+from streamrl.actors.trajectory import Renderer, Rollouts, Trajectory, group_stats
 from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.audit import JsonlLog, published_path
 from streamrl.broker.client import connect_async
@@ -149,6 +149,7 @@ def build_group(actor_id: str, seq: int, pending: _Pending, scores: list[Score])
             "row": pending.prompt.index,
             **failure_meta(scores),
         },
+        env=group_stats(pending.trajectories) if pending.trajectories else {},
     )
 
 

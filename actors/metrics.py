@@ -59,3 +59,17 @@ ENV_TRAJECTORIES = Counter(
     "Multi-turn trajectories finished, by why they ended (done, a limit, or a failed step).",
     ["reason"],
 )
+ENV_STEP_SECONDS = Histogram(
+    "streamrl_actor_env_step_seconds",
+    "Time of one environment step call (a timed-out call counts its timeout).",
+    buckets=(0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+ENV_TOOL_CALLS = Counter(
+    "streamrl_actor_env_tool_calls_total", "<tool_call> blocks the model wrote in its turns."
+)
+ENV_TOOL_FAILURES = Counter(
+    "streamrl_actor_env_tool_failures_total",
+    "Tool calls that failed, by reason: parse (not {name, arguments} JSON), unknown_tool, "
+    "bad_arguments, raised (the tool raised; its trajectory ends with error).",
+    ["reason"],
+)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +32,7 @@ import numpy as np
 from streamrl.actors import environment, metrics
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.environment import EnvFailure
+from streamrl.broker import env_stats
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,11 @@ class Trajectory:
     end: str | None = None
     # the engine session of its turns (Request.session)
     session: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # environment step calls and their seconds; tool calls and failures by reason (env_stats)
+    steps: int = 0
+    step_s: float = 0.0
+    tool_calls: int = 0
+    tool_failed: dict[str, int] = field(default_factory=dict)
 
     def add_model_turn(self, output: Output) -> None:
         self.tokens += output.token_ids.tolist()
@@ -115,6 +122,10 @@ class Trajectory:
         self.logprobs += [0.0] * len(ids)
         self.versions += [self.versions[-1]] * len(ids)
         self.mask += [0] * len(ids)
+
+    def tool_failure(self, reason: str) -> None:
+        self.tool_failed[reason] = self.tool_failed.get(reason, 0) + 1
+        metrics.ENV_TOOL_FAILURES.labels(reason=reason).inc()
 
     @property
     def truncated(self) -> bool:
@@ -135,6 +146,23 @@ class Trajectory:
                 "end": self.end,
             },
         )
+
+
+def group_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """A group's ``env`` map for the wire (broker.env_stats): its trajectories' counts summed."""
+    stats: dict[str, float] = {
+        "turns": sum(t.turns for t in trajectories),
+        "steps": sum(t.steps for t in trajectories),
+        "step_s": sum(t.step_s for t in trajectories),
+        "tool_calls": sum(t.tool_calls for t in trajectories),
+    }
+    for t in trajectories:
+        for reason, n in t.tool_failed.items():
+            key = env_stats.TOOL_FAILED + reason
+            stats[key] = stats.get(key, 0) + n
+        key = env_stats.END + str(t.end)
+        stats[key] = stats.get(key, 0) + 1
+    return stats
 
 
 class Rollouts:
@@ -214,15 +242,30 @@ class Rollouts:
         t.add_model_turn(output)
         turn = self.assistant_turn(output)
         turn["tool_calls"] = environment.parse_tool_calls(turn["raw_content"])
+        t.tool_calls += len(turn["tool_calls"])
+        metrics.ENV_TOOL_CALLS.inc(len(turn["tool_calls"]))
+        for _ in range(sum("error" in c for c in turn["tool_calls"])):
+            t.tool_failure("parse")
         t.messages.append(turn)
+        started = time.perf_counter()
         try:
             step = environment.check_step(
-                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s)
+                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s),
+                len(turn["tool_calls"]),
             )
         except EnvFailure as exc:
             log.warning("environment step failed, trajectory ends: %s", exc)
+            if isinstance(exc.__cause__, environment.ToolRaised):
+                t.tool_failure("raised")
             t.end = exc.reason
             return
+        finally:
+            elapsed = time.perf_counter() - started
+            t.steps += 1
+            t.step_s += elapsed
+            metrics.ENV_STEP_SECONDS.observe(elapsed)
+        for reason in step.tool_failures:
+            t.tool_failure(reason)
         if step.reward is not None:
             t.env_rewards.append(float(step.reward))
         if step.done:

@@ -36,8 +36,8 @@ PARTS = [
 # Sections of the page written by other commands, placed after the part they follow: `make
 # bench-vllm` (the vLLM venv) writes engines, `python -m bench.variants` (an hour or more of runs)
 # variants, `python -m bench.staleness` (half an hour) staleness, `python -m bench.pinned` (a
-# 16-core host) pinned, `python -m bench.longtail` (hours of runs) longtail, and mutation holds
-# `make mutate`'s reading, by hand.
+# 16-core host) pinned, `python -m bench.longtail` (hours of runs) longtail, `python -m
+# bench.multiturn` (10 min a seed) multiturn, and mutation holds `make mutate`'s reading, by hand.
 # Any other docs/bench/*.md goes at the end: the page drops no section.
 PAGE = [
     *PARTS[: PARTS.index("actors") + 1],
@@ -47,6 +47,7 @@ PAGE = [
     "staleness",
     "pinned",
     "longtail",
+    "multiturn",
     *PARTS[PARTS.index("system") + 1 :],
     "mutation",
 ]

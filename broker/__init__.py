@@ -6,7 +6,7 @@ keep (``semantics``), the crash-safe stream producer/consumer
 with dead-lettering and redelivery (``stream``), the shared admission-control
 counters and policy version (``admission``), actor heartbeats (``liveness``)
 the Prometheus endpoint helper (``metrics``), the reward failures a group reports in its
-meta (``reward_failures``) and the start-up phase log that learner and actors write for
+meta (``reward_failures``), what a group's multi-turn trajectories did (``env_stats``) and the start-up phase log that learner and actors write for
 ``bench.startup`` (``startup``).
 
 Talks to: Redis only. May import: ``configs``. Must not import ``actors``,

@@ -13,6 +13,10 @@ concatenations and decoding validates every completion with a few numpy
 reductions, then hands out views (schema 1, one map per completion, decoded
 at a third of the speed).
 
+A group of multi-turn trajectories also carries ``env``: what they did (turns, environment
+step time, tool calls and failures, ends), summed over the group, in the fixed vocabulary of
+``broker.env_stats``; single-turn entries have no ``env``.
+
 Decoding validates everything and raises ``WireError`` with the reason; the
 stream consumer turns that into a dead-letter entry.
 """
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
+from streamrl.broker import env_stats
 from streamrl.configs.errors import StreamRLError
 
 SCHEMA_VERSION = 2
@@ -94,6 +99,8 @@ class RolloutGroup:
     # unix seconds when the group was scored
     created_at: float = 0.0
     meta: dict[str, float | int | str] = field(default_factory=dict)
+    # multi-turn: what the trajectories did, summed over the group (broker.env_stats); {} = none
+    env: dict[str, float] = field(default_factory=dict)
 
     @property
     def rewards(self) -> np.ndarray:
@@ -132,6 +139,10 @@ def encode_group(group: RolloutGroup) -> bytes:
         # [] = no completion has named parts
         "rp": parts if any(parts) else [],
     }
+    if group.env:
+        if why := env_stats.problem(group.env, len(comps)):
+            raise WireError(f"group {group.group_id!r}.env: {why}")
+        payload["env"] = {k: float(v) if k == "step_s" else int(v) for k, v in group.env.items()}
     if all(with_ref):
         payload["rlp"] = _logprob_column([c.ref_logprobs for c in comps]).tobytes()
     if any(c.loss_mask is not None for c in comps):
@@ -227,15 +238,22 @@ def decode_group(
         raise WireError(
             f"group.meta: at most {MAX_META_KEYS} entries of at most {MAX_META_CHARS} characters"
         )
+    completions = _completions(obj, vocab_size)
+    env = obj.get("env", {})
+    if not isinstance(env, dict):
+        raise WireError(f"group.env: expected a map, got {type(env).__name__}")
+    if env and (why := env_stats.problem(env, len(completions))):
+        raise WireError(f"group.env: {why}")
     return RolloutGroup(
         group_id=_id(obj, "gid"),
         prompt_id=_id(obj, "pid"),
         actor_id=_id(obj, "aid"),
         seq=_field(obj, "seq", int, "group"),
         prompt_token_ids=prompt,
-        completions=_completions(obj, vocab_size),
+        completions=completions,
         created_at=float(created_at),
         meta=meta,
+        env=env,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
+from streamrl.broker import env_stats
 from streamrl.launch import placement as gpus
 from streamrl.launch.status import Snapshot, time_to_target
 from streamrl.learner import target
@@ -46,6 +47,8 @@ def live_table(
         table.add_row(f"  {name}", _fmt(value))
     for name, rate in step.get("reward_failure_rate", {}).items():
         table.add_row(f"  {name} failed", _failed(rate))
+    if env := step.get("env"):
+        table.add_row("turns / trajectory", _env_line(env))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
     table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
     table.add_row(
@@ -62,12 +65,24 @@ def live_table(
     return table
 
 
+def _env_line(env: dict) -> str:
+    """A multi-turn step's trajectories: turns, the tool calls and the share that failed (when
+    there are any), and the mean environment step time."""
+    text = f"{env.get('turns', 0):.2f}"
+    if env.get("tool_calls"):
+        failed = sum(v for k, v in env.items() if k.startswith(env_stats.TOOL_FAILED))
+        text += f" tools={env['tool_calls']:.2f} tools_failed={failed / env['tool_calls']:.0%}"
+    return text + f" env_step={env.get('step_s', 0) * 1e3:.1f}ms"
+
+
 def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     step = snap.last_step or {}
     parts = "".join(f"{name}={_fmt(v)} " for name, v in step.get("reward_parts", {}).items())
     parts += "".join(
         f"{name}:failed={rate:.0%} " for name, rate in step.get("reward_failure_rate", {}).items()
     )
+    if env := step.get("env"):
+        parts += f"turns={_env_line(env)} "
     return (
         f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
         f"{parts}gen={snap.generate_tokens_per_s:,.0f} tok/s "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl.broker import reward_failures
+from streamrl.broker import env_stats, reward_failures
 from streamrl.broker.semantics import is_stale
 from streamrl.configs.schema import AlgoConfig
 from streamrl.learner import algorithm
@@ -140,6 +140,7 @@ def prepare_batch(
     m.ZERO_VARIANCE_GROUPS.inc(zero_variance)
     m.observe_staleness(all_staleness)
     failure_rates, reward_errors = reward_failures_of(deliveries, reward_names)
+    env = env_stats.summarize([(d.group.env, len(d.group.completions)) for d in deliveries])
     adv_abs = float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0
     m.ADVANTAGE_ABS_MEAN.set(adv_abs)
     for r in rewards:
@@ -165,6 +166,8 @@ def prepare_batch(
             "wait_s": wait_s,
             "groups_by_actor": by_actor,
             "version_spanning_completions": spanning,
+            # multi-turn only: turns, tool calls and failures, step time, ends (broker.env_stats)
+            **({"env": env} if env else {}),
         },
         reward_errors=reward_errors,
         skipped=skipped,

@@ -1,5 +1,6 @@
 """A multi-turn actor process against a real Redis: it publishes trajectories with their loss
-masks, and a raising environment ends only its own trajectories (the vLLM engine's run:
+masks and what they did (turns, step time, ends), a raising environment ends only its own
+trajectories, and its Prometheus endpoint counts them (the vLLM engine's run:
 test_actors_vllm_multiturn)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import redis
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
-from streamrl.examples.multiturn import build_policy, hint
+from streamrl.examples.multiturn import build_policy, feedback
 from streamrl.examples.reverse_digits.task import EOS
 from streamrl.weightsync.policy import load_tokenizer
 
@@ -101,6 +103,16 @@ def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
             answer = ROWS[int(g.meta["row"])][::-1]
             prompt = tokenizer.decode(g.prompt_token_ids.tolist(), skip_special_tokens=False)
             assert prompt == ROWS[int(g.meta["row"])] + ">"
+            # the group's env map: one step per model turn (the mask's runs of 1), one end each
+            turns = sum(int(np.diff(c.loss_mask, prepend=0).clip(0).sum()) for c in g.completions)
+            ends = "end/error" if int(answer[0]) % 2 == 0 else "end/done"
+            assert {k: v for k, v in g.env.items() if k != "step_s"} == {
+                "turns": turns,
+                "steps": turns,
+                "tool_calls": 0,
+                ends: len(g.completions),
+            }
+            assert g.env["step_s"] > 0
             for c in g.completions:
                 assert c.loss_mask is not None and c.ref_logprobs is not None
                 mask = c.loss_mask.astype(bool)
@@ -124,10 +136,21 @@ def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
                 attempt = tokenizer.decode(first, skip_special_tokens=False).removesuffix(EOS)
                 # the template closes the turn after the model's own end-of-sequence
                 assert tokenizer.decode(env_tokens, skip_special_tokens=False) == (
-                    "<|im_end|>" + hint(answer, attempt)
+                    "<|im_end|>" + feedback(prompt, answer, attempt)
                 )
                 assert (c.logprobs[~mask] == 0).all()
         assert "environment step failed" in (tmp_path / "actor.log").read_text()
+        # the actor's Prometheus endpoint counts the same trajectories (and maybe a few more,
+        # generated past the admission bound's check and not published)
+        target = client.hget(keys.metrics_targets, "actor:a").decode()
+        with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as response:
+            metrics = _samples(response.read().decode())
+        published = sum(g.env["steps"] for g in groups)
+        assert metrics["streamrl_actor_env_step_seconds_count"] >= published
+        assert metrics["streamrl_actor_env_turns_total"] >= sum(g.env["turns"] for g in groups)
+        errors = sum(g.env.get("end/error", 0) for g in groups)
+        assert metrics['streamrl_actor_env_trajectories_total{reason="error"}'] >= errors > 0
+        assert metrics["streamrl_actor_env_tool_calls_total"] == 0
         actor.send_signal(signal.SIGTERM)
         assert actor.wait(timeout=60) == 0
     finally:
@@ -135,3 +158,12 @@ def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
             actor.kill()
             actor.wait()
         client.close()
+
+
+def _samples(text: str) -> dict[str, float]:
+    """The Prometheus text format's samples, name{labels} -> value."""
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }

@@ -1,14 +1,16 @@
-"""The second-attempt environment and the demo policy's chat template."""
+"""The second-attempt environment, its policy (chat template and warm start) and its reward parts."""
 
 from __future__ import annotations
 
 import os
+import random
+import string
 from pathlib import Path
 
 from streamrl.actors.environment import Step
 from streamrl.examples.reverse_digits import build_policy as build_reverse_digits_policy
 from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
-from streamrl.examples.reverse_digits.task import EOS, IM_END
+from streamrl.examples.reverse_digits.task import EOS, IM_END, make_example
 
 # a user turn is its bare text (the warm start's prompt, "314>"); an assistant turn ends with
 # <|im_end|>, which the environment's tokens carry after the model's end-of-sequence
@@ -21,23 +23,32 @@ ATTEMPTS = 2
 
 
 def hint(answer: str, attempt: str) -> str:
-    """The feedback: the answer with the wrong digits masked, as a new prompt (``"4?3>"``)."""
-    shown = "".join(
-        a if i < len(attempt) and attempt[i] == a else "?" for i, a in enumerate(answer)
-    )
-    return shown + ">"
+    """The answer with the digits the attempt got wrong masked (``"4?3"``)."""
+    return "".join(a if i < len(attempt) and attempt[i] == a else "?" for i, a in enumerate(answer))
+
+
+def feedback(question: str, answer: str, attempt: str) -> str:
+    """The second prompt: the hint, then the question again (``"4?3:314>"``).
+
+    Asked again in the first prompt's shape, the answer's digits sit at the same distances from
+    the question's as in the first turn, so what the model learns there carries over; the hint's
+    digit for each answer position sits at one fixed distance before it, a copy a tiny model
+    learns quickly.
+    """
+    return hint(answer, attempt) + ":" + question
 
 
 class SecondAttempt:
-    """Done at once on the right answer; otherwise one hint and a second attempt.
+    """Done at once on the right answer; otherwise feedback and a second attempt.
 
     The reward is the mean over the two attempts of the reverse-digits demo's shaped score (per
     digit right, and stopping right after the answer); an attempt not needed scores full. So the
-    first attempt is trained as in the single-turn demo, and the second to use the hint.
+    first attempt is trained as in the single-turn demo, and the second to use the feedback.
     """
 
     def reset(self, row: dict) -> list[dict]:
         self.answer = str(row["answer"])
+        self.question = row["messages"][-1]["content"]
         self.attempts = 0
         return row["messages"]
 
@@ -49,21 +60,40 @@ class SecondAttempt:
         if text == self.answer and raw.endswith(EOS):
             return Step(reward=score + (ATTEMPTS - self.attempts) / ATTEMPTS, done=True)
         if self.attempts < ATTEMPTS:
-            return Step(
-                messages=[{"role": "user", "content": hint(self.answer, text)}], reward=score
-            )
+            message = {"role": "user", "content": feedback(self.question, self.answer, text)}
+            return Step(messages=[message], reward=score)
         return Step(reward=score, done=True)
 
 
+def second_turn_exact(messages, answer, **_) -> float:
+    """The reward part ``second_turn_exact``: 1 when the last answer is right *and* came at the
+    second attempt (weight 0: over ``reverse_digits_exact``, the share of successes at turn 2)."""
+    turns = [m for m in messages if m["role"] == "assistant"]
+    last = turns[-1].get("raw_content", "")
+    return float(len(turns) == ATTEMPTS and last == str(answer) + EOS)
+
+
+def make_two_turn_example(rng: random.Random) -> dict[str, str]:
+    """A warm-start example of either turn's context: the question, or the question, a random
+    first attempt and its feedback (the warm start teaches the format, not the answer)."""
+    ex = make_example(rng)
+    if rng.random() < 0.5:
+        return ex
+    attempt = "".join(rng.choice(string.digits) for _ in range(len(ex["answer"])))
+    second = feedback(ex["prompt"], ex["answer"], attempt)
+    return {"prompt": ex["prompt"] + attempt + EOS + IM_END + second, "answer": ex["answer"]}
+
+
 def build_policy(path: str | os.PathLike, seed: int = 0) -> Path:
-    """The ``model.build`` hook: the reverse-digits demo's warmed policy with ``CHAT_TEMPLATE``."""
+    """The ``model.build`` hook: the reverse-digits demo's tiny policy, its format warm start
+    taught on both turns' contexts, with ``CHAT_TEMPLATE``."""
     from transformers import AutoTokenizer
 
     path = Path(path)
     if (path / "config.json").exists():
         return path
     tmp = path.with_name(path.name + ".build")
-    build_reverse_digits_policy(tmp, seed=seed)
+    build_reverse_digits_policy(tmp, seed=seed, make=make_two_turn_example)
     tokenizer = AutoTokenizer.from_pretrained(tmp)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(tmp)
