@@ -22,8 +22,8 @@ the model already sampled). Only that text is tokenized.
 from __future__ import annotations
 
 import logging
-import uuid
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
