@@ -85,8 +85,8 @@ def format_warm_start(
     sits at the chance level of the digits (~0.18 = 0.9 x 1/10 + 0.1 x 0.95), but the policy
     learns to ignore the prompt, which RL has to unlearn; the demo's policy builder
     (``assets.build_policy``) runs the lighter one of the synchronous loop it is measured
-    against (60 steps at 3e-4 on 256), which leaves the format ~20 % learned (reward ~0.09)
-    and reaches the target in fewer samples. ``optimizer`` (an AdamW over ``model``, its lr set
+    against (60 steps at 3e-4 on 256), which leaves the format ~30 % learned (reward ~0.09)
+    and the prompt not ignored (docs/bench/longtail.md). ``optimizer`` (an AdamW over ``model``, its lr set
     to ``lr`` here) lets a caller keep the moments for RL; by default a fresh one is
     made and dropped. ``make(rng)`` draws an example (another task's prompts and answer
     lengths). Returns the last loss.
