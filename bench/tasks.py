@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamrl.examples import longtail_copy, reverse_digits
-from streamrl.examples.longtail_copy.assets import WARM_START_LR, WARM_START_STEPS
+from streamrl.examples.longtail_copy.assets import WARM_START_BATCH, WARM_START_LR, WARM_START_STEPS
 from streamrl.examples.longtail_copy.rewards import EXACT_PART as COPY_EXACT
 from streamrl.examples.longtail_copy.task import warm_start_example
+from streamrl.examples.reverse_digits import assets as demo_assets
 from streamrl.examples.reverse_digits.rewards import EXACT_PART as REVERSE_EXACT
 from streamrl.examples.reverse_digits.task import format_warm_start
 
@@ -39,7 +40,15 @@ class Task:
 
 
 def _demo_warm_start(model, tokenizer, seed: int, optimizer) -> float:
-    return format_warm_start(model, tokenizer, seed=seed, optimizer=optimizer)
+    return format_warm_start(
+        model,
+        tokenizer,
+        steps=demo_assets.WARM_START_STEPS,
+        batch=demo_assets.WARM_START_BATCH,
+        lr=demo_assets.WARM_START_LR,
+        seed=seed,
+        optimizer=optimizer,
+    )
 
 
 def _longtail_warm_start(model, tokenizer, seed: int, optimizer) -> float:
@@ -47,6 +56,7 @@ def _longtail_warm_start(model, tokenizer, seed: int, optimizer) -> float:
         model,
         tokenizer,
         steps=WARM_START_STEPS,
+        batch=WARM_START_BATCH,
         lr=WARM_START_LR,
         seed=seed,
         optimizer=optimizer,

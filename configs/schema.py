@@ -624,6 +624,10 @@ class LearnerConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
+    init_optimizer: Literal["auto", "fresh"] = Field(
+        "auto",
+        description="What a new run's AdamW starts from (a resumed run's checkpoint holds its own). auto = the moments and step count a warm start saved next to the policy (`optimizer.pt`, written by `streamrl.learner.init_optimizer.save`, as the demo's policy builder does) where they fit the learner's optimizer (same trainable parameter names and shapes, betas, eps), else a fresh AdamW, the learner's log saying why; fresh = always a fresh AdamW.",
+    )
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0 = off).")
     groups_per_step: int = Field(
         16, ge=1, description="Rollout groups consumed by one optimizer step (across all ranks)."

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from streamrl.broker.startup import Phases
 from streamrl.configs.schema import Config
-from streamrl.learner import checkpoint, target
+from streamrl.learner import checkpoint, init_optimizer, target
 from streamrl.learner import metrics as m
 from streamrl.learner.commits import Commits
 from streamrl.learner.engine import build_engine, device, init_distributed
@@ -55,7 +55,7 @@ class Learner:
     """
 
     def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):
-        from streamrl.weightsync.policy import load_policy
+        from streamrl.weightsync.policy import load_policy, model_folder
 
         self.cfg = cfg
         self.started = time.monotonic()
@@ -71,7 +71,14 @@ class Learner:
         phases.done("engine")
         self.ref_model = reference_policy(cfg, self.engine.module, str(device()))
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
-        self.progress = Progress.from_state(checkpoint.load(self.engine, self.ckpt_root, self.rank))
+        state = checkpoint.load(self.engine, self.ckpt_root, self.rank)
+        if state is None:
+            started_from = init_optimizer.start(
+                self.engine, model_folder(cfg.model.path), cfg.learner.init_optimizer
+            )
+            if self.rank == 0:
+                log.info("learner optimizer: %s", started_from)
+        self.progress = Progress.from_state(state)
         self.last_ckpt_step = self.progress.step
         # between the start of a step's first update and its end: the weights are not a step's
         self.mid_step = False

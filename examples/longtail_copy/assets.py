@@ -13,6 +13,7 @@ from streamrl.examples.reverse_digits import assets
 # warm start's random targets never depend on, and RL then sits at the digits' chance level.
 WARM_START_STEPS = 100
 WARM_START_LR = 3e-4
+WARM_START_BATCH = 64
 
 
 def build_policy(
@@ -26,7 +27,14 @@ def build_policy(
     Like the demo's warm start it teaches the format (as many digits as the prompt, then
     stop), not the answer: RL has to learn to copy.
     """
-    return assets.build_policy(path, seed, warm_start_steps, warm_start_lr, make=warm_start_example)
+    return assets.build_policy(
+        path,
+        seed,
+        warm_start_steps,
+        warm_start_lr,
+        make=warm_start_example,
+        warm_start_batch=WARM_START_BATCH,
+    )
 
 
 def write_dataset(path: str | os.PathLike, size: int = 2000, seed: int = 0) -> Path:
