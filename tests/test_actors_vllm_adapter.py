@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client import REGISTRY
+from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.vllm import (
@@ -323,14 +324,6 @@ class Recorded:
 BUCKET_BYTES = 128 << 10
 
 
-def _until(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.01)
-
-
 def _failures() -> float:
     value = REGISTRY.get_sample_value(
         "streamrl_weights_transfer_failures_total", {"reason": "engine_push"}
@@ -403,7 +396,7 @@ def test_a_staged_version_goes_through_the_protocol_bucket_by_bucket(rig):
     assert rig.log[0][0] == "init" and rig.log[0][1]["rank_offset"] == 1 and sender.connected
     for version in (1, 2):
         published = rig.publish(version)
-        _until(lambda v=version: engine.version == v)
+        until(lambda v=version: engine.version == v)
         expected = [b.update_info() for b in staged_buckets(published, BUCKET_BYTES)]
         assert len(expected) > 1
         push = _pushes(rig.log)[-1]
@@ -433,7 +426,7 @@ def test_a_failed_bucket_is_followed_by_a_whole_second_push_before_generation_re
     llm.fail_bucket = 1
     failures = _failures()
     published = rig.publish(1)
-    _until(lambda: source.applied_versions == [1])
+    until(lambda: source.applied_versions == [1])
     push = _pushes(rig.log)[-1]
     buckets = len(staged_buckets(published, BUCKET_BYTES))
     # after start every layer is on meta: start again and push the complete staged version, whole
@@ -452,7 +445,7 @@ def test_a_hanging_send_ends_the_engine_instead_of_leaving_its_rpc_blocking(rig)
     try:
         engine, _llm, _sender, _source = rig.engine(block=block)
         rig.publish(1)
-        _until(lambda: engine.failed is not None)
+        until(lambda: engine.failed is not None)
         # vLLM's update_weights would still be waiting for the data: every later call would queue
         # behind it, so the engine must not be used again; generation was still resumed
         assert isinstance(engine.failed, EngineFailed) and "update_weights" in str(engine.failed)
@@ -468,11 +461,11 @@ def test_a_hanging_send_ends_the_engine_instead_of_leaving_its_rpc_blocking(rig)
 
 def test_two_versions_staged_back_to_back_push_only_the_newest(rig):
     rig.publish(1)
-    _until(lambda: rig.sub.staged_version == 1)
+    until(lambda: rig.sub.staged_version == 1)
     rig.publish(2)
-    _until(lambda: rig.sub.staged_version == 2)
+    until(lambda: rig.sub.staged_version == 2)
     engine, _llm, _sender, source = rig.engine()
-    _until(lambda: engine.version == 2)
+    until(lambda: engine.version == 2)
     # nothing else is pending
     time.sleep(0.1)
     assert source.applied_versions == [2]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from dataclasses import replace
 
@@ -22,6 +21,8 @@ from prometheus_client import REGISTRY
 
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
+
+from waiting import until
 
 from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
 from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
@@ -82,7 +83,7 @@ class Rig:
         self.weights[version] = tensors
         self.publisher.publish(version, {"module." + n: t for n, t in tensors.items()})
         if wait:
-            _until(lambda: self.engine.version == version)
+            until(lambda: self.engine.version == version)
 
     def learner_logprobs(
         self, version: int, request: Request, output: Output, temperature: float
@@ -115,14 +116,6 @@ class Rig:
     def close(self) -> None:
         self.engine.close()
         self.publisher.close()
-
-
-def _until(predicate, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.02)
 
 
 def _push_failures() -> float:
@@ -219,7 +212,7 @@ def test_a_push_during_generation_tags_each_span_with_the_weights_that_produced_
         hook = _PublishWhileGenerating(rig, before + 1)
         outputs = rig.engine.generate(requests, params, should_abort=hook)
         if hook.published:
-            _until(lambda b=before: rig.engine.version == b + 1)
+            until(lambda b=before: rig.engine.version == b + 1)
         straddling = [o for o in outputs if len(set(o.versions.tolist())) > 1]
         if straddling:
             break

@@ -9,7 +9,6 @@ log-probs with the learner's ``token_logprobs`` under the merged weights of the 
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import numpy as np
@@ -18,6 +17,8 @@ import torch
 
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
+
+from waiting import until
 
 from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
 from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
@@ -79,7 +80,7 @@ class Rig:
         }
         self.publisher.publish(version, self.adapters[version])
         if wait:
-            _until(lambda: self.engine.version == version)
+            until(lambda: self.engine.version == version)
 
     def learner_logprobs(self, version: int, request: Request, output: Output) -> np.ndarray:
         """The learner's log-probs of the sampled tokens under ``version``'s merged weights."""
@@ -112,14 +113,6 @@ class Rig:
         self.engine.close()
         self.subscriber.close()
         self.publisher.close()
-
-
-def _until(predicate, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +150,7 @@ def test_each_version_is_loaded_as_an_adapter_and_served(rig):
         )
         assert moved > 100 * TOLERANCE
     # older adapters no request uses are removed from the engine
-    _until(lambda: len(rig.engine.adapters.loaded) == 1)
+    until(lambda: len(rig.engine.adapters.loaded) == 1)
 
 
 class _PublishWhileGenerating:
@@ -186,7 +179,7 @@ def test_generation_continues_across_a_swap_each_request_on_its_own_version(rig)
         outputs = rig.engine.generate(requests, params, should_abort=hook)
         if hook.swapped:
             break
-        _until(lambda b=before: rig.engine.version == b + 1)
+        until(lambda b=before: rig.engine.version == b + 1)
     assert hook.swapped, "no adapter was loaded while a generation ran, in 3 tries"
     # requests that started under `before` ran to their end on it, past the swap
     assert all(o.finish_reason in ("stop", "length") for o in outputs)

@@ -15,7 +15,6 @@ into shared memory and the engine's workers load it through the ``streamrl_shm``
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import numpy as np
@@ -26,6 +25,7 @@ if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
 from test_multiturn_actor import check_multiturn_actor  # noqa: E402
+from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams  # noqa: E402
 from streamrl.actors.engines.vllm import (  # noqa: E402
@@ -90,7 +90,7 @@ class Rig:
         self.weights[version] = tensors
         self.publisher.publish(version, {"module." + n: t for n, t in tensors.items()})
         if wait:
-            _until(lambda: self.engine.version == version)
+            until(lambda: self.engine.version == version)
 
     def learner_logprobs(self, version: int, sample) -> np.ndarray:
         """The learner's log-probs of a decoded sample's trained tokens under ``version``."""
@@ -105,14 +105,6 @@ class Rig:
     def close(self) -> None:
         self.engine.close()
         self.publisher.close()
-
-
-def _until(predicate, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +296,7 @@ def test_versions_across_a_swap_between_turns_and_one_inside_a_turn(rig):
         group, turns, renderer = _roll_out(
             rig, ROW, lambda on_step=on_step: Feedback(reply, 3, on_step), 8, hook
         )
-        _until(lambda start=start: rig.engine.version == start + 2)
+        until(lambda start=start: rig.engine.version == start + 2)
         straddling = 0
         for t in group:
             (_, one), (_, two), (_, three) = turns[t.session]
