@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from streamrl.actors.environment import Step
 from streamrl.examples.multiturn import SecondAttempt
 
 
@@ -12,3 +13,21 @@ class Flaky(SecondAttempt):
         if int(self.answer[0]) % 2 == 0:
             raise RuntimeError("tool broke")
         return super().step(turn)
+
+
+# what Feedback says after each wrong answer
+FEEDBACK = [{"role": "user", "content": "no"}]
+
+
+class Feedback:
+    """Says "no" twice, then done with reward 1: three model turns, whatever the model writes."""
+
+    def reset(self, row):
+        self.steps = 0
+        return row["messages"]
+
+    def step(self, turn):
+        self.steps += 1
+        if self.steps == 3:
+            return Step(reward=1.0, done=True)
+        return Step(messages=FEEDBACK)

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from multiturn_envs import Feedback
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
@@ -26,20 +27,6 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>{% endif %}"
 )
 ROW = {"messages": [{"role": "user", "content": "123>"}], "answer": "321"}
-
-
-class Feedback:
-    """Says "no" twice, then done with reward 1."""
-
-    def reset(self, row):
-        self.steps = 0
-        return row["messages"]
-
-    def step(self, turn):
-        self.steps += 1
-        if self.steps == 3:
-            return Step(reward=1.0, done=True)
-        return Step(messages=[{"role": "user", "content": "no"}])
 
 
 class _Recording(HFEngine):

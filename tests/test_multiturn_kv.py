@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from multiturn_envs import FEEDBACK, Feedback
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.environment import Step
 from streamrl.actors.loop import assistant_turn
 from streamrl.actors.trajectory import Renderer, Rollouts
 from streamrl.configs.schema import EnvConfig
@@ -24,25 +24,10 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>{% endif %}"
 )
 ROW = {"messages": [{"role": "user", "content": "123>"}], "answer": "321"}
-FEEDBACK = [{"role": "user", "content": "no"}]
 # sampling runs in float32 (sampling.processed_logprobs): float64 logits that agree to ~1e-12
 # round to float32 values at most one ulp apart, 2**-23 * |logit| < 4e-6 for |logit| < 32, and a
 # log-softmax moves by at most two such steps
 FLOAT32_TOLERANCE = 1e-5
-
-
-class Feedback:
-    """Says "no" twice, then done."""
-
-    def reset(self, row):
-        self.steps = 0
-        return row["messages"]
-
-    def step(self, turn):
-        self.steps += 1
-        if self.steps == 3:
-            return Step(reward=1.0, done=True)
-        return Step(messages=FEEDBACK)
 
 
 class _Counting(HFEngine):
