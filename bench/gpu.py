@@ -73,7 +73,8 @@ CHECKS = (
         "learner-memory-0.5b",
         "bench.learner_memory",
         ("--measure", "--device", "cuda", "--seconds", "5"),
-        ("--measure", "--cpu"),
+        # its CPU smoke is tests/test_bench_learner_memory.py's
+        ("--help",),
         100,
         "the learner's peak memory and tokens/s at Qwen2.5-0.5B's shape, per memory knob",
     ),
