@@ -593,7 +593,7 @@ class AlgoConfig(Section):
     constant_normalizer: int = Field(
         0,
         ge=0,
-        description="Normaliser for aggregation=constant (0 = max_new_tokens x batch size).",
+        description="Normaliser for aggregation=constant (0 = a completion's token budget x batch size: rollout.max_new_tokens, or env.max_total_tokens for multi-turn trajectories, agent.max_total_tokens for agents).",
     )
     kl_coef: float = Field(
         0.0,

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from streamrl.broker.semantics import Limits
 from streamrl.broker.startup import Phases
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, init_optimizer, target
@@ -158,6 +159,7 @@ class Learner:
                 ref_model=self.ref_model,
                 after_update=after_update,
                 skipped=batch.skipped,
+                completion_budget=Limits.from_config(cfg).max_completion_tokens,
             )
             progress.step += 1
             progress.samples += len(batch.samples)

@@ -118,15 +118,23 @@ def counted_tokens(samples: list[Sample], version: int, max_staleness: int) -> t
 
 
 def loss_normalizer(
-    algo: AlgoConfig, rollout: RolloutConfig, samples: list[Sample], version: int
+    algo: AlgoConfig,
+    rollout: RolloutConfig,
+    samples: list[Sample],
+    version: int,
+    completion_budget: int | None = None,
 ) -> float:
+    """The loss's denominator for ``algo.aggregation``. ``completion_budget``: the most tokens one
+    completion may hold, which ``constant`` scales by (None: ``rollout.max_new_tokens``; a
+    multi-turn trajectory's is ``env.max_total_tokens``, an agent's ``agent.max_total_tokens``)."""
     tokens, seqs = counted_tokens(samples, version, algo.max_staleness)
     mode = algo.aggregation
     if mode == "token_mean":
         return float(max(tokens, 1))
     if mode == "seq_mean":
         return float(max(seqs, 1))
-    return float(algo.constant_normalizer or rollout.max_new_tokens * len(samples))
+    budget = rollout.max_new_tokens if completion_budget is None else completion_budget
+    return float(algo.constant_normalizer or budget * len(samples))
 
 
 @dataclass
@@ -297,12 +305,14 @@ def train_batch(
     ref_model=None,
     after_update: Callable[[UpdateStats], None] | None = None,
     skipped: Sequence[Sample] = (),
+    completion_budget: int | None = None,
 ) -> list[UpdateStats]:
     """Train on ``samples`` (the whole batch, identical on every rank); one ``UpdateStats`` per optimizer step.
 
     ``seed`` is the run's (``run.seed``): with the version it draws the mini-batch split.
     ``after_update`` runs after each optimizer step (rank 0 publishes the new version there).
-    ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser.
+    ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser;
+    ``completion_budget``: see ``loss_normalizer``.
     """
     temperature = rollout.temperature
     device = next(engine.module.parameters()).device
@@ -321,7 +331,9 @@ def train_batch(
         minis.append(
             MiniBatch(
                 micro_batches=batches,
-                normalizer=loss_normalizer(algo, rollout, [*trained, *left_out], version),
+                normalizer=loss_normalizer(
+                    algo, rollout, [*trained, *left_out], version, completion_budget
+                ),
                 ref_logprobs=_reference_logprobs(ref_model, batches, algo.kl_coef, temperature),
                 # mini-batch 0's first forward pass gives pi_prox; the others need it before any step
                 prox_logprobs=_logprobs_no_grad(engine.module, batches, temperature)

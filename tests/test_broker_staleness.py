@@ -80,3 +80,16 @@ def test_the_loss_normaliser_counts_the_tokens_and_sequences_that_are_not_stale(
     fresh = [[v for v in s if not is_stale(learner, v, max_staleness)] for s in samples]
     expected = (sum(len(f) for f in fresh), sum(bool(f) for f in fresh))
     assert counted_tokens([_sample(s) for s in samples], learner, max_staleness) == expected
+
+
+def test_the_constant_normaliser_scales_the_completion_budget_a_multi_turn_run_gives_it():
+    from streamrl.configs.schema import AlgoConfig, RolloutConfig
+    from streamrl.learner.step import loss_normalizer
+
+    algo, rollout = AlgoConfig(aggregation="constant"), RolloutConfig(max_new_tokens=8)
+    samples = [_sample([0, 0, 0]) for _ in range(3)]
+    assert loss_normalizer(algo, rollout, samples, 0) == 8 * 3
+    # a trajectory of several turns may hold env.max_total_tokens, not one turn's budget
+    assert loss_normalizer(algo, rollout, samples, 0, completion_budget=32) == 32 * 3
+    fixed = AlgoConfig(aggregation="constant", constant_normalizer=100)
+    assert loss_normalizer(fixed, rollout, samples, 0, completion_budget=32) == 100
