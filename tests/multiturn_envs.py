@@ -31,3 +31,12 @@ class Feedback:
         if self.steps == 3:
             return Step(reward=1.0, done=True)
         return Step(messages=FEEDBACK)
+
+
+def lookup(key: str) -> str:
+    """Look a key up in the table.
+
+    Args:
+        key: the key to look up
+    """
+    return {"a": "42"}[key]

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from multiturn_envs import Feedback
+from multiturn_envs import Feedback, lookup
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
@@ -337,15 +337,6 @@ def test_the_consumer_bounds_a_trajectory_by_env_max_total_tokens():
     check_group(_group([1, 0, 0, 1, 1, 1]), limits)
     with pytest.raises(WireError, match="env.max_total_tokens=6"):
         check_group(_group([1, 0, 0, 1, 1, 1, 1]), limits)
-
-
-def lookup(key: str) -> str:
-    """Look a key up in the table.
-
-    Args:
-        key: the key to look up
-    """
-    return {"a": "42"}[key]
 
 
 class _Lookup(ToolEnvironment):

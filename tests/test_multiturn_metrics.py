@@ -9,6 +9,7 @@ import math
 import msgpack
 import numpy as np
 import pytest
+from multiturn_envs import lookup
 
 from streamrl.actors.engines.base import Output
 from streamrl.actors.environment import Step, ToolEnvironment
@@ -24,15 +25,6 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>{% endif %}"
 )
 ROW = {"messages": [{"role": "user", "content": "1>"}], "answer": "42"}
-
-
-def lookup(key: str) -> str:
-    """Look a key up.
-
-    Args:
-        key: the key
-    """
-    return {"a": "42"}[key]
 
 
 class _Lookup(ToolEnvironment):
