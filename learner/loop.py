@@ -67,6 +67,8 @@ class Learner:
         model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
         model = training_policy(model, cfg.model.lora)
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        # the most tokens one completion may hold (a trajectory's, an agent's): the constant loss normaliser's
+        self.completion_budget = Limits.from_config(cfg).max_completion_tokens
         phases.done("policy")
         self.engine = build_engine(cfg.learner, model, self.world)
         phases.done("engine")
@@ -159,7 +161,7 @@ class Learner:
                 ref_model=self.ref_model,
                 after_update=after_update,
                 skipped=batch.skipped,
-                completion_budget=Limits.from_config(cfg).max_completion_tokens,
+                completion_budget=self.completion_budget,
             )
             progress.step += 1
             progress.samples += len(batch.samples)
