@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from streamrl.actors.environment import Step
+from streamrl.actors.loop import assistant_turn
+from streamrl.actors.trajectory import Renderer, Rollouts
+from streamrl.configs.schema import EnvConfig
 from streamrl.examples.multiturn import SecondAttempt
 
 
@@ -40,3 +43,14 @@ def lookup(key: str) -> str:
         key: the key to look up
     """
     return {"a": "42"}[key]
+
+
+def env_rollouts(tokenizer, factory, **env) -> Rollouts:
+    """``Rollouts`` of the environment ``factory`` makes, as an hf actor runs them (``env``: the
+    ``env.*`` limits; its tools, if it has any, described to the model)."""
+    return Rollouts(
+        EnvConfig(name="unused:name", **env),
+        factory,
+        Renderer(tokenizer, getattr(factory, "tools", ())),
+        lambda output: assistant_turn(tokenizer, output),
+    )

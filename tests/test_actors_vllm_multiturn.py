@@ -24,6 +24,7 @@ import torch
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
+from multiturn_envs import env_rollouts  # noqa: E402
 from test_multiturn_actor import check_multiturn_actor  # noqa: E402
 from waiting import until
 
@@ -35,13 +36,10 @@ from streamrl.actors.engines.vllm import (  # noqa: E402
     engine_args,
 )
 from streamrl.actors.environment import Step  # noqa: E402
-from streamrl.actors.loop import assistant_turn  # noqa: E402
-from streamrl.actors.trajectory import Renderer, Rollouts  # noqa: E402
 from streamrl.broker.client import connect_sync  # noqa: E402
 from streamrl.broker.keys import Keys  # noqa: E402
 from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_group  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
-from streamrl.configs.schema import EnvConfig  # noqa: E402
 from streamrl.learner.batching import collate, samples_from_group  # noqa: E402
 from streamrl.learner.engine import token_logprobs  # noqa: E402
 from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
@@ -176,11 +174,8 @@ class Feedback:
 def _roll_out(rig, row, factory, size: int, should_abort=None):
     """A group of ``size`` trajectories to their ends (12 tokens a turn at most)."""
     engine = _Recording(rig.engine)
-    rollouts = Rollouts(
-        EnvConfig(name="unused:name", max_turns=4, max_total_tokens=60, step_timeout_s=300),
-        factory,
-        Renderer(rig.tokenizer),
-        lambda output: assistant_turn(rig.tokenizer, output),
+    rollouts = env_rollouts(
+        rig.tokenizer, factory, max_turns=4, max_total_tokens=60, step_timeout_s=300
     )
     group = rollouts.start_group(row, size)
     params = SamplingParams(max_new_tokens=12, stop_token_ids=(rig.tokenizer.eos_token_id,))

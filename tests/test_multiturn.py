@@ -8,15 +8,14 @@ import threading
 import numpy as np
 import pytest
 import torch
-from multiturn_envs import Feedback, lookup
+from multiturn_envs import Feedback, env_rollouts, lookup
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.actors.environment import Step, ToolEnvironment, parse_tool_calls
-from streamrl.actors.loop import assistant_turn
-from streamrl.actors.trajectory import Renderer, Rollouts
+from streamrl.actors.trajectory import Renderer
 from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group
-from streamrl.configs.schema import AlgoConfig, EnvConfig
+from streamrl.configs.schema import AlgoConfig
 from streamrl.learner.batching import collate, samples_from_group
 from streamrl.learner.step import _loss, counted_tokens, token_logprobs
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -67,13 +66,6 @@ def policy(demo_policy):
     return load_policy(demo_policy), tokenizer
 
 
-def _rollouts(tokenizer, factory, **env):
-    cfg = EnvConfig(name="unused:name", **env)
-    return Rollouts(
-        cfg, factory, Renderer(tokenizer), lambda output: assistant_turn(tokenizer, output)
-    )
-
-
 def _params(tokenizer):
     return SamplingParams(max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
 
@@ -82,7 +74,7 @@ def test_trained_tokens_are_the_engine_turns_plus_the_rendered_observations(poli
     model, tokenizer = policy
     engine = _Recording(model, tokenizer, batch_slots=4, seed=5)
     engine.weight_source = _SwapBeforeCall(model, lambda: engine.calls)
-    rollouts = _rollouts(tokenizer, Feedback, max_turns=4, max_total_tokens=40)
+    rollouts = env_rollouts(tokenizer, Feedback, max_turns=4, max_total_tokens=40)
     group = rollouts.start_group(ROW, 3)
     assert rollouts.run(engine, group, _params(tokenizer))
     renderer = rollouts.renderer
@@ -146,7 +138,7 @@ def test_environment_tokens_get_exactly_zero_gradient_through_the_learners_loss(
     _, tokenizer = policy
     # the weights the learner starts from: ratios near 1, so no model token is clipped
     engine = HFEngine(load_policy(demo_policy), tokenizer, batch_slots=4, seed=6)
-    rollouts = _rollouts(tokenizer, Feedback, max_turns=3, max_total_tokens=40)
+    rollouts = env_rollouts(tokenizer, Feedback, max_turns=3, max_total_tokens=40)
     group = rollouts.start_group(ROW, 2)
     assert rollouts.run(engine, group, _params(tokenizer))
     outs = [t.output(str(j)) for j, t in enumerate(group)]
@@ -235,8 +227,8 @@ def test_a_failing_step_ends_its_trajectory_with_a_reason_and_the_rest_go_on(pol
     engine = HFEngine(model, tokenizer, batch_slots=4, seed=7)
     # the hung step waits until released, so it runs past any timeout; a well-behaved one is far
     # inside this one
-    bad = _rollouts(tokenizer, env, step_timeout_s=2.0, max_total_tokens=40)
-    good = _rollouts(tokenizer, Feedback, max_total_tokens=40)
+    bad = env_rollouts(tokenizer, env, step_timeout_s=2.0, max_total_tokens=40)
+    good = env_rollouts(tokenizer, Feedback, max_total_tokens=40)
     try:
         trajectories = bad.start_group(ROW, 2) + good.start_group(ROW, 2)
         assert bad.run(engine, trajectories, _params(tokenizer))
@@ -254,11 +246,11 @@ def test_a_failing_step_ends_its_trajectory_with_a_reason_and_the_rest_go_on(pol
 def test_limits_truncate_a_trajectory(policy):
     model, tokenizer = policy
     engine = HFEngine(model, tokenizer, batch_slots=4, seed=8)
-    turns = _rollouts(tokenizer, Feedback, max_turns=2, max_total_tokens=60)
+    turns = env_rollouts(tokenizer, Feedback, max_turns=2, max_total_tokens=60)
     group = turns.start_group(ROW, 2)
     assert turns.run(engine, group, _params(tokenizer))
     assert [(t.end, t.turns) for t in group] == [("max_turns", 2)] * 2
-    tokens = _rollouts(tokenizer, Feedback, max_turns=4, max_total_tokens=12)
+    tokens = env_rollouts(tokenizer, Feedback, max_turns=4, max_total_tokens=12)
     group = tokens.start_group(ROW, 2)
     assert tokens.run(engine, group, _params(tokenizer))
     for t in group:

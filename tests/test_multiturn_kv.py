@@ -8,13 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from multiturn_envs import FEEDBACK, Feedback
+from multiturn_envs import FEEDBACK, Feedback, env_rollouts
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.loop import assistant_turn
-from streamrl.actors.trajectory import Renderer, Rollouts
-from streamrl.configs.schema import EnvConfig
 from streamrl.learner.batching import Sample, collate
 from streamrl.learner.engine import token_logprobs
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -91,12 +88,7 @@ def _engine(demo_policy, tokenizer, **kwargs) -> _Counting:
 
 
 def _roll_out(engine, tokenizer, size: int = 4):
-    rollouts = Rollouts(
-        EnvConfig(name="unused:name", max_turns=4, max_total_tokens=40),
-        Feedback,
-        Renderer(tokenizer),
-        lambda output: assistant_turn(tokenizer, output),
-    )
+    rollouts = env_rollouts(tokenizer, Feedback, max_turns=4, max_total_tokens=40)
     group = rollouts.start_group(ROW, size)
     params = SamplingParams(max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
     assert rollouts.run(engine, group, params)
@@ -203,12 +195,7 @@ def test_a_swap_makes_the_next_turn_reprefill_under_the_new_weights(demo_policy,
 
 def test_an_aborted_rollout_drops_its_kept_caches(demo_policy, tokenizer):
     engine = _engine(demo_policy, tokenizer)
-    rollouts = Rollouts(
-        EnvConfig(name="unused:name", max_turns=4, max_total_tokens=40),
-        Feedback,
-        Renderer(tokenizer),
-        lambda output: assistant_turn(tokenizer, output),
-    )
+    rollouts = env_rollouts(tokenizer, Feedback, max_turns=4, max_total_tokens=40)
     group = rollouts.start_group(ROW, 3)
     params = SamplingParams(max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
     kept = []

@@ -9,15 +9,13 @@ import math
 import msgpack
 import numpy as np
 import pytest
-from multiturn_envs import lookup
+from multiturn_envs import env_rollouts, lookup
 
 from streamrl.actors.engines.base import Output
 from streamrl.actors.environment import Step, ToolEnvironment
-from streamrl.actors.loop import assistant_turn
-from streamrl.actors.trajectory import Renderer, Rollouts, group_stats
+from streamrl.actors.trajectory import group_stats
 from streamrl.broker import env_stats
 from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group
-from streamrl.configs.schema import EnvConfig
 from streamrl.weightsync.policy import load_tokenizer
 
 TEMPLATE = (
@@ -53,12 +51,7 @@ def _turn(tokenizer, text: str) -> Output:
 
 
 def test_tool_calls_and_their_failures_are_counted_by_reason_with_the_step_time(tokenizer):
-    rollouts = Rollouts(
-        EnvConfig(name="unused:name", max_turns=4, max_total_tokens=400),
-        _Lookup,
-        Renderer(tokenizer, _Lookup.tools),
-        lambda output: assistant_turn(tokenizer, output),
-    )
+    rollouts = env_rollouts(tokenizer, _Lookup, max_turns=4, max_total_tokens=400)
     group = rollouts.start_group(ROW, 2)
     first, second = group
     turns = [
@@ -101,12 +94,7 @@ def test_an_environment_reporting_an_unknown_tool_failure_is_invalid(tokenizer):
         def step(self, turn):
             return Step(messages=[{"role": "user", "content": "x"}], tool_failures=["oops"])
 
-    rollouts = Rollouts(
-        EnvConfig(name="unused:name"),
-        Liar,
-        Renderer(tokenizer),
-        lambda output: assistant_turn(tokenizer, output),
-    )
+    rollouts = env_rollouts(tokenizer, Liar)
     (t,) = rollouts.start_group(ROW, 1)
     rollouts._after_turn(t, _turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>'))
     assert t.end == "invalid" and t.tool_failed == {} and t.steps == 1
@@ -122,12 +110,7 @@ def test_an_environment_reporting_more_failures_than_calls_is_invalid(tokenizer)
                 messages=[{"role": "user", "content": "x"}], tool_failures=["unknown_tool"] * 2
             )
 
-    rollouts = Rollouts(
-        EnvConfig(name="unused:name"),
-        Inflates,
-        Renderer(tokenizer),
-        lambda output: assistant_turn(tokenizer, output),
-    )
+    rollouts = env_rollouts(tokenizer, Inflates)
     (t,) = rollouts.start_group(ROW, 1)
     rollouts._after_turn(t, _turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>'))
     assert t.end == "invalid" and t.tool_calls == 1 and t.tool_failed == {}
