@@ -6,7 +6,16 @@ from streamrl.actors.environment import Step
 from streamrl.actors.loop import assistant_turn
 from streamrl.actors.trajectory import Renderer, Rollouts
 from streamrl.configs.schema import EnvConfig
-from streamrl.examples.multiturn import SecondAttempt
+from streamrl.examples.multiturn import SecondAttempt, build_policy
+
+# the tests need the policy's chat template and some of its format, not the demo's learning: the
+# single-turn demo's warm start (60 steps), half the demo's 120 and half the build time
+TEST_WARM_START_STEPS = 60
+
+
+def multiturn_policy(path):
+    """The demo's multi-turn policy folder at ``path``, with the tests' shorter warm start."""
+    return build_policy(path, warm_start_steps=TEST_WARM_START_STEPS)
 
 
 class Flaky(SecondAttempt):

@@ -23,6 +23,7 @@ import openai
 import pytest
 import redis
 import yaml
+from multiturn_envs import multiturn_policy
 
 from streamrl.actors.openai_server import load_token
 from streamrl.broker.keys import Keys
@@ -30,7 +31,7 @@ from streamrl.broker.semantics import Limits
 from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
 from streamrl.configs.errors import ConfigError
-from streamrl.examples.multiturn import build_policy, hint
+from streamrl.examples.multiturn import hint
 from streamrl.learner.batching import collate, samples_from_group
 from streamrl.weightsync.policy import load_tokenizer
 
@@ -105,7 +106,7 @@ class Actor:
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Path:
-    return build_policy(tmp_path_factory.mktemp("agent") / "policy")
+    return multiturn_policy(tmp_path_factory.mktemp("agent") / "policy")
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from multiturn_envs import multiturn_policy
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
-from streamrl.examples.multiturn import build_policy, feedback
+from streamrl.examples.multiturn import feedback
 from streamrl.examples.reverse_digits.task import EOS
 from streamrl.weightsync.policy import load_tokenizer
 
@@ -42,7 +43,7 @@ def test_multiturn_actor_publishes_masked_trajectories_and_survives_a_raising_en
 def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
     """An actor process (``extra``: more overrides, e.g. its engine) publishes the demo's
     two-attempt trajectories with their loss masks, through a raising environment."""
-    policy = build_policy(tmp_path / "policy")
+    policy = multiturn_policy(tmp_path / "policy")
     tokenizer = load_tokenizer(str(policy))
     data = tmp_path / "train.jsonl"
     data.write_text(

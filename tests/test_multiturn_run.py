@@ -15,11 +15,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from multiturn_envs import multiturn_policy
 from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from streamrl.broker import env_stats
-from streamrl.examples.multiturn import build_policy
 from streamrl.launch.status import Snapshot, read_steps
 from streamrl.launch.view import live_table, plain_line
 
@@ -31,7 +31,7 @@ ROWS = ["123", "214", "305", "436"]
 @pytest.mark.slow
 @pytest.mark.timeout(450)
 def test_turns_tool_calls_step_time_and_ends_reach_step_rows_tensorboard_and_the_view(tmp_path):
-    policy = build_policy(tmp_path / "policy")
+    policy = multiturn_policy(tmp_path / "policy")
     data = tmp_path / "train.jsonl"
     data.write_text(
         "".join(json.dumps({"prompt": f"{n}>", "answer": n[::-1]}) + "\n" for n in ROWS)

@@ -8,7 +8,7 @@ import string
 from pathlib import Path
 
 from streamrl.actors.environment import Step
-from streamrl.examples.reverse_digits import build_policy as build_reverse_digits_policy
+from streamrl.examples.reverse_digits import assets
 from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.examples.reverse_digits.task import EOS, IM_END, make_example
 
@@ -20,6 +20,10 @@ CHAT_TEMPLATE = (
     + "{% endif %}{% endfor %}"
 )
 ATTEMPTS = 2
+# the single-turn demo's warm start for each of the two contexts (half the examples are each): with
+# its 60 steps shared between them the first turn's format was learned half as far, and RL sat on
+# the chance plateau for up to 500 steps (docs/multiturn.md)
+WARM_START_STEPS = 2 * assets.WARM_START_STEPS
 
 
 def hint(answer: str, attempt: str) -> str:
@@ -84,7 +88,9 @@ def make_two_turn_example(rng: random.Random) -> dict[str, str]:
     return {"prompt": ex["prompt"] + attempt + EOS + IM_END + second, "answer": ex["answer"]}
 
 
-def build_policy(path: str | os.PathLike, seed: int = 0) -> Path:
+def build_policy(
+    path: str | os.PathLike, seed: int = 0, warm_start_steps: int = WARM_START_STEPS
+) -> Path:
     """The ``model.build`` hook: the reverse-digits demo's tiny policy, its format warm start
     taught on both turns' contexts, with ``CHAT_TEMPLATE``."""
     from transformers import AutoTokenizer
@@ -93,7 +99,7 @@ def build_policy(path: str | os.PathLike, seed: int = 0) -> Path:
     if (path / "config.json").exists():
         return path
     tmp = path.with_name(path.name + ".build")
-    build_reverse_digits_policy(tmp, seed=seed, make=make_two_turn_example)
+    assets.build_policy(tmp, seed, warm_start_steps, make=make_two_turn_example)
     tokenizer = AutoTokenizer.from_pretrained(tmp)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(tmp)
