@@ -27,7 +27,10 @@ TIMEOUT_S = 120
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    # the inherited path is kept: a host whose packages were installed with --target (a lent GPU
+    # machine's carried wheels) finds them only through it
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         # the pytest process may have set them up for its own in-process learner
         env.pop(var, None)
