@@ -7,10 +7,25 @@ from streamrl.actors.loop import assistant_turn
 from streamrl.actors.trajectory import Renderer, Rollouts
 from streamrl.configs.schema import EnvConfig
 from streamrl.examples.multiturn import SecondAttempt, build_policy
+from streamrl.examples.reverse_digits import assets
+from streamrl.weightsync.policy import load_tokenizer
 
 # the tests need the policy's chat template and some of its format, not the demo's learning: the
-# single-turn demo's warm start (60 steps), half the demo's 120 and half the build time
-TEST_WARM_START_STEPS = 60
+# single-turn demo's warm start, half the multi-turn demo's and half its build time
+TEST_WARM_START_STEPS = assets.WARM_START_STEPS
+# the demo tokenizer spells "assistant" in 9 tokens; a terse template fits 3 turns in its 64 positions
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
+)
+ROW = {"messages": [{"role": "user", "content": "123>"}], "answer": "321"}
+
+
+def terse_tokenizer(policy):
+    """The tokenizer of the policy folder ``policy`` with ``TEMPLATE`` as its chat template."""
+    tokenizer = load_tokenizer(policy)
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
 
 
 def multiturn_policy(path):

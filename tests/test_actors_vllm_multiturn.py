@@ -24,7 +24,7 @@ import torch
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
-from multiturn_envs import env_rollouts  # noqa: E402
+from multiturn_envs import ROW, env_rollouts, terse_tokenizer  # noqa: E402
 from test_multiturn_actor import check_multiturn_actor  # noqa: E402
 from waiting import until
 
@@ -42,7 +42,7 @@ from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import collate, samples_from_group  # noqa: E402
 from streamrl.learner.engine import token_logprobs  # noqa: E402
-from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from streamrl.weightsync.policy import load_policy  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -51,12 +51,6 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 # the engine starts in the first test's setup (30-60 s idle, minutes loaded): a hang guard
 pytestmark = pytest.mark.timeout(900)
 
-# the demo tokenizer spells "assistant" in 9 tokens; a terse template fits 3 turns in 64 positions
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
-)
-ROW = {"messages": [{"role": "user", "content": "123>"}], "answer": "321"}
 # vLLM's float32 CPU kernels against the learner's transformers forward (as in
 # test_actors_vllm_engine)
 TOLERANCE = 1e-4
@@ -69,8 +63,7 @@ class Rig:
     """The engine, the learner's model per version, and the publisher feeding the engine."""
 
     def __init__(self, cfg: Config, policy: str) -> None:
-        self.tokenizer = load_tokenizer(policy)
-        self.tokenizer.chat_template = TEMPLATE
+        self.tokenizer = terse_tokenizer(policy)
         self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
         self.model = load_policy(policy)
         self.weights = {0: self.base}

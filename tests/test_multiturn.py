@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from multiturn_envs import Feedback, env_rollouts, lookup
+from multiturn_envs import ROW, Feedback, env_rollouts, lookup, terse_tokenizer
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
@@ -19,13 +19,6 @@ from streamrl.configs.schema import AlgoConfig
 from streamrl.learner.batching import collate, samples_from_group
 from streamrl.learner.step import _loss, counted_tokens, token_logprobs
 from streamrl.weightsync.policy import load_policy, load_tokenizer
-
-# the demo tokenizer spells "assistant" in 9 tokens; a terse template fits 3 turns in its 64 positions
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
-)
-ROW = {"messages": [{"role": "user", "content": "123>"}], "answer": "321"}
 
 
 class _Recording(HFEngine):
@@ -61,8 +54,7 @@ class _SwapBeforeCall:
 
 @pytest.fixture(scope="module")
 def policy(demo_policy):
-    tokenizer = load_tokenizer(demo_policy)
-    tokenizer.chat_template = TEMPLATE
+    tokenizer = terse_tokenizer(demo_policy)
     return load_policy(demo_policy), tokenizer
 
 

@@ -8,19 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from multiturn_envs import FEEDBACK, Feedback, env_rollouts
+from multiturn_envs import FEEDBACK, ROW, Feedback, env_rollouts, terse_tokenizer
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.learner.batching import Sample, collate
 from streamrl.learner.engine import token_logprobs
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.weightsync.policy import load_policy
 
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
-)
-ROW = {"messages": [{"role": "user", "content": "123>"}], "answer": "321"}
 # sampling runs in float32 (sampling.processed_logprobs): float64 logits that agree to ~1e-12
 # round to float32 values at most one ulp apart, 2**-23 * |logit| < 4e-6 for |logit| < 32, and a
 # log-softmax moves by at most two such steps
@@ -78,8 +73,7 @@ class _SwapAt:
 
 @pytest.fixture(scope="module")
 def tokenizer(demo_policy):
-    tokenizer = load_tokenizer(demo_policy)
-    tokenizer.chat_template = TEMPLATE
+    tokenizer = terse_tokenizer(demo_policy)
     return tokenizer
 
 

@@ -9,19 +9,14 @@ import math
 import msgpack
 import numpy as np
 import pytest
-from multiturn_envs import env_rollouts, lookup
+from multiturn_envs import env_rollouts, lookup, terse_tokenizer
 
 from streamrl.actors.engines.base import Output
 from streamrl.actors.environment import Step, ToolEnvironment
 from streamrl.actors.trajectory import group_stats
 from streamrl.broker import env_stats
 from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group
-from streamrl.weightsync.policy import load_tokenizer
 
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
-)
 ROW = {"messages": [{"role": "user", "content": "1>"}], "answer": "42"}
 
 
@@ -37,8 +32,7 @@ class _Lookup(ToolEnvironment):
 
 @pytest.fixture(scope="module")
 def tokenizer(demo_policy):
-    tokenizer = load_tokenizer(demo_policy)
-    tokenizer.chat_template = TEMPLATE
+    tokenizer = terse_tokenizer(demo_policy)
     return tokenizer
 
 
