@@ -52,7 +52,7 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats
 from streamrl.broker.metrics import Endpoint, serve, unregister
 from streamrl.broker.semantics import is_stale
-from streamrl.broker.startup import Phases
+from streamrl.broker.startup import Phases, pin_assigned
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
 from streamrl.configs.schema import Config
@@ -638,6 +638,7 @@ def run_actor(cfg: Config, actor_id: str, stop: threading.Event) -> None:
     port = serve(endpoint, "actor", actor_id, cfg.actor.metrics_port)
     log.info("actor %s started (metrics port %d)", actor_id, port)
     actor.phases.log(log, f"actor {actor_id}")
+    pin_assigned(log, f"actor {actor_id}")
     try:
         # returns once ``stop`` is set and the actor has shut down (leases released, engine closed)
         asyncio.run(actor.run())

@@ -190,13 +190,14 @@ def ratio(num: list[Outcome], den: list[Outcome]) -> float:
     return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
 
 
-def yardstick_ratio(loop: list[Outcome], yardstick: list[Outcome]) -> float:
-    """The repository's loop over the one-file loop, each to a 20-rollout mean reward >= 0.95."""
-    a = system.median_of([o.time_to(YARDSTICK_REWARD) for o in loop])
-    b = system.median_of([o.time_to(YARDSTICK_REWARD) for o in yardstick])
+def reward_only_ratio(num: list[Outcome], den: list[Outcome]) -> float:
+    """Median times to the one-file loop's own target (a 20-step mean reward >= 0.95, no
+    exact-match bar), ``num`` over ``den``."""
+    a = system.median_of([o.time_to(YARDSTICK_REWARD) for o in num])
+    b = system.median_of([o.time_to(YARDSTICK_REWARD) for o in den])
     if not math.isfinite(b) or b <= 0:
         return math.nan
-    # a loop that missed on most seeds is infinitely slower: the check fails
+    # a side that missed on most seeds is infinitely slower: the check fails
     return a / b
 
 
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                 demo[LOOP].append(
                     run_system(LOOP, DEMO, seed, YARDSTICK_POINT, args.cap_s, args.reuse)
                 )
-            value = yardstick_ratio(demo[LOOP], demo[YARDSTICK])
+            value = reward_only_ratio(demo[LOOP], demo[YARDSTICK])
             within = f"{'within' if value <= YARDSTICK_SLACK else 'NOT within'} {YARDSTICK_SLACK - 1:.0%}"
             if math.isnan(value):
                 verdict = "n/a (the one-file loop missed its target on most seeds)"
@@ -378,6 +379,15 @@ def main(argv: list[str] | None = None) -> int:
             *seed_table(demo),
             "",
             f"- streamrl / {base}: {_fmt_ratio(ratio(demo[STREAMRL], demo[base]), 0.9)}",
+            *(
+                [
+                    f"- streamrl / {base}, both to the one-file loop's own target (20-step mean "
+                    f"reward ≥ {YARDSTICK_REWARD}, no exact-match bar): "
+                    f"{_fmt_ratio(reward_only_ratio(demo[STREAMRL], demo[base]), 0.9)}"
+                ]
+                if base == YARDSTICK
+                else []
+            ),
             "",
             f"![reward against wall time on the demo]({IMG['demo'].relative_to('docs')})",
             "",

@@ -28,6 +28,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from bench.cli import command_line, publish
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo_cpu.yaml"
 OUT = Path("docs/bench/startup.md")
@@ -57,7 +59,7 @@ def _first_published(log: Path) -> float | None:
     return None
 
 
-def _prepare() -> None:
+def prepare_demo() -> None:
     """Build the demo policy and data if missing, outside the timing."""
     from streamrl.actors import inputs
     from streamrl.configs import load_config
@@ -130,6 +132,14 @@ def _phase_line(who: str, p: dict) -> str:
     )
 
 
+def _stagger() -> str:
+    from streamrl.configs import load_config
+
+    if load_config(CONFIG, []).actor.staggered_start:
+        return "; the preset's `actor.staggered_start`: a1 starts once a0 is up"
+    return ""
+
+
 def report(runs: list[dict], load: tuple[float, float, float], command: str) -> str:
     from bench.__main__ import machine
 
@@ -140,8 +150,8 @@ def report(runs: list[dict], load: tuple[float, float, float], command: str) -> 
         f"{time.strftime('%Y-%m-%d')} · {machine()} · load average {load[0]:.1f} at start · "
         f"command: `{command}`",
         "",
-        f"`streamrl run --config demo_cpu` (2 hf actors, learner of one), policy and data already "
-        f"built. **Launch -> first trained step: median {statistics.median(firsts):.1f} s** over "
+        f"`streamrl run --config demo_cpu` (learner of one, 2 hf actors{_stagger()}), policy and "
+        f"data already built. **Launch -> first trained step: median {statistics.median(firsts):.1f} s** over "
         f"{len(runs)} runs ({', '.join(f'{f:.1f}' for f in firsts)} s). Target: <= 8 s on 2 cores.",
         "",
         "Breakdown of the median run, seconds from the launch (phases in each process's own "
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "with this tree's, and its median is reported next to this one",
     )
     args = parser.parse_args(argv)
-    _prepare()
+    prepare_demo()
     load = os.getloadavg()
     runs, others = [], []
     # kept when a run fails, for its logs
@@ -185,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(one_run(tmp / f"r{i}"))
         print(json.dumps(runs[-1]), flush=True)
     shutil.rmtree(tmp)
-    command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
-    text = report(runs, load, command)
+    text = report(runs, load, command_line("bench.startup", argv))
     if others:
         firsts = [r["first_step"] for r in others]
         text += (
@@ -195,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({', '.join(f'{f:.1f}' for f in firsts)} s); this tree "
             f"{statistics.median(r['first_step'] for r in runs):.1f} s.\n"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    publish(args.out, text)
     return 0
 
 

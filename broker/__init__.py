@@ -7,7 +7,7 @@ with dead-lettering and redelivery (``stream``), the shared admission-control
 counters and policy version (``admission``), actor heartbeats (``liveness``)
 the Prometheus endpoint helper (``metrics``), the reward failures a group reports in its
 meta (``reward_failures``), what a group's multi-turn trajectories did (``env_stats``) and the start-up phase log that learner and actors write for
-``bench.startup`` (``startup``).
+``bench.startup``, and the CPU pinning they apply once started (``startup``).
 
 Talks to: Redis only. May import: ``configs``. Must not import ``actors``,
 ``learner`` or ``weightsync``.

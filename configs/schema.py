@@ -518,6 +518,14 @@ class ActorConfig(Section):
         None,
         description='GPUs of the supervised actors, as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of `tensor_parallel_size` indices as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
     )
+    staggered_start: bool = Field(
+        False,
+        description="`make run` starts the first actor with the learner and each further one once the one before it has sent its first heartbeat, instead of all at once. Start-up is CPU-bound (imports, model loading): on 2 cores the demo's first trained step came 6.8 s after the launch this way, 9.5 s with the learner and both actors starting at once (medians of 5, docs/benchmarks.md \"Start-up\"). An actor started later runs its start-up on its `actor.cpus`, off the learner's cores. On a host with a core per process it only delays the later actors.",
+    )
+    cpus: list[int] | Literal["auto"] | None = Field(
+        None,
+        description='CPU cores the supervised actors run on once each has started (start-up uses every core), as indices into the cores the launcher may use (its affinity: `taskset`, a cgroup cpuset); every actor gets the whole list, its threads and child processes (reward workers) included. "auto" = the launcher\'s cores that `learner.cpus` "auto" does not take, for hf actors only (vLLM places its own threads), and only when the learner gets cores of its own. None = no pinning.',
+    )
 
     def engine_of(self, index: int) -> str:
         """The engine of the supervised actor with this index (a0, a1, ...)."""
@@ -666,6 +674,10 @@ class LearnerConfig(Section):
         None,
         description="GPUs of the learner ranks, one per rank (length = `ranks`), as indices into the devices the launcher sees; the learner gets them as its CUDA_VISIBLE_DEVICES and rank r takes the r-th. None = no placement (inherited CUDA_VISIBLE_DEVICES; rank r takes cuda:r).",
     )
+    cpus: list[int] | Literal["auto"] | None = Field(
+        None,
+        description='CPU cores the learner ranks run on once started (start-up uses every core), as indices into the cores the launcher may use (its affinity: `taskset`, a cgroup cpuset); its threads included. "auto" = on a host without NVIDIA GPUs (none in the launcher\'s CUDA_VISIBLE_DEVICES, else no /dev/nvidiaN), the first `ranks` x `run.torch_threads` of them, when at least one core is left for the actors; otherwise no pinning. A learner that trains on the CPU and shares its cores with the actors (and Redis, and the launcher) is preempted mid-step and its caches evicted: on 2 cores the demo\'s steps took 1.18x as long unpinned (docs/benchmarks.md, "CPU placement"). None = no pinning.',
+    )
     checkpoint_every: int = Field(
         50, ge=1, description="Save a resumable checkpoint every N steps (and at shutdown)."
     )
@@ -700,11 +712,13 @@ class LearnerConfig(Section):
     )
 
 
-def _check_indices(key: str, gpus: list[int]) -> None:
-    if any(i < 0 for i in gpus):
-        raise ValueError(f"{key}={gpus}: GPU indices must be >= 0")
-    if len(set(gpus)) != len(gpus):
-        raise ValueError(f"{key}={gpus}: an index is listed twice")
+def _check_indices(key: str, indices: list[int], what: str = "GPU") -> None:
+    if not indices:
+        raise ValueError(f"{key}=[]: list at least one {what} (or leave it unset)")
+    if any(i < 0 for i in indices):
+        raise ValueError(f"{key}={indices}: {what} indices must be >= 0")
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"{key}={indices}: an index is listed twice")
 
 
 class WeightSyncConfig(Section):
@@ -774,6 +788,9 @@ class Config(Section):
     @model_validator(mode="after")
     def _placement(self) -> Config:
         learner, actor = self.learner, self.actor
+        for key, cpus in (("learner.cpus", learner.cpus), ("actor.cpus", actor.cpus)):
+            if isinstance(cpus, list):
+                _check_indices(key, cpus, "CPU")
         if learner.gpus is not None:
             _check_indices("learner.gpus", learner.gpus)
             if len(learner.gpus) != learner.ranks:

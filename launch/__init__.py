@@ -2,7 +2,7 @@
 
 Owns starting and stopping a whole run (``supervisor``; ``run``, which is ``streamrl.run``
 and ``streamrl run``), what a run does with an existing run directory (``rundir``: resume,
-start, refuse; never delete what it did not write), which GPUs each of its processes gets
+start, refuse; never delete what it did not write), which GPUs and CPU cores each of its processes gets
 (``placement``), the terminal view and
 end-of-run summary (``view``, ``status``), live scaling (``scale``) and the
 Prometheus side (``scrape``, ``dashboard``), the ``streamrl`` console script

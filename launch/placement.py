@@ -1,4 +1,6 @@
-"""Which GPUs each supervised child gets: its ``CUDA_VISIBLE_DEVICES``, from ``learner.gpus`` and ``actor.gpus``.
+"""Which GPUs and CPU cores each supervised child gets: its ``CUDA_VISIBLE_DEVICES``, from
+``learner.gpus`` and ``actor.gpus``, and the cores it pins itself to once started, from
+``learner.cpus`` and ``actor.cpus`` (``cpu_sets``; the child applies them: ``broker.startup.pin``).
 
 Indices in the config count the devices the launcher itself sees: its own ``CUDA_VISIBLE_DEVICES``
 when set (so ``learner.gpus: [0]`` under ``CUDA_VISIBLE_DEVICES=4,5`` is physical GPU 4), else
@@ -13,9 +15,11 @@ which the live view and ``streamrl inspect`` show. Imports the config schema (an
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from streamrl.configs.schema import Config
@@ -92,6 +96,69 @@ def gpu_count(launcher: list[str] | None) -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+def launcher_cpus() -> list[int]:
+    """The CPU cores the launcher may run on (its affinity), in order: ``*.cpus`` index these."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def nvidia_present(launcher: list[str] | None) -> bool:
+    """Whether the launcher sees an NVIDIA GPU, without importing torch (whose import would delay
+    every child's start): its CUDA_VISIBLE_DEVICES when set, else the driver's device files."""
+    if launcher is not None:
+        return bool(launcher)
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+@dataclass(frozen=True)
+class CpuSets:
+    """Physical core ids each role pins itself to once started; None = not pinned."""
+
+    learner: tuple[int, ...] | None
+    actors: tuple[int, ...] | None
+
+    def for_actor(self, cfg: Config, index: int) -> tuple[int, ...] | None:
+        # "auto" leaves vLLM actors alone: vLLM binds its own threads to cores
+        if cfg.actor.cpus == "auto" and cfg.actor.engine_of(index) != "hf":
+            return None
+        return self.actors
+
+    def describe(self) -> str:
+        """``learner: CPU 0 · actors: CPU 1`` (``all`` for a role that is not pinned)."""
+        return f"learner: {_cores(self.learner)} · actors: {_cores(self.actors)}"
+
+
+def _cores(cpus: tuple[int, ...] | None) -> str:
+    return "all" if cpus is None else "CPU " + ",".join(map(str, cpus))
+
+
+def cpu_sets(cfg: Config, available: list[int], gpu_host: bool) -> CpuSets:
+    """The cores of ``learner.cpus`` and ``actor.cpus`` among ``available`` (the launcher's,
+    ``launcher_cpus``); ``gpu_host``: ``nvidia_present``. Raises PlacementError for an index
+    past the available cores."""
+    explicit = {}
+    for key, cpus in (("learner.cpus", cfg.learner.cpus), ("actor.cpus", cfg.actor.cpus)):
+        if isinstance(cpus, list):
+            missing = [i for i in cpus if i >= len(available)]
+            if missing:
+                raise PlacementError(
+                    f"{key}={cpus} names core index(es) {missing}, but the launcher may use "
+                    f"{len(available)} core(s) ({','.join(map(str, available))}; indices count them in order)"
+                )
+            explicit[key] = tuple(available[i] for i in cpus)
+    learner = explicit.get("learner.cpus")
+    auto_learner = cfg.learner.cpus == "auto" and not gpu_host
+    need = cfg.learner.ranks * cfg.run.torch_threads
+    if auto_learner and len(available) > need:
+        learner = tuple(available[:need])
+    actors = explicit.get("actor.cpus")
+    if cfg.actor.cpus == "auto" and learner is not None:
+        rest = tuple(c for c in available if c not in learner)
+        actors = rest or None
+    return CpuSets(learner, actors)
 
 
 def write(run_dir: Path, placement: dict[str, str | None]) -> None:

@@ -21,6 +21,7 @@ them in order; they also get SIGTERM if the supervisor itself dies
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
+from streamrl.broker.startup import CPUS_ENV, pin_process
 from streamrl.configs import Config, write_config
 from streamrl.launch import placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
@@ -56,6 +58,13 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _child_setup(cpus: set[int]) -> None:
+    _die_with_parent()
+    # the start-up's cores, whichever cores this launcher runs on now (Supervisor._startup_cpus)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
 @dataclass
 class Child:
     name: str
@@ -75,6 +84,8 @@ class Child:
     done: bool = False
     # its CUDA_VISIBLE_DEVICES (launch.placement); None = inherited
     devices: str | None = None
+    # the cores it pins itself to once started (launch.placement.cpu_sets); None = not pinned
+    cpus: tuple[int, ...] | None = None
 
     @property
     def alive(self) -> bool:
@@ -122,6 +133,15 @@ class Supervisor:
         self.launcher_devices = placement.launcher_devices()
         # child name -> its CUDA_VISIBLE_DEVICES (None = inherited), also in <run.dir>/placement.json
         self.placement: dict[str, str | None] = {}
+        # the cores each role pins itself to once started (learner.cpus, actor.cpus)
+        self.cpu_sets = placement.CpuSets(None, None)
+        self.all_cpus = placement.launcher_cpus()
+        # start() moved this process off the learner's cores; stop() moves it back
+        self._pinned_self = False
+        # actors still to start one by one (actor.staggered_start)
+        self._unstarted = 0
+        # in start(), spawning the first wave (_startup_cpus)
+        self._starting = False
         # why the run must end now (a learner crash loop, a fatal learner exit); None while it runs
         self.failure: str | None = None
 
@@ -132,6 +152,9 @@ class Supervisor:
         # an earlier run there as it was
         self._prepare_inputs()
         placement.check_launcher(self.cfg, self.launcher_devices)
+        self.cpu_sets = placement.cpu_sets(
+            self.cfg, self.all_cpus, placement.nvidia_present(self.launcher_devices)
+        )
         said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
@@ -142,10 +165,26 @@ class Supervisor:
         self._start_redis()
         self.redis = connect_sync(self.cfg.broker, self.run_dir)
         self._write_run_file()
+        if self.cpu_sets != placement.CpuSets(None, None):
+            self.event(f"CPU cores once started: {self.cpu_sets.describe()}")
+        self._starting = True
         learner = Child("learner", "learner", self._learner_argv(), self.log_dir / "learner.log")
+        learner.cpus = self.cpu_sets.learner
         self.learner = self._spawn(self._place(learner, self.cfg.learner.gpus))
-        for _ in range(self.want_actors):
+        first = min(self.want_actors, 1) if self.cfg.actor.staggered_start else self.want_actors
+        # actor.staggered_start: the others start one by one (_start_next_actor)
+        self._unstarted = self.want_actors - first
+        for _ in range(first):
             self._add_actor()
+        self._starting = False
+        if self.cpu_sets.learner is not None and self.cpu_sets.actors is not None:
+            # Redis and this launcher wake up at every group: off the learner's cores, where
+            # each wake-up would preempt a step and evict its caches
+            others = set(self.cpu_sets.actors)
+            if self.redis_server is not None:
+                pin_process(self.redis_server.proc.pid, others)
+            pin_process(os.getpid(), others)
+            self._pinned_self = True
         return self
 
     def _prepare_inputs(self) -> None:
@@ -225,6 +264,9 @@ class Supervisor:
         env["PYTHONUNBUFFERED"] = "1"
         if child.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = child.devices
+        env.pop(CPUS_ENV, None)
+        if child.cpus is not None:
+            env[CPUS_ENV] = ",".join(map(str, child.cpus))
         return env
 
     def _spawn(self, child: Child) -> Child:
@@ -236,10 +278,18 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 env=self._env(child),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_child_setup, self._startup_cpus(child)),
             )
         child.started_at = time.monotonic()
         return child
+
+    def _startup_cpus(self, child: Child) -> set[int]:
+        """Where a child starts: the learner and the actors started with it on every core, so that
+        the first step comes soon; an actor started later (staggered, restarted, scaled up) on its
+        own cores, off the cores of the learner it would otherwise slow down."""
+        if child.role == "actor" and child.cpus is not None and not self._starting:
+            return set(child.cpus)
+        return set(self.all_cpus)
 
     def _add_actor(self) -> Child:
         index = self._next_actor
@@ -250,6 +300,7 @@ class Supervisor:
             # the one setting that differs between the actors of a run
             argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
         child = Child(ident, "actor", argv, self.log_dir / f"actor-{ident}.log")
+        child.cpus = self.cpu_sets.for_actor(self.cfg, index)
         child = self._spawn(self._place(child, placement.actor_gpus(self.cfg, index)))
         self.actors.append(child)
         self.event(f"actor {ident} started (pid {child.proc.pid})")
@@ -262,7 +313,24 @@ class Supervisor:
         self._watch_redis(now)
         for child in [self.learner, *self.actors]:
             self._watch(child, now)
+        self._start_next_actor()
         self._apply_control()
+
+    def _start_next_actor(self) -> None:
+        """``actor.staggered_start``: one more actor once the newest has sent a heartbeat (or has
+        exited: its restarts must not hold the others back)."""
+        if self._unstarted <= 0 or self._redis_down:
+            return
+        newest = self.actors[-1]
+        if newest.alive:
+            try:
+                if not self.redis.exists(self.keys.actor(newest.name)):
+                    return
+            # Redis restarting: the next tick asks again
+            except Exception:
+                return
+        self._unstarted -= 1
+        self._add_actor()
 
     def _watch_redis(self, now: float) -> None:
         """A dead embedded redis-server (SIGKILL, OOM killer) comes back at once on the same port,
@@ -334,12 +402,16 @@ class Supervisor:
         self.event(f"learner crash loop: {len(recent)} crashes in {window:.0f} s; not restarted")
         return True
 
+    @property
+    def _redis_down(self) -> bool:
+        """The embedded server is down: a call's retries would hold the tick, and with it the
+        server's restart, for as long as the children's own retries last."""
+        server = self.redis_server
+        return server is not None and (server.proc is None or server.proc.poll() is not None)
+
     def _apply_control(self) -> None:
         """``python -m streamrl.launch.scale`` pushes the wanted actor count onto a Redis list."""
-        # Not while the embedded server is down: the call's retries would hold the tick, and with
-        # it the server's restart, for as long as the children's own retries last.
-        server = self.redis_server
-        if server is not None and (server.proc is None or server.proc.poll() is not None):
+        if self._redis_down:
             return
         try:
             raw = self.redis.lpop(self.keys.launch_control)
@@ -364,6 +436,8 @@ class Supervisor:
             )
         wanted = min(max(0, wanted), self.cfg.actor.max_actors)
         self.want_actors = wanted
+        # a scale command starts what it asks for at once
+        self._unstarted = 0
         running = [a for a in self.actors if not a.done]
         for _ in range(wanted - len(running)):
             self._add_actor()
@@ -433,6 +507,10 @@ class Supervisor:
         if self.redis_server is not None:
             self.redis_server.stop()
         self._remove_shared_memory()
+        if self._pinned_self:
+            # a launcher in a notebook (streamrl.run) goes on where it ran before
+            pin_process(os.getpid(), set(self.all_cpus))
+            self._pinned_self = False
         self.event("stopped")
 
     def _remove_shared_memory(self) -> None:

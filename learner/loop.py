@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from streamrl.broker.semantics import Limits
-from streamrl.broker.startup import Phases
+from streamrl.broker.startup import Phases, pin_assigned
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, init_optimizer, target
 from streamrl.learner import metrics as m
@@ -101,6 +101,7 @@ class Learner:
             self.io.resume(self.engine.module)
         phases.done("redis_io")
         phases.log(log, f"learner rank {self.rank}")
+        pin_assigned(log, f"learner rank {self.rank}")
 
     def run(self, echo: Callable[[str], None] = print) -> Progress:
         """Train until run.max_steps / run.max_time_s / the run.target_* / ``should_stop()`` / the read timeout."""

@@ -79,6 +79,8 @@ def _secret_cfg(tmp_path: Path, demo_policy: str, demo_dataset: str, secret: str
             "model.path": demo_policy,
             "data.path": demo_dataset,
             "broker.password": secret,
+            # every child at once: the stand-in interpreter below never sends a heartbeat
+            "actor.staggered_start": False,
         },
         env={},
     )

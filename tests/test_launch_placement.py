@@ -119,6 +119,8 @@ def test_the_supervisor_starts_each_child_with_its_own_devices_and_records_them(
         f"data.path={demo_dataset}",
         "learner.gpus=[3]",
         "actor.gpus=[0,2]",
+        # every actor at once, so that each one's devices are there to read
+        "actor.staggered_start=false",
     ]
     cfg = load_config(CONFIG, overrides, env={})
     sup = Supervisor(cfg, actors=3)
