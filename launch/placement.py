@@ -1,6 +1,6 @@
 """Which GPUs and CPU cores each supervised child gets: its ``CUDA_VISIBLE_DEVICES``, from
 ``learner.gpus`` and ``actor.gpus``, and the cores it pins itself to once started, from
-``learner.cpus`` and ``actor.cpus`` (``cpu_sets``; the child applies them: ``broker.startup.pin``).
+``learner.cpus`` and ``actor.cpus`` (``cpu_sets``; the child applies them: ``broker.startup.pin_assigned``).
 
 Indices in the config count the devices the launcher itself sees: its own ``CUDA_VISIBLE_DEVICES``
 when set (so ``learner.gpus: [0]`` under ``CUDA_VISIBLE_DEVICES=4,5`` is physical GPU 4), else
@@ -139,26 +139,27 @@ def cpu_sets(cfg: Config, available: list[int], gpu_host: bool) -> CpuSets:
     """The cores of ``learner.cpus`` and ``actor.cpus`` among ``available`` (the launcher's,
     ``launcher_cpus``); ``gpu_host``: ``nvidia_present``. Raises PlacementError for an index
     past the available cores."""
-    explicit = {}
-    for key, cpus in (("learner.cpus", cfg.learner.cpus), ("actor.cpus", cfg.actor.cpus)):
-        if isinstance(cpus, list):
-            missing = [i for i in cpus if i >= len(available)]
-            if missing:
-                raise PlacementError(
-                    f"{key}={cpus} names core index(es) {missing}, but the launcher may use "
-                    f"{len(available)} core(s) ({','.join(map(str, available))}; indices count them in order)"
-                )
-            explicit[key] = tuple(available[i] for i in cpus)
-    learner = explicit.get("learner.cpus")
-    auto_learner = cfg.learner.cpus == "auto" and not gpu_host
+    learner = _listed("learner.cpus", cfg.learner.cpus, available)
     need = cfg.learner.ranks * cfg.run.torch_threads
-    if auto_learner and len(available) > need:
+    if cfg.learner.cpus == "auto" and not gpu_host and len(available) > need:
         learner = tuple(available[:need])
-    actors = explicit.get("actor.cpus")
+    actors = _listed("actor.cpus", cfg.actor.cpus, available)
     if cfg.actor.cpus == "auto" and learner is not None:
-        rest = tuple(c for c in available if c not in learner)
-        actors = rest or None
+        actors = tuple(c for c in available if c not in learner) or None
     return CpuSets(learner, actors)
+
+
+def _listed(key: str, cpus, available: list[int]) -> tuple[int, ...] | None:
+    """The cores an index list names; None for "auto" and None."""
+    if not isinstance(cpus, list):
+        return None
+    missing = [i for i in cpus if i >= len(available)]
+    if missing:
+        raise PlacementError(
+            f"{key}={cpus} names core index(es) {missing}, but the launcher may use "
+            f"{len(available)} core(s) ({','.join(map(str, available))}; indices count them in order)"
+        )
+    return tuple(available[i] for i in cpus)
 
 
 def write(run_dir: Path, placement: dict[str, str | None]) -> None:

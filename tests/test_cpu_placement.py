@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from pydantic import ValidationError
 
@@ -135,11 +136,6 @@ def test_pin_moves_every_running_thread_and_child_process():
     assert child_sets == {frozenset({first})}
 
 
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
-
-
 def _wait_for(log: Path, text: str, proc: subprocess.Popen) -> None:
     """Until ``text`` is in ``log`` (readiness, not timing: the test's timeout bounds it)."""
     while not (log.exists() and text in log.read_text(errors="replace")):
@@ -172,7 +168,7 @@ def test_the_supervisors_children_start_on_every_core_then_pin_themselves(
     try:
         sup.start()
         learner, actor = sup.learner.proc, sup.actors[0].proc
-        env = _environ(learner.pid)
+        env = psutil.Process(learner.pid).environ()
         _wait_for(sup.learner.log, "pinned to CPU core(s)", learner)
         _wait_for(sup.actors[0].log, "pinned to CPU core(s)", actor)
         learner_sets = _allowed(learner.pid)
