@@ -50,7 +50,7 @@ LONGTAIL_MAX = 24
 LONGTAIL_EXPONENT = 1.2
 TASKS = {
     # completion length in tokens (end of sequence included) and the overrides the task needs
-    "demo": (lambda rng: rng.randint(2, 5), []),
+    "demo": (lambda rng: rng.randint(2, 4), []),
     "longtail": (
         lambda rng: rng.choices(
             range(1, LONGTAIL_MAX + 1), [k**-LONGTAIL_EXPONENT for k in range(1, LONGTAIL_MAX + 1)]
