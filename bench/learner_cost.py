@@ -49,11 +49,12 @@ CONFIG = "configs/demo_cpu.yaml"
 LONGTAIL_MAX = 24
 LONGTAIL_EXPONENT = 1.2
 TASKS = {
-    # completion length in tokens (end of sequence included) and the overrides the task needs
-    "demo": (lambda rng: rng.randint(2, 4), []),
+    # completion length in tokens (end of sequence included), at most the run's
+    # rollout.max_new_tokens (``cap``: the learner refuses longer ones), and the overrides the task needs
+    "demo": (lambda rng, cap: rng.randint(2, cap), []),
     "longtail": (
-        lambda rng: rng.choices(
-            range(1, LONGTAIL_MAX + 1), [k**-LONGTAIL_EXPONENT for k in range(1, LONGTAIL_MAX + 1)]
+        lambda rng, cap: rng.choices(
+            range(1, cap + 1), [k**-LONGTAIL_EXPONENT for k in range(1, cap + 1)]
         )[0],
         [f"rollout.max_new_tokens={LONGTAIL_MAX}"],
     ),
@@ -70,9 +71,16 @@ PHASES = [
 
 
 def _groups(
-    tokenizer, n: int, group_size: int, version: int, rng: random.Random, with_ref: bool, length
+    tokenizer,
+    n: int,
+    group_size: int,
+    version: int,
+    rng: random.Random,
+    with_ref: bool,
+    length,
+    cap: int,
 ):
-    """Demo-shaped groups: a reverse-3-digits prompt, completions of ``length(rng)`` tokens
+    """Demo-shaped groups: a reverse-3-digits prompt, completions of ``length(rng, cap)`` tokens
     (digits + end of sequence), mixed rewards; ``with_ref``: with reference log-probs, as actors
     send them under ``algo.reference_on: actors``."""
     from streamrl.broker.wire import Completion, RolloutGroup
@@ -85,7 +93,7 @@ def _groups(
         prompt = tokenizer(make_example(rng)["prompt"])["input_ids"]
         completions = []
         for _ in range(group_size):
-            tokens = [rng.choice(digits) for _ in range(length(rng) - 1)] + [eos]
+            tokens = [rng.choice(digits) for _ in range(length(rng, cap) - 1)] + [eos]
             completions.append(
                 Completion(
                     token_ids=np.array(tokens, dtype=np.int32),
@@ -209,6 +217,7 @@ def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
         # never a version the learner has not announced when it reads the batch
         per_batch = cfg.learner.versions_per_batch
         with_ref = cfg.algo.actors_score_reference
+        cap = cfg.rollout.max_new_tokens
         batches = [
             _groups(
                 tokenizer,
@@ -218,6 +227,7 @@ def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
                 rng,
                 with_ref,
                 TASKS[task][0],
+                cap,
             )
             for k in range(steps + warmup)
         ]
@@ -266,7 +276,7 @@ def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
             t1 = time.perf_counter()
             if task == "demo":
                 reference.eval()
-                sample(reference, prompts, 4, eos=-1, pad=0, temperature=1.0)
+                sample(reference, prompts, cap, eos=-1, pad=0, temperature=1.0)
                 reference.train()
             t2 = time.perf_counter()
             _reference_learn(reference, ref_model, optimizer, batches[k], cfg, eos, pad)

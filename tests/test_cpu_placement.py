@@ -100,8 +100,14 @@ def test_a_gpu_host_is_told_by_the_launchers_devices_or_the_drivers_files():
 
 
 def _allowed(pid: int) -> set[frozenset[int]]:
-    """The distinct CPU sets of the threads of ``pid``."""
-    return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+    """The distinct CPU sets of the threads of ``pid`` (a thread that ends meanwhile has none)."""
+    sets = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            sets.add(frozenset(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:
+            continue
+    return sets
 
 
 def test_pin_moves_every_running_thread_and_child_process():
