@@ -4,13 +4,14 @@ reference loop's learn half on the same samples.
     python -m bench.learner_cost [--steps N]    # prints the section of docs/bench/learner_cost.md
 
 The learner side is the real thing on one rank: ``Learner.train_next`` on the CPU demo config
-(``configs/demo_cpu.yaml``: 16 groups x 16 completions per step, k3 KL to the initial policy, one
-update per batch, shm weight publishing, metrics served) reading pre-filled groups from a real
-Redis stream. Under the preset's ``algo.reference_on: actors`` the groups carry the reference
-log-probs, as the actors send them, and the learner runs no reference forward. Each step is
-split into phases by timing the learner's own methods: read + prepare (stream, decode,
-advantages), reference forward, forward+backward, optimizer, publish (weights + version +
-admission count), record (step row, metrics) and checkpoint/ack.
+(``configs/demo_cpu.yaml``: 16 groups x 16 completions per step, one update per batch, shm weight
+publishing, metrics served) reading pre-filled groups from a real Redis stream. Rewards are drawn
+per completion, so no group is left out as zero-variance (16 equal draws: odds ~1e-9). With a KL
+term under ``algo.reference_on: actors`` the groups carry the reference log-probs, as the actors
+send them, and the learner runs no reference forward. Each step is split into phases by timing the
+learner's own methods: read + prepare (stream, decode, advantages), reference forward,
+forward+backward, optimizer, publish (weights + version + admission count), record (step row,
+metrics) and checkpoint/ack.
 
 The reference is one rollout of the plain synchronous loop the demo recipe comes from
 (``bench.reference_loop``: one process, sample, score, learn): on the demo task, sampling 16

@@ -62,7 +62,14 @@ def test_with_a_lag_the_proximal_policy_is_recomputed_unless_the_config_says_beh
     tmp_path, demo_policy
 ):
     shutil.copytree(demo_policy, tmp_path / "policy")
-    small = ["learner.groups_per_step=2", "rollout.group_size=4", "learner.lr=1e-2"]
+    # with a KL the policy keeps learning at this lr (without one it collapses to reward 0 within
+    # the 6 rollouts either way, and the rewards no longer tell the two anchors apart)
+    small = [
+        "learner.groups_per_step=2",
+        "rollout.group_size=4",
+        "learner.lr=1e-2",
+        "algo.kl_coef=0.1",
+    ]
 
     def rewards(proximal, lag):
         result = run_reference(

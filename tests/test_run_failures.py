@@ -52,6 +52,9 @@ def test_a_reward_failing_on_most_samples_is_reported_per_step_and_stops_the_run
         f"data.path={demo_dataset}",
         f"reward.functions=[{{fn: {tmp_path / 'bad.py'}:needs_level, name: level}}, {{fn: exact_match}}]",
         "reward.max_failing_steps=2",
+        # every reward is 0: train the zero-variance groups anyway, so that each row is a step of
+        # its own (an untrained batch's row keeps the last trained step's number)
+        "algo.skip_zero_variance=false",
         "run.max_steps=50",
         cwd=tmp_path,
     )

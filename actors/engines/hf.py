@@ -384,15 +384,24 @@ class _Batch:
             self.positions = torch.cat([self.positions, self.positions.new_zeros(grow_rows)])
             self.next_tokens = torch.cat([self.next_tokens, self.next_tokens.new_zeros(grow_rows)])
         width = self.valid.shape[1]
-        for (keys, values), length, row in zip(kvs, lengths, targets, strict=True):
-            for layer, key, value in zip(self.cache.layers, keys, values, strict=True):
-                layer.keys[row].zero_()
-                layer.keys[row, :, width - length :] = key
-                layer.values[row].zero_()
-                layer.values[row, :, width - length :] = value
-            self.valid[row] = False
-            self.valid[row, width - length :] = True
-            self.positions[row] = length
+        # rows of one prompt length are written together: a few tensor ops per layer for the
+        # whole group, not four per row and layer (a GPU launches each one as a kernel)
+        by_length: dict[int, list[int]] = {}
+        for i, length in enumerate(lengths):
+            by_length.setdefault(length, []).append(i)
+        for length, members in by_length.items():
+            rows = torch.tensor([targets[i] for i in members], device=self.device)
+            for number, layer in enumerate(self.cache.layers):
+                for side, cached in ((0, layer.keys), (1, layer.values)):
+                    block = cached.new_zeros(len(members), *cached.shape[1:])
+                    block[:, :, width - length :] = torch.stack(
+                        [kvs[i][side][number] for i in members]
+                    )
+                    cached.index_copy_(0, rows, block)
+            valid = self.valid.new_zeros(len(members), width)
+            valid[:, width - length :] = True
+            self.valid.index_copy_(0, rows, valid)
+            self.positions.index_fill_(0, rows, length)
         self._trim()
 
     def keep_rows(self, keep: list[int]) -> None:
