@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.cli import command_line, publish
-from bench.startup import CONFIG, ROOT, prepare_demo
+from bench.startup import ROOT, demo_launch, prepare_demo
 
 OUT = Path("docs/bench/cpu_placement.md")
 WARMUP = 30
@@ -37,12 +37,8 @@ TIMEOUT_S = 600
 
 def one_run(run_dir: Path, steps: int, extra: list[str]) -> dict:
     """One demo run of ``steps`` learner steps; medians over the steps after ``WARMUP``."""
-    env = dict(
-        os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT)
-    )
-    cmd = [sys.executable, "-m", "streamrl.launch", "--config", CONFIG, "--actors", "2",
-           f"run.max_steps={steps}", f"run.dir={run_dir}", f"run.name=place-{run_dir.name}",
-           "run.target_reward=0", "run.target_parts={}", *extra]  # fmt: skip
+    overrides = [f"run.max_steps={steps}", "run.target_reward=0", "run.target_parts={}", *extra]
+    cmd, env = demo_launch(run_dir, "place", overrides)
     subprocess.run(
         cmd, cwd=ROOT, env=env, check=True, timeout=TIMEOUT_S,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

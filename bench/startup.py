@@ -68,14 +68,23 @@ def prepare_demo() -> None:
     inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
 
 
-def one_run(run_dir: Path, tree: Path = ROOT) -> dict:
-    """One launch of the code in ``tree`` until the learner's first step is recorded; returns
-    times relative to launch."""
+def demo_launch(
+    run_dir: Path, name: str, overrides: list[str], tree: Path = ROOT
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a demo run (learner + 2 actors) of the code in ``tree``, in
+    ``run_dir``, named ``<name>-<run_dir's name>``."""
     env = dict(
         os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(tree)
     )
     cmd = [sys.executable, "-m", "streamrl.launch", "--config", CONFIG, "--actors", "2",
-           "run.max_steps=1", f"run.dir={run_dir}", f"run.name=startup-{run_dir.name}"]  # fmt: skip
+           f"run.dir={run_dir}", f"run.name={name}-{run_dir.name}", *overrides]  # fmt: skip
+    return cmd, env
+
+
+def one_run(run_dir: Path, tree: Path = ROOT) -> dict:
+    """One launch of the code in ``tree`` until the learner's first step is recorded; returns
+    times relative to launch."""
+    cmd, env = demo_launch(run_dir, "startup", ["run.max_steps=1"], tree)
     launched = time.time()
     proc = subprocess.Popen(
         cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
