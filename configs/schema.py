@@ -676,7 +676,7 @@ class LearnerConfig(Section):
     )
     cpus: list[int] | Literal["auto"] | None = Field(
         None,
-        description='CPU cores the learner ranks run on once started (start-up uses every core), as indices into the cores the launcher may use (its affinity: `taskset`, a cgroup cpuset); its threads included. "auto" = on a host without NVIDIA GPUs (none in the launcher\'s CUDA_VISIBLE_DEVICES, else no /dev/nvidiaN), the first `ranks` x `run.torch_threads` of them, when at least one core is left for the actors; otherwise no pinning. A learner that trains on the CPU and shares its cores with the actors (and Redis, and the launcher) is preempted mid-step and its caches evicted: on 2 cores the demo\'s steps took 1.18x as long unpinned (docs/benchmarks.md, "CPU placement"). None = no pinning.',
+        description='CPU cores the learner ranks run on once started (start-up uses every core), as indices into the cores the launcher may use (its affinity: `taskset`, a cgroup cpuset); its threads included. "auto" = on a host without NVIDIA GPUs (none in the launcher\'s CUDA_VISIBLE_DEVICES, else no /dev/nvidiaN), the first `ranks` x `run.torch_threads` of them, when at least one core is left for the actors; otherwise no pinning. A learner that trains on the CPU and shares its cores with the actors (and Redis, and the launcher) is preempted mid-step and its caches evicted: on 2 cores the demo\'s learner steps took 1.1-1.2x as long unpinned (docs/benchmarks.md, "CPU placement"). None = no pinning.',
     )
     checkpoint_every: int = Field(
         50, ge=1, description="Save a resumable checkpoint every N steps (and at shutdown)."
