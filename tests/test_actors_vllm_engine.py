@@ -4,7 +4,8 @@ Weights reach it the way they do in a run: a real learner-side publisher writes
 versions into shared memory and announces them in Redis; the engine follows the
 announcements and its workers load each slot through the ``streamrl_shm``
 backend. Every check compares vLLM's behaviour log-probs with the learner's own
-``token_logprobs`` on the weights of the version vLLM names.
+``token_logprobs`` on the weights of the version vLLM names, computed in float64, within
+the rounding the learner's own float32 evaluation shows (``tests/rounding.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client import REGISTRY
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
+from rounding import assert_within_rounding, learner_logprobs_twice  # noqa: E402
 from waiting import until
 
 from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
@@ -30,7 +32,6 @@ from streamrl.broker.client import connect_sync  # noqa: E402
 from streamrl.broker.keys import Keys  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
-from streamrl.learner.engine import token_logprobs  # noqa: E402
 from streamrl.learner.export import export_policy  # noqa: E402
 from streamrl.weightsync.announce import read_announcement  # noqa: E402
 from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
@@ -44,7 +45,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 pytestmark = pytest.mark.timeout(900)
 
 PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "70>", "5>", "271>"]
-TOLERANCE = 1e-4
 
 
 def _config(redis_url: str, policy: str, run_dir) -> Config:
@@ -66,7 +66,7 @@ class Rig:
         self.cfg = cfg
         self.tokenizer = load_tokenizer(policy)
         self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
-        self.model = load_policy(policy)
+        self.models = (load_policy(policy), load_policy(policy, torch.float64))
         self.weights = {0: self.base}
         self.publisher = Publisher.from_config(cfg)
         self.engine = VLLMEngine.from_config(cfg, seed=0)
@@ -87,11 +87,9 @@ class Rig:
 
     def learner_logprobs(
         self, version: int, request: Request, output: Output, temperature: float
-    ) -> np.ndarray:
-        """The learner's log-probs of the sampled tokens under ``version``'s weights."""
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
-                param.copy_(self.weights[version][name])
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The learner's log-probs of the sampled tokens under ``version``'s weights, in float32
+        and in float64."""
         prompt = np.asarray(request.prompt_token_ids, dtype=np.int64)
         sample = Sample(
             np.concatenate([prompt, output.token_ids.astype(np.int64)]),
@@ -103,9 +101,14 @@ class Rig:
             "g",
         )
         batch = collate([sample], self.tokenizer.pad_token_id or 0)
-        with torch.no_grad():
-            logprobs = token_logprobs(self.model, batch, temperature)
-        return logprobs[batch.completion_mask].numpy()
+        return learner_logprobs_twice(self.models, self.loader(version), batch, temperature)
+
+    def loader(self, version: int):
+        def load(model) -> None:
+            for name, param in model.named_parameters():
+                param.copy_(self.weights[version][name])
+
+        return load
 
     def requests(self, n: int) -> list[Request]:
         return [
@@ -153,11 +156,9 @@ def _assert_matches_learner(rig: Rig, requests, outputs, temperature: float) -> 
         assert len(output.token_ids) > 0
         versions = output.versions.tolist()
         for version in sorted(set(versions)):
-            expected = rig.learner_logprobs(version, request, output, temperature)
+            float32, float64 = rig.learner_logprobs(version, request, output, temperature)
             mask = output.versions == version
-            np.testing.assert_allclose(
-                output.logprobs[mask], expected[mask], atol=TOLERANCE, rtol=0
-            )
+            assert_within_rounding(output.logprobs[mask], float32[mask], float64[mask])
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

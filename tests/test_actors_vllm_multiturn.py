@@ -25,6 +25,7 @@ if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
 from multiturn_envs import ROW, env_rollouts, terse_tokenizer  # noqa: E402
+from rounding import assert_within_rounding, learner_logprobs_twice  # noqa: E402
 from test_multiturn_actor import check_multiturn_actor  # noqa: E402
 from waiting import until
 
@@ -41,7 +42,6 @@ from streamrl.broker.keys import Keys  # noqa: E402
 from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_group  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import collate, samples_from_group  # noqa: E402
-from streamrl.learner.engine import token_logprobs  # noqa: E402
 from streamrl.weightsync.policy import load_policy  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
 
@@ -51,9 +51,6 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 # the engine starts in the first test's setup (30-60 s idle, minutes loaded): a hang guard
 pytestmark = pytest.mark.timeout(900)
 
-# vLLM's float32 CPU kernels against the learner's transformers forward (as in
-# test_actors_vllm_engine)
-TOLERANCE = 1e-4
 # the CPU build's default block is 128 tokens, past the demo model's 64 positions: the prefix
 # cache would never hold a whole block of a trajectory. 32 is the smallest its kernel takes
 BLOCK = 32
@@ -65,7 +62,7 @@ class Rig:
     def __init__(self, cfg: Config, policy: str) -> None:
         self.tokenizer = terse_tokenizer(policy)
         self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
-        self.model = load_policy(policy)
+        self.models = (load_policy(policy), load_policy(policy, torch.float64))
         self.weights = {0: self.base}
         self.publisher = Publisher.from_config(cfg)
         announcements = ShmAnnouncements(
@@ -83,15 +80,15 @@ class Rig:
         if wait:
             until(lambda: self.engine.version == version)
 
-    def learner_logprobs(self, version: int, sample) -> np.ndarray:
-        """The learner's log-probs of a decoded sample's trained tokens under ``version``."""
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
+    def learner_logprobs(self, version: int, sample) -> tuple[np.ndarray, np.ndarray]:
+        """The learner's log-probs of a decoded sample's trained tokens under ``version``, in
+        float32 and in float64."""
+
+        def load(model) -> None:
+            for name, param in model.named_parameters():
                 param.copy_(self.weights[version][name])
-        batch = collate([sample], 0)
-        with torch.no_grad():
-            logprobs = token_logprobs(self.model, batch, 1.0)
-        return logprobs[batch.completion_mask].numpy()
+
+        return learner_logprobs_twice(self.models, load, collate([sample], 0), 1.0)
 
     def close(self) -> None:
         self.engine.close()
@@ -219,9 +216,8 @@ def _check_trained_sequence(rig, t, turns, renderer, reply: str) -> None:
     behaviour = sample.behaviour_logprobs[trained]
     for version in sorted(set(tagged.tolist())):
         at = tagged == version
-        np.testing.assert_allclose(
-            behaviour[at], rig.learner_logprobs(version, sample)[at], atol=TOLERANCE, rtol=0
-        )
+        float32, float64 = rig.learner_logprobs(version, sample)
+        assert_within_rounding(behaviour[at], float32[at], float64[at])
 
 
 def test_a_turn_continues_from_the_blocks_of_the_turn_before_it(rig):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from learner_rollouts import sample_groups, xadd_groups
+from rounding import assert_within_rounding
 
 from streamrl.configs import Config
 from streamrl.weightsync.policy import load_policy, load_tokenizer
@@ -80,8 +81,10 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(trained, demo_pol
     assert out.shape[1] > ids.shape[1]
     with_adapter = PeftModel.from_pretrained(load_policy(demo_policy), folder / ADAPTER_DIR).eval()
     with torch.no_grad():
-        torch.testing.assert_close(
-            with_adapter(input_ids=ids).logits, merged(input_ids=ids).logits, rtol=0, atol=1e-5
+        assert_within_rounding(
+            with_adapter(input_ids=ids).logits.numpy(),
+            merged(input_ids=ids).logits.numpy(),
+            merged.double()(input_ids=ids).logits.numpy(),
         )
 
     # the CLI rebuilds the same folder from the DeepSpeed checkpoint
