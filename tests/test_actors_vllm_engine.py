@@ -23,7 +23,11 @@ from prometheus_client import REGISTRY
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
-from rounding import assert_within_rounding, learner_logprobs_twice  # noqa: E402
+from rounding import (  # noqa: E402
+    assert_within_rounding,
+    learner_logprobs_twice,
+    parameters_from,
+)
 from waiting import until
 
 from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
@@ -101,14 +105,8 @@ class Rig:
             "g",
         )
         batch = collate([sample], self.tokenizer.pad_token_id or 0)
-        return learner_logprobs_twice(self.models, self.loader(version), batch, temperature)
-
-    def loader(self, version: int):
-        def load(model) -> None:
-            for name, param in model.named_parameters():
-                param.copy_(self.weights[version][name])
-
-        return load
+        load = parameters_from(self.weights[version])
+        return learner_logprobs_twice(self.models, load, batch, temperature)
 
     def requests(self, n: int) -> list[Request]:
         return [

@@ -25,7 +25,11 @@ if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm", reason="the vLLM CPU build lives in .venv-vllm (make test-vllm)")
 
 from multiturn_envs import ROW, env_rollouts, terse_tokenizer  # noqa: E402
-from rounding import assert_within_rounding, learner_logprobs_twice  # noqa: E402
+from rounding import (  # noqa: E402
+    assert_within_rounding,
+    learner_logprobs_twice,
+    parameters_from,
+)
 from test_multiturn_actor import check_multiturn_actor  # noqa: E402
 from waiting import until
 
@@ -83,11 +87,7 @@ class Rig:
     def learner_logprobs(self, version: int, sample) -> tuple[np.ndarray, np.ndarray]:
         """The learner's log-probs of a decoded sample's trained tokens under ``version``, in
         float32 and in float64."""
-
-        def load(model) -> None:
-            for name, param in model.named_parameters():
-                param.copy_(self.weights[version][name])
-
+        load = parameters_from(self.weights[version])
         return learner_logprobs_twice(self.models, load, collate([sample], 0), 1.0)
 
     def close(self) -> None:
