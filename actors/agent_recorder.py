@@ -83,7 +83,7 @@ class AgentTrajectory:
 @dataclass
 class AgentGroup:
     id: str
-    # the admission lease and dataset row (actors.loop._Pending)
+    # the admission lease and dataset row (``actors.group.Group``)
     pending: object
     opened_at: float
     trajectories: list[AgentTrajectory] = field(default_factory=list)

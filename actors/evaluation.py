@@ -12,33 +12,40 @@ pass@1 = fraction of completions scoring the full reward, for both) is appended 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamrl.actors.engines.base import Request, SamplingParams
+from streamrl.actors.engines import Request
 from streamrl.actors.prompts import PromptDataset
-from streamrl.actors.rewards import RewardInput, RewardPool
+from streamrl.actors.rewards import RewardPool
 from streamrl.broker.audit import JsonlLog
-from streamrl.configs.schema import DataConfig, RunConfig
+
+if TYPE_CHECKING:
+    from streamrl.actors.sources.base import Generation
+
+log = logging.getLogger(__name__)
 
 PASS_TOLERANCE = 1e-6
 EVAL_LOG = "eval.jsonl"
 
 
-def eval_dataset(data_cfg: DataConfig, tokenizer) -> PromptDataset:
-    return PromptDataset(
-        data_cfg.eval_path,
-        tokenizer,
-        data_cfg.format,
-        data_cfg.eval_split or data_cfg.split,
-        data_cfg.apply_chat_template,
-        data_cfg.prompt_key,
-        data_cfg.answer_key,
-        data_cfg.config,
-    )
+class EvalClaims:
+    """Which actor evaluates a version: the first to ``SET NX`` ``eval:<version>``."""
+
+    def __init__(self, redis_client, keys, actor_id: str) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        self.actor_id = actor_id
+
+    async def claim(self, version: int) -> bool:
+        return bool(await self.redis.set(self.keys.eval_claim(version), self.actor_id, nx=True))
 
 
 def summarize(totals: list[float]) -> tuple[float, float]:
@@ -49,37 +56,58 @@ def summarize(totals: list[float]) -> tuple[float, float]:
 
 class Evaluator:
     def __init__(
-        self, data_cfg: DataConfig, run_cfg: RunConfig, tokenizer, params: SamplingParams, decode
+        self,
+        dataset: PromptDataset,
+        *,
+        size: int,
+        every: int,
+        run_dir: str,
+        tensorboard: bool,
+        gen: Generation,
+        rewards: RewardPool,
+        claims: EvalClaims | None,
+        should_abort: Callable[[], bool] | None = None,
     ):
-        dataset = eval_dataset(data_cfg, tokenizer)
-        self.prompts = [dataset.get(i) for i in range(min(len(dataset), data_cfg.eval_size))]
-        self.conversational = dataset.format == "messages"
-        self.sampled = params
-        self.greedy = dataclasses.replace(params, top_k=1, top_p=1.0)
-        self.decode = decode
-        self.log = JsonlLog(Path(run_cfg.dir) / EVAL_LOG)
+        """The first ``size`` prompts of ``dataset`` (``data.eval_*``), every ``every`` versions;
+        rows to <run_dir>/eval.jsonl, and to TensorBoard with ``tensorboard``."""
+        self.prompts = [dataset.get(i) for i in range(min(len(dataset), size))]
+        self.every = every
+        self.gen = gen
+        self.rewards = rewards
+        self.claims = claims
+        self.should_abort = should_abort
+        self.sampled = gen.params
+        self.greedy = dataclasses.replace(gen.params, top_k=1, top_p=1.0)
+        # the engine version of the last evaluation this actor considered
+        self.evaluated = 0
+        self.log = JsonlLog(Path(run_dir) / EVAL_LOG)
         self.tb = None
-        if "tensorboard" in run_cfg.report_to:
+        if tensorboard:
             # slow to import (tensorboard and its protobufs): only a run that reports to it pays
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(Path(run_cfg.dir) / "tensorboard" / "eval"))
+            self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard" / "eval"))
 
-    def run(self, engine, rewards: RewardPool, version: int, should_abort=None) -> dict:
+    async def maybe_run(self) -> None:
+        """Evaluate once per ``eval_every`` versions crossed, if this actor claims that version."""
+        version = self.gen.engine.version
+        if version // self.every <= self.evaluated // self.every:
+            return
+        self.evaluated = version
+        if not await self.claims.claim(version // self.every * self.every):
+            return
+        row = await asyncio.to_thread(self.run, version)
+        log.info("eval at version %d: %s", version, row)
+
+    def run(self, version: int) -> dict:
         """Generate, score and log one evaluation of the engine's current weights (blocking)."""
+        engine, rewards = self.gen.engine, self.rewards
         row: dict = {"version": version, "prompts": len(self.prompts)}
         for name, params in (("sampled", self.sampled), ("greedy", self.greedy)):
             requests = [Request(f"eval:{i}", p.token_ids) for i, p in enumerate(self.prompts)]
-            outputs = engine.generate(requests, params, should_abort)
+            outputs = engine.generate(requests, params, self.should_abort)
             inputs = [
-                RewardInput(
-                    p.messages + [self.decode(o)],
-                    p.answer,
-                    p.columns,
-                    self.conversational,
-                    o.token_ids.tolist(),
-                )
-                for p, o in zip(self.prompts, outputs, strict=True)
+                self.gen.reward_input(p, o) for p, o in zip(self.prompts, outputs, strict=True)
             ]
             mean, passed = summarize([s.total for s in rewards.score(inputs)])
             row[f"{name}/reward_mean"] = mean

@@ -32,8 +32,9 @@ import stat
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from aiohttp import web
@@ -48,6 +49,10 @@ from streamrl.actors.agent_recorder import (
 )
 from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.configs.errors import ConfigError
+from streamrl.configs.schema import AgentConfig
+
+if TYPE_CHECKING:
+    from streamrl.actors.sources.base import Generation
 
 log = logging.getLogger(__name__)
 
@@ -174,38 +179,48 @@ class Batcher:
             future.set_result(_aborted())
 
 
+@dataclass(frozen=True)
+class Handlers:
+    """What the server asks of the actor: ``admit`` a group's lease and row (None: admission
+    refuses), ``publish`` a complete group (False: it could not be), ``release`` a lease, and
+    whether the actor is stopping."""
+
+    admit: Callable[[], Awaitable[object | None]]
+    publish: Callable[[AgentGroup], Awaitable[bool]]
+    release: Callable[[str], Awaitable[None]]
+    should_abort: Callable[[], bool]
+
+
 class AgentServer:
-    """The HTTP server; ``admit`` opens a group's lease and row (None: admission refuses),
-    ``publish`` scores and publishes a complete group, ``release`` drops a lease."""
+    """The HTTP server of one actor's agent API."""
 
     def __init__(
         self,
-        cfg,
+        agent: AgentConfig,
+        gen: Generation,
+        handlers: Handlers,
+        *,
         actor_id: str,
-        tokenizer,
-        engine: Engine,
-        params: SamplingParams,
-        admit: Callable[[], Awaitable[object | None]],
-        publish: Callable[[AgentGroup], Awaitable[bool]],
-        release: Callable[[str], Awaitable[None]],
-        should_abort: Callable[[], bool],
+        run_dir: str,
+        model_path: str,
+        max_prompt_tokens: int,
     ) -> None:
-        self.cfg = cfg
-        self.agent = cfg.agent
+        self.agent = agent
         self.actor_id = actor_id
-        self.tokenizer = tokenizer
-        self.params = params
-        self.admit, self.publish, self.release = admit, publish, release
-        self.model_name = cfg.model.path
-        self.token = load_token(self.agent.token_file, cfg.run.dir, actor_id)
+        self.run_dir = run_dir
+        self.tokenizer = gen.tokenizer
+        self.params = gen.params
+        self.admit, self.publish, self.release = handlers.admit, handlers.publish, handlers.release
+        self.model_name = model_path
+        self.token = load_token(agent.token_file, run_dir, actor_id)
         self.recorder = Recorder(
-            tokenizer,
-            cfg.rollout.group_size,
-            self.agent.max_total_tokens,
-            max_positions(engine, cfg.model.path),
-            cfg.rollout.max_prompt_tokens,
+            gen.tokenizer,
+            gen.group_size,
+            agent.max_total_tokens,
+            max_positions(gen.engine, model_path),
+            max_prompt_tokens,
         )
-        self.batcher = Batcher(engine, should_abort)
+        self.batcher = Batcher(gen.engine, handlers.should_abort)
         self.in_flight = 0
         self.base_url = ""
         self.app = web.Application(
@@ -235,7 +250,7 @@ class AgentServer:
         host = f"[{self.agent.host}]" if ":" in self.agent.host else self.agent.host
         self.base_url = f"http://{host}:{port}/v1"
         _write_private(
-            agent_dir(self.cfg.run.dir) / f"{self.actor_id}.url",
+            agent_dir(self.run_dir) / f"{self.actor_id}.url",
             self.base_url + "\n",
         )
         self._tasks = [

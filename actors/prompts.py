@@ -55,6 +55,8 @@ class Prompt:
     answer: Any
     # the row's other columns, for rewards
     columns: dict[str, Any] = field(default_factory=dict)
+    # a messages row (batched rewards get a string prompt's completions as strings, as TRL does)
+    conversational: bool = True
 
     @property
     def prompt_id(self) -> str:
@@ -291,21 +293,27 @@ class PromptDataset:
             self.token_ids.append(list(ids))
 
     @classmethod
-    def from_config(cls, data_cfg, tokenizer) -> PromptDataset:
-        """The dataset at ``data.path``; its errors name that key."""
+    def from_config(cls, data_cfg, tokenizer, held_out: bool = False) -> PromptDataset:
+        """The dataset at ``data.path``, or with ``held_out`` the evaluation prompts at
+        ``data.eval_path`` (read alike, from ``data.eval_split`` or ``data.split``); its errors
+        name that key."""
+        key, path = (
+            ("data.eval_path", data_cfg.eval_path) if held_out else ("data.path", data_cfg.path)
+        )
+        split = (data_cfg.eval_split if held_out else None) or data_cfg.split
         try:
             return cls(
-                data_cfg.path,
+                path,
                 tokenizer,
                 data_cfg.format,
-                data_cfg.split,
+                split,
                 data_cfg.apply_chat_template,
                 data_cfg.prompt_key,
                 data_cfg.answer_key,
                 data_cfg.config,
             )
         except PromptDataError as exc:
-            raise PromptDataError(f"data.path: {exc}") from None
+            raise PromptDataError(f"{key}: {exc}") from None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -318,6 +326,7 @@ class PromptDataset:
             self.messages[index],
             self.answers[index],
             self.columns[index],
+            self.format == "messages",
         )
 
 
@@ -332,8 +341,8 @@ def position(cursor: int, size: int, seed: int) -> tuple[int, int]:
     return epoch, int(_permutation(size, seed + epoch)[offset])
 
 
-class PromptSource:
-    """Takes the next prompt for this actor from the shared Redis cursor (async redis client)."""
+class PromptCursor:
+    """The next prompt for this actor from the run's shared Redis cursor (async redis client)."""
 
     def __init__(self, dataset: PromptDataset, redis_client, cursor_key: str, seed: int) -> None:
         self.dataset = dataset

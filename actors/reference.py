@@ -4,7 +4,7 @@ It scores each completion's tokens right after generation, and the log-probs tra
 group (``broker.wire``'s ``rlp`` column), so the learner's step has no reference pass. The
 learner is what actors wait for (they generate one batch ahead, then wait for admission),
 so the pass costs the actor time it would otherwise spend waiting. The log-probs are those
-the learner's pass would give: the same function (``weightsync.policy.sequence_logprobs``)
+the learner's pass would give: the same function (``policy.scoring.sequence_logprobs``)
 on the same folder at the sampling temperature.
 """
 
@@ -15,19 +15,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from streamrl.configs.schema import ModelConfig
-from streamrl.weightsync.policy import load_policy, sequence_logprobs
+from streamrl.policy.load import load_policy
+from streamrl.policy.scoring import sequence_logprobs
 
 
 class ReferenceScorer:
     def __init__(
-        self, model_cfg: ModelConfig, device: str, temperature: float, token_budget: int
+        self, path: str, dtype: str, device: str, temperature: float, token_budget: int
     ) -> None:
-        """``temperature``: the sampling temperature (``rollout.temperature``); ``token_budget``:
+        """The policy of ``path`` (``model.path``, ``model.dtype``) on ``device``;
+        ``temperature``: the sampling temperature (``rollout.temperature``); ``token_budget``:
         rows x padded length per forward pass, as the learner's micro-batches
         (``learner.micro_batch_tokens``): the logits ([rows, length, vocabulary] floats) are
         what grows."""
-        self.model = load_policy(model_cfg.path, model_cfg.dtype, device)
+        self.model = load_policy(path, dtype, device)
         self.model.requires_grad_(False)
         self.temperature = temperature
         self.token_budget = token_budget

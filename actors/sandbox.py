@@ -541,30 +541,11 @@ def run_python(
     _sweep_orphaned_workdirs()
     workdir = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     try:
-        program = os.path.join(workdir, "main.py")
-        files = {program: code}
-        if tests is not None:
-            files[os.path.join(workdir, "tests.py")] = tests
         uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UIDS) if granted.uid_drop else None
-        for path, text in files.items():
-            with open(path, "w") as f:
-                f.write(text)
-            if uid is not None:
-                os.chown(path, uid, uid)
-        if uid is not None:
-            os.chown(workdir, uid, uid)
+        files = _write_files(workdir, code, tests, uid)
+        nonce, nonce_fd = _nonce_pipe() if tests is not None else (b"", -1)
+        command = _command(granted, workdir, audit_hook, nonce_fd, files)
         env = {"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        nonce, nonce_fd = b"", -1
-        if tests is not None:
-            nonce = secrets.token_hex(NONCE_BYTES).encode()
-            nonce_fd, write_end = os.pipe()
-            os.write(write_end, nonce)
-            os.close(write_end)
-        boot = _boot(workdir, audit_hook, granted.landlock_abi, granted.seccomp, nonce_fd)
-        command = [granted.interpreter, "-I", "-S", "-B", "-c", boot, *files]
-        if granted.namespaces:
-            unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
-            command = [unshare, *granted.unshare_flags, *command]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
                 command,
@@ -580,18 +561,8 @@ def run_python(
             )
             if tests is not None:
                 os.close(nonce_fd)
-            timed_out = False
             disk = _DiskWatch(workdir, disk_mb << 20, proc.pid)
-            try:
-                proc.communicate(stdin.encode(), timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                disk.stop()
-                _kill_group(proc.pid)
-                if uid is not None:
-                    _kill_uid(uid)
-                proc.wait(timeout=10)
+            timed_out = _wait(proc, stdin, timeout_s, disk, uid)
             stdout, completed = _read(out), None
             if tests is not None:
                 stdout, completed = _unmark(out, b"\n" + nonce + b"\n")
@@ -606,6 +577,62 @@ def run_python(
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _write_files(workdir: str, code: str, tests: str | None, uid: int | None) -> list[str]:
+    """Write the program (and the tests) into ``workdir``, all owned by ``uid`` when it drops to
+    one; returns their paths, the program first."""
+    files = {os.path.join(workdir, "main.py"): code}
+    if tests is not None:
+        files[os.path.join(workdir, "tests.py")] = tests
+    for path, text in files.items():
+        with open(path, "w") as f:
+            f.write(text)
+        if uid is not None:
+            os.chown(path, uid, uid)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    return list(files)
+
+
+def _nonce_pipe() -> tuple[bytes, int]:
+    """A fresh nonce and the read end of a pipe holding it (the boot reads it, then closes it)."""
+    nonce = secrets.token_hex(NONCE_BYTES).encode()
+    read_end, write_end = os.pipe()
+    os.write(write_end, nonce)
+    os.close(write_end)
+    return nonce, read_end
+
+
+def _command(
+    granted: Layers, workdir: str, audit_hook: bool, nonce_fd: int, files: list[str]
+) -> list[str]:
+    """The interpreter running the boot on ``files``, inside the namespaces this host grants."""
+    boot = _boot(workdir, audit_hook, granted.landlock_abi, granted.seccomp, nonce_fd)
+    command = [granted.interpreter, "-I", "-S", "-B", "-c", boot, *files]
+    if granted.namespaces:
+        unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+        command = [unshare, *granted.unshare_flags, *command]
+    return command
+
+
+def _wait(
+    proc: subprocess.Popen, stdin: str, timeout_s: float, disk: _DiskWatch, uid: int | None
+) -> bool:
+    """Feed ``stdin`` and wait up to ``timeout_s``, then kill whatever is left of the program;
+    whether it timed out."""
+    timed_out = False
+    try:
+        proc.communicate(stdin.encode(), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        disk.stop()
+        _kill_group(proc.pid)
+        if uid is not None:
+            _kill_uid(uid)
+        proc.wait(timeout=10)
+    return timed_out
 
 
 class _DiskWatch:

@@ -27,7 +27,6 @@ PARTS = [
     "shm_checksum",
     "actors",
     "dashboards",
-    "trl_baseline",
     "reference_loop",
     "system",
     "projection",
@@ -37,8 +36,10 @@ PARTS = [
 # bench-vllm` (the vLLM venv) writes engines, `python -m bench.variants` (an hour or more of runs)
 # variants, `python -m bench.staleness` (half an hour) staleness, `python -m bench.pinned` (a
 # 16-core host) pinned, `python -m bench.longtail` (hours of runs) longtail, `python -m
-# bench.multiturn` (10 min a seed) multiturn, and mutation holds `make mutate`'s reading, by hand.
-# Any other docs/bench/*.md goes at the end: the page drops no section.
+# bench.multiturn` (10 min a seed) multiturn, mutation holds `make mutate`'s reading, by hand,
+# `python -m bench.cpu_placement` and `python -m bench.startup` (whole demo launches) cpu_placement
+# and startup, and `python -m bench.gpu` (a lent GPU host) gpu. Any other docs/bench/*.md goes at
+# the end: the page drops no section.
 PAGE = [
     *PARTS[: PARTS.index("actors") + 1],
     "engines",
@@ -50,6 +51,9 @@ PAGE = [
     "multiturn",
     *PARTS[PARTS.index("system") + 1 :],
     "mutation",
+    "cpu_placement",
+    "gpu",
+    "startup",
 ]
 OUT = Path("docs/benchmarks.md")
 PART_DIR = Path("docs/bench")

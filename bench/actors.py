@@ -22,7 +22,7 @@ from streamrl.actors.engines.base import Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.examples.reverse_digits.assets import build_policy
 from streamrl.examples.reverse_digits.task import make_example
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 
 class _EveryNSteps:

@@ -92,7 +92,7 @@ def producer_process(url: str, run_name: str, mode: str, n: int, ready, go, cpu)
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
+        producer = RolloutProducer(r, Keys.from_config(cfg.run, cfg.broker), cfg.broker)
         await r.ping()
         ready.set()
         go.wait(60)
@@ -146,7 +146,12 @@ def end_to_end(url: str, server_pid: int, mode: str, n: int) -> tuple[float, flo
     async def main() -> tuple[float, float]:
         r = connect_async(cfg.broker, cfg.run.dir)
         consumer = RolloutConsumer(
-            r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "c", VOCAB
+            r,
+            Keys.from_config(cfg.run, cfg.broker),
+            cfg.broker,
+            Limits.from_config(cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit),
+            "c",
+            VOCAB,
         )
         raw_stream = f"raw-{run_name}"
         await r.xgroup_create(raw_stream, "g", id="0", mkstream=True)
@@ -167,7 +172,7 @@ def end_to_end(url: str, server_pid: int, mode: str, n: int) -> tuple[float, flo
             - server_cpu
             + cpu.get(timeout=60)
         )
-        keys = Keys.from_config(cfg)
+        keys = Keys.from_config(cfg.run, cfg.broker)
         await r.delete(
             raw_stream,
             keys.stream,
@@ -203,8 +208,8 @@ async def flood(url: str, payload: bytes, seconds: float, admission: bool) -> di
     # capacity 48 groups
     cfg.algo.max_staleness, cfg.learner.groups_per_step = 2, 16
     r = connect_async(cfg.broker, cfg.run.dir)
-    keys = Keys.from_config(cfg)
-    adm = Admission(r, keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s)
+    keys = Keys.from_config(cfg.run, cfg.broker)
+    adm = Admission(r, keys, Bounds.from_config(cfg.algo, cfg.learner), cfg.broker.lease_ttl_s)
     producer = RolloutProducer(r, keys, cfg.broker)
     before = (await r.info("memory"))["used_memory"]
     stop_at = time.monotonic() + seconds

@@ -65,11 +65,63 @@ def _all_streamrl_metrics_endpoint():
     return start_http_server(0, addr="127.0.0.1")[0]
 
 
+def _sync_rows(keys, client, out: Path, live: int, repeats: int) -> tuple[list[str], list]:
+    """``sync_targets`` over ``live`` live endpoints, then with as many gone registrations added:
+    the rows, and the endpoints (left serving until the end, as the run's processes would)."""
+    key = keys.metrics_targets
+    endpoints = _endpoints(live)
+    for i, srv in enumerate(endpoints):
+        client.hset(key, f"actor:a{i}", f"127.0.0.1:{srv.server_address[1]}")
+    live_ms = _median_ms(lambda: sync_targets(keys, client, out), repeats)
+    for i in range(live):
+        client.hset(key, f"actor:gone{i}", f"127.0.0.1:{free_port()}")
+    dead_ms = _median_ms(lambda: sync_targets(keys, client, out), repeats)
+    return [
+        f"| `sync_targets`, {live} live endpoints | {live_ms:.1f} ms | 1.00 |",
+        f"| `sync_targets`, {live} live + {live} gone | {dead_ms:.1f} ms | {dead_ms / live_ms:.2f} |",
+    ], endpoints
+
+
+def _prometheus_ms(out: Path, repeats: int) -> tuple[float, int, float, float]:
+    """With a real Prometheus scraping the registered learner: its scrape duration (ms), the
+    dashboard's expression count, and the ms of that many ``vector(1)`` queries and of one refresh."""
+    with PrometheusServer(write_prometheus_config(out), out) as prom:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not prom.query(
+            'count_over_time(scrape_duration_seconds{role="learner"}[1m]) >= 3'
+        ):
+            time.sleep(0.5)
+        prom_scrape = prom.query('avg_over_time(scrape_duration_seconds{role="learner"}[1m])')
+        prom_scrape_ms = 1000 * float(prom_scrape[0]["value"][1]) if prom_scrape else float("nan")
+        exprs = [render(q.expr) for q in queries()]
+        base_ms = _median_ms(lambda: [prom.query("vector(1)") for _ in exprs], repeats)
+        dash_ms = _median_ms(lambda: [prom.query(e) for e in exprs], repeats)
+    return prom_scrape_ms, len(exprs), base_ms, dash_ms
+
+
+def _scrape_rows(keys, client, out: Path, repeats: int) -> tuple[list[str], object]:
+    """One scrape of every streamrl metric from Python and as Prometheus measures it, and the
+    dashboard's refresh against the HTTP round trips alone: the rows, and the metrics endpoint."""
+    metrics_srv = _all_streamrl_metrics_endpoint()
+    url = f"http://127.0.0.1:{metrics_srv.server_address[1]}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read()
+    scrape_ms = _median_ms(lambda: urllib.request.urlopen(url, timeout=5).read(), repeats)
+    client.delete(keys.metrics_targets)
+    client.hset(keys.metrics_targets, "learner:0", f"127.0.0.1:{metrics_srv.server_address[1]}")
+    sync_targets(keys, client, out)
+    prom_scrape_ms, n, base_ms, dash_ms = _prometheus_ms(out, repeats)
+    return [
+        f"| GET /metrics with every streamrl metric ({len(body) / 1024:.1f} KiB), from Python | {scrape_ms:.2f} ms | |",
+        f"| the same scrape as Prometheus measures it (`scrape_duration_seconds`) | {prom_scrape_ms:.2f} ms | |",
+        f"| {n} × instant `vector(1)` (HTTP round trips only) | {base_ms:.1f} ms | 1.00 |",
+        f"| dashboard refresh: all {n} expressions once | {dash_ms:.1f} ms | {dash_ms / base_ms:.2f} |",
+    ], metrics_srv
+
+
 def run(quick: bool = False) -> str:
     live = 8 if quick else 32
     repeats = 5 if quick else 20
     tmp = Path(tempfile.mkdtemp(prefix="bench-dash-"))
-    rows = []
     with EmbeddedRedis(Config().broker, tmp / "redis") as server:
         cfg = Config.model_validate(
             {
@@ -78,58 +130,15 @@ def run(quick: bool = False) -> str:
             }
         )
         client = connect_sync(cfg.broker, cfg.run.dir)
-        keys = Keys.from_config(cfg)
-        key = keys.metrics_targets
-        endpoints = _endpoints(live)
-        for i, srv in enumerate(endpoints):
-            client.hset(key, f"actor:a{i}", f"127.0.0.1:{srv.server_address[1]}")
+        keys = Keys.from_config(cfg.run, cfg.broker)
         out = tmp / "prometheus"
-        live_ms = _median_ms(lambda: sync_targets(keys, client, out), repeats)
-        for i in range(live):
-            client.hset(key, f"actor:gone{i}", f"127.0.0.1:{free_port()}")
-        dead_ms = _median_ms(lambda: sync_targets(keys, client, out), repeats)
-        rows.append(f"| `sync_targets`, {live} live endpoints | {live_ms:.1f} ms | 1.00 |")
-        rows.append(
-            f"| `sync_targets`, {live} live + {live} gone | {dead_ms:.1f} ms | {dead_ms / live_ms:.2f} |"
-        )
-
-        metrics_srv = _all_streamrl_metrics_endpoint()
-        url = f"http://127.0.0.1:{metrics_srv.server_address[1]}/metrics"
-        body = urllib.request.urlopen(url, timeout=5).read()
-        scrape_ms = _median_ms(lambda: urllib.request.urlopen(url, timeout=5).read(), repeats)
-        client.delete(key)
-        client.hset(key, "learner:0", f"127.0.0.1:{metrics_srv.server_address[1]}")
-        sync_targets(keys, client, out)
-
-        with PrometheusServer(write_prometheus_config(out), out) as prom:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not prom.query(
-                'count_over_time(scrape_duration_seconds{role="learner"}[1m]) >= 3'
-            ):
-                time.sleep(0.5)
-            prom_scrape = prom.query('avg_over_time(scrape_duration_seconds{role="learner"}[1m])')
-            prom_scrape_ms = (
-                1000 * float(prom_scrape[0]["value"][1]) if prom_scrape else float("nan")
-            )
-            exprs = [render(q.expr) for q in queries()]
-            base_ms = _median_ms(lambda: [prom.query("vector(1)") for _ in exprs], repeats)
-            dash_ms = _median_ms(lambda: [prom.query(e) for e in exprs], repeats)
-        rows.append(
-            f"| GET /metrics with every streamrl metric ({len(body) / 1024:.1f} KiB), from Python | {scrape_ms:.2f} ms | |"
-        )
-        rows.append(
-            f"| the same scrape as Prometheus measures it (`scrape_duration_seconds`) | {prom_scrape_ms:.2f} ms | |"
-        )
-        rows.append(
-            f"| {len(exprs)} × instant `vector(1)` (HTTP round trips only) | {base_ms:.1f} ms | 1.00 |"
-        )
-        rows.append(
-            f"| dashboard refresh: all {len(exprs)} expressions once | {dash_ms:.1f} ms | {dash_ms / base_ms:.2f} |"
-        )
+        rows, endpoints = _sync_rows(keys, client, out, live, repeats)
+        scrape_rows, metrics_srv = _scrape_rows(keys, client, out, repeats)
         # each shutdown waits out a 0.5 s poll
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(_close, [*endpoints, metrics_srv]))
         client.close()
+        rows += scrape_rows
 
     date = time.strftime("%Y-%m-%d")
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"

@@ -76,35 +76,25 @@ class _Side:
     """One engine, the publisher feeding it, its version counter and the processes it computes in."""
 
     def __init__(self, url: str, policy: Path, engine: str) -> None:
-        from streamrl.actors.engines.hf import HFEngine
-        from streamrl.actors.engines.vllm import VLLMEngine
-        from streamrl.weightsync.policy import load_policy, load_tokenizer
+        from streamrl.actors import engines
+        from streamrl.policy.load import load_policy, load_tokenizer
+        from streamrl.weightsync.feed import WeightFeed
         from streamrl.weightsync.publisher import Publisher
-        from streamrl.weightsync.subscriber import Subscriber
 
         self.name = engine
         cfg = _config(url, policy, engine)
         self.tokenizer = load_tokenizer(policy)
         self.weights = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
-        self.publisher = Publisher.from_config(cfg)
-        model, self.subscriber = None, None
-        if engine == "hf":
-            model = load_policy(policy)
-            self.subscriber = Subscriber.from_config(cfg, "bench", dict(model.named_parameters()))
+        self.publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+        feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, "bench")
+        parts = engines.EngineParts(feed, self.tokenizer, seed=0)
         me = psutil.Process()
         before = {p.pid for p in me.children(recursive=True)}
         started = time.perf_counter()
-        if engine == "vllm":
-            self.engine = VLLMEngine.from_config(cfg, seed=0)
-        else:
-            self.engine = HFEngine(
-                model, self.tokenizer, BATCH, weight_source=self.subscriber, seed=0
-            )
+        self.engine = engines.get(engine).from_config(parts, model=cfg.model, actor=cfg.actor)
         self.start_s = time.perf_counter() - started
         # this process and the ones the engine started (vLLM's engine core and worker)
         self.processes = [me] + [p for p in me.children(recursive=True) if p.pid not in before]
-        if self.subscriber is not None:
-            self.subscriber.start()
         self.version = 0
 
     def cpu_seconds(self) -> float:
@@ -126,8 +116,6 @@ class _Side:
 
     def close(self) -> None:
         self.engine.close()
-        if self.subscriber is not None:
-            self.subscriber.close()
         self.publisher.close()
 
 

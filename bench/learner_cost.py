@@ -138,9 +138,12 @@ class _Timer:
         setattr(obj, name, timed)
 
 
-def _loop_tensors(groups, pad: int):
-    """The reference loop's view of a batch: prompts [N, P], completions [N, T] padded after the
-    end of sequence to the batch's longest, sampling log-probs [N, T], group-normalised advantages."""
+def _loop_tensors(groups, cfg, eos: int, pad: int):
+    """The reference loop's view of a batch (``bench.reference_loop.Rollout``): prompts [N, P],
+    completions [N, T] padded after the end of sequence to the batch's longest, their mask,
+    sampling log-probs [N, T] and the group-normalised advantages."""
+    from bench.reference_loop import Rollout, completion_mask, group_advantages
+
     width = max(len(c.token_ids) for g in groups for c in g.completions)
     prompts, completions, old_lp, rewards = [], [], [], []
     for g in groups:
@@ -150,151 +153,99 @@ def _loop_tensors(groups, pad: int):
             completions.append(c.token_ids.tolist() + [pad] * (width - n))
             old_lp.append(c.logprobs.tolist() + [0.0] * (width - n))
             rewards.append(c.reward)
-    grouped = torch.tensor(rewards, dtype=torch.float64).view(len(groups), -1)
-    centred = grouped - grouped.mean(1, keepdim=True)
-    adv = (centred / (grouped.std(1, unbiased=False, keepdim=True) + 1e-4)).view(-1).float()
-    return torch.tensor(prompts), torch.tensor(completions), torch.tensor(old_lp), adv
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), len(groups), cfg.algo)
+    completions = torch.tensor(completions)
+    mask = completion_mask(completions, eos).float()
+    return Rollout(torch.tensor(prompts), None, completions, mask, torch.tensor(old_lp), adv)
 
 
 def _reference_learn(model, ref_model, optimizer, groups, cfg, eos: int, pad: int) -> None:
-    """The synchronous loop's learn half (``bench.reference_loop.run_reference``'s, line for
-    line): ref forward, then one AdamW update per disjoint random mini-batch."""
-    from bench.reference_loop import completion_mask, token_logprobs
+    """The synchronous loop's learn half (``bench.reference_loop.learn``, as ``run_reference``
+    calls it): ref forward, then one AdamW update per disjoint random mini-batch."""
+    from bench.reference_loop import learn, token_logprobs
 
-    a, lrn, temperature = cfg.algo, cfg.learner, cfg.rollout.temperature
-    prompts, completions, old_lp, adv = _loop_tensors(groups, pad)
-    mask = completion_mask(completions, eos).float()
-    ref_lp = token_logprobs(ref_model, prompts, completions, temperature) if ref_model else None
-    for mb in torch.randperm(len(adv)).chunk(lrn.minibatches):
-        lp = token_logprobs(model, prompts[mb], completions[mb], temperature)
-        ratio = torch.exp(lp - old_lp[mb])
-        clipped = ratio.clamp(1 - a.clip_low, 1 + a.clip_high)
-        obj = torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
-        if ref_lp is not None:
-            d = ref_lp[mb] - lp
-            obj = obj - a.kl_coef * (torch.exp(d) - d - 1)
-        loss = -(obj * mask[mb]).sum() / mask[mb].sum()
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
-        optimizer.step()
+    batch = _loop_tensors(groups, cfg, eos, pad)
+    if ref_model:
+        temperature = cfg.rollout.temperature
+        batch.ref_lp = token_logprobs(ref_model, batch.prompts, batch.completions, temperature)
+    learn(model, optimizer, cfg, batch, batch.old_lp)
 
 
-def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
-    """Median per-step seconds of the learner (with its phase split) and of the reference learn,
-    and the tokens each ran on, for ``task`` (a key of ``TASKS``)."""
-    from bench.reference_loop import sample
+WARMUP = 2
+
+
+def _batches(cfg, tokenizer, count: int, task: str) -> list[list]:
+    """``count`` batches of demo-shaped groups for ``task``; batch k sampled one batch behind the
+    learner (version k - 1 of the batches, each ``versions_per_batch`` policy versions), as the
+    demo's actors run: kept by max_staleness, and never a version the learner has not announced
+    when it reads the batch."""
+    rng = random.Random(0)
+    per_batch = cfg.learner.versions_per_batch
+    return [
+        _groups(
+            tokenizer,
+            cfg.learner.groups_per_step,
+            cfg.rollout.group_size,
+            max(0, k - 1) * per_batch,
+            rng,
+            cfg.algo.actors_score_reference,
+            TASKS[task][0],
+            cfg.rollout.max_new_tokens,
+        )
+        for k in range(count)
+    ]
+
+
+def _fill(cfg, batches) -> None:
+    """Publish every group of ``batches`` to the run's stream, as actors would."""
     from streamrl.broker.client import connect_async
     from streamrl.broker.keys import Keys
-    from streamrl.broker.server import EmbeddedRedis
     from streamrl.broker.stream import RolloutProducer
-    from streamrl.configs import load_config
-    from streamrl.examples.reverse_digits.assets import build_policy
+
+    async def fill():
+        r = connect_async(cfg.broker, cfg.run.dir)
+        producer = RolloutProducer(r, Keys.from_config(cfg.run, cfg.broker), cfg.broker)
+        for batch in batches:
+            for g in batch:
+                await producer.publish(g)
+        await r.aclose()
+
+    asyncio.run(fill())
+
+
+def _timed_learner(cfg):
+    """The real learner, its methods wrapped so each call's time lands in a phase of ``PHASES``."""
     from streamrl.learner import step as learner_step
     from streamrl.learner.loop import Learner
-    from streamrl.weightsync.policy import load_policy, load_tokenizer
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-learner-cost-"))
-    policy = build_policy(tmp / "policy", warm_start_steps=0)
-    tokenizer = load_tokenizer(str(policy))
-    warmup = 2
-    with EmbeddedRedis(load_config(CONFIG).broker, tmp / "redis") as server:
-        cfg = load_config(
-            CONFIG,
-            [
-                f"run.name=cost-{uuid.uuid4().hex[:8]}", f"run.dir={tmp / 'run'}",
-                f"model.path={policy}", f"broker.redis_url={server.url}", "run.max_time_s=0",
-                f"run.max_steps={steps + warmup}", "learner.read_timeout_s=30",
-                *TASKS[task][1], *overrides,
-            ],
-            env={},
-        )  # fmt: skip
-        rng = random.Random(0)
-        per_step = cfg.learner.groups_per_step
-        # batch k is sampled one batch behind the learner (version k - 1 of the batches, each
-        # versions_per_batch policy versions), as the demo's actors run: kept by max_staleness, and
-        # never a version the learner has not announced when it reads the batch
-        per_batch = cfg.learner.versions_per_batch
-        with_ref = cfg.algo.actors_score_reference
-        cap = cfg.rollout.max_new_tokens
-        batches = [
-            _groups(
-                tokenizer,
-                per_step,
-                cfg.rollout.group_size,
-                max(0, k - 1) * per_batch,
-                rng,
-                with_ref,
-                TASKS[task][0],
-                cap,
-            )
-            for k in range(steps + warmup)
-        ]
+    learner = Learner(cfg)
+    timer = _Timer()
+    io = learner.io
+    timer.wrap(io, "next_batch", "read+prepare")
+    timer.wrap(io, "publish", "publish")
+    timer.wrap(io, "record", "record")
+    # with ack_policy checkpoint the ack runs inside save_checkpoint
+    timer.wrap(learner, "save_checkpoint", "checkpoint+ack")
+    if cfg.learner.ack_policy == "step":
+        timer.wrap(io, "ack", "checkpoint+ack")
+    timer.wrap(learner_step, "_logprobs_no_grad", "reference forward")
+    return learner, timer
 
-        async def fill():
-            r = connect_async(cfg.broker, cfg.run.dir)
-            producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
-            for batch in batches:
-                for g in batch:
-                    await producer.publish(g)
-            await r.aclose()
 
-        asyncio.run(fill())
+def _learner_step(learner, timer) -> tuple[dict, dict]:
+    """One ``train_next``: its step row, and its seconds in all and per phase."""
+    before = dict(timer.seconds)
+    t0 = time.perf_counter()
+    row = learner.train_next()
+    total = time.perf_counter() - t0
+    spent = {p: timer.seconds.get(p, 0.0) - before.get(p, 0.0) for p in PHASES}
+    # forward+backward and optimizer come from the learner's own per-update timers
+    spent["forward+backward"], spent["optimizer"] = _last_update_split(learner)
+    spent["other"] = total - sum(spent.values())
+    return row, {"total": total, **spent}
 
-        learner = Learner(cfg)
-        timer = _Timer()
-        io = learner.io
-        timer.wrap(io, "next_batch", "read+prepare")
-        timer.wrap(io, "publish", "publish")
-        timer.wrap(io, "record", "record")
-        # with ack_policy checkpoint the ack runs inside save_checkpoint
-        timer.wrap(learner, "save_checkpoint", "checkpoint+ack")
-        if cfg.learner.ack_policy == "step":
-            timer.wrap(io, "ack", "checkpoint+ack")
-        timer.wrap(learner_step, "_logprobs_no_grad", "reference forward")
 
-        reference = load_policy(str(policy))
-        reference.train()
-        ref_model = load_policy(str(policy)).requires_grad_(False) if cfg.algo.kl_coef > 0 else None
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        lc = cfg.learner
-        optimizer = torch.optim.AdamW(
-            reference.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=0.0
-        )
-        learner_rows, reference_s, tokens = [], [], []
-        for k in range(steps + warmup):
-            before = dict(timer.seconds)
-            t0 = time.perf_counter()
-            row = learner.train_next()
-            total = time.perf_counter() - t0
-            spent = {p: timer.seconds.get(p, 0.0) - before.get(p, 0.0) for p in PHASES}
-            # forward+backward and optimizer come from the learner's own per-update timers
-            spent["forward+backward"], spent["optimizer"] = _last_update_split(learner)
-            spent["other"] = total - sum(spent.values())
-            prompts, completions, _, _ = _loop_tensors(batches[k], pad)
-            t1 = time.perf_counter()
-            if task == "demo":
-                reference.eval()
-                sample(reference, prompts, cap, eos=-1, pad=0, temperature=1.0)
-                reference.train()
-            t2 = time.perf_counter()
-            _reference_learn(reference, ref_model, optimizer, batches[k], cfg, eos, pad)
-            t3 = time.perf_counter()
-            if k >= warmup:
-                learner_rows.append({"total": total, **spent})
-                reference_s.append((t2 - t1, t3 - t2))
-                tokens.append(
-                    (
-                        row["sequence_tokens"],
-                        row["packed_tokens"],
-                        row["tokens_per_s"],
-                        prompts.numel() + completions.numel(),
-                    )
-                )
-        learner.close()
-    samples_per_step = per_step * cfg.rollout.group_size
+def _summary(cfg, task: str, steps: int, learner_rows, reference_s, tokens) -> dict:
     medians = {p: statistics.median(r[p] for r in learner_rows) for p in learner_rows[0]}
     means = {p: statistics.fmean(r[p] for r in learner_rows) for p in learner_rows[0]}
     return {
@@ -303,7 +254,7 @@ def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
         "sample": statistics.median(s for s, _ in reference_s),
         "reference": statistics.median(learn for _, learn in reference_s),
         "rollout": statistics.median(s + learn for s, learn in reference_s),
-        "samples": samples_per_step,
+        "samples": cfg.learner.groups_per_step * cfg.rollout.group_size,
         "steps": steps,
         "task": task,
         # per step: prompt + completion tokens, the learner's packed tokens, its tokens/s, and
@@ -313,6 +264,72 @@ def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
         "tokens_per_s": statistics.median(t[2] for t in tokens),
         "padded_tokens": statistics.median(t[3] for t in tokens),
     }
+
+
+def measure(steps: int, overrides: list[str] = (), task: str = "demo") -> dict:
+    """Median per-step seconds of the learner (with its phase split) and of the reference learn,
+    and the tokens each ran on, for ``task`` (a key of ``TASKS``)."""
+    from bench.reference_loop import sample
+    from streamrl.broker.server import EmbeddedRedis
+    from streamrl.configs import load_config
+    from streamrl.examples.reverse_digits.assets import build_policy
+    from streamrl.policy.load import load_policy, load_tokenizer
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-learner-cost-"))
+    policy = build_policy(tmp / "policy", warm_start_steps=0)
+    tokenizer = load_tokenizer(str(policy))
+    with EmbeddedRedis(load_config(CONFIG).broker, tmp / "redis") as server:
+        cfg = load_config(
+            CONFIG,
+            [
+                f"run.name=cost-{uuid.uuid4().hex[:8]}", f"run.dir={tmp / 'run'}",
+                f"model.path={policy}", f"broker.redis_url={server.url}", "run.max_time_s=0",
+                f"run.max_steps={steps + WARMUP}", "learner.read_timeout_s=30",
+                *TASKS[task][1], *overrides,
+            ],
+            env={},
+        )  # fmt: skip
+        batches = _batches(cfg, tokenizer, steps + WARMUP, task)
+        _fill(cfg, batches)
+        learner, timer = _timed_learner(cfg)
+        reference = load_policy(str(policy))
+        reference.train()
+        ref_model = load_policy(str(policy)).requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        lc = cfg.learner
+        optimizer = torch.optim.AdamW(
+            reference.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=0.0
+        )
+        learner_rows, reference_s, tokens = [], [], []
+        for k in range(steps + WARMUP):
+            row, learner_s = _learner_step(learner, timer)
+            view = _loop_tensors(batches[k], cfg, eos, pad)
+            t1 = time.perf_counter()
+            if task == "demo":
+                reference.eval()
+                sample(
+                    reference,
+                    view.prompts,
+                    cfg.rollout.max_new_tokens,
+                    eos=-1,
+                    pad=0,
+                    temperature=1.0,
+                )
+                reference.train()
+            t2 = time.perf_counter()
+            _reference_learn(reference, ref_model, optimizer, batches[k], cfg, eos, pad)
+            t3 = time.perf_counter()
+            if k >= WARMUP:
+                learner_rows.append(learner_s)
+                reference_s.append((t2 - t1, t3 - t2))
+                padded = view.prompts.numel() + view.completions.numel()
+                tokens.append(
+                    (row["sequence_tokens"], row["packed_tokens"], row["tokens_per_s"], padded)
+                )
+        learner.close()
+    return _summary(cfg, task, steps, learner_rows, reference_s, tokens)
 
 
 def _last_update_split(learner) -> tuple[float, float]:

@@ -263,7 +263,7 @@ def measure_one(
     """Train the learner's real step on a random-init model of ``shape`` for ``seconds`` (at least
     ``steps_min`` steps); peak memory and trained tokens/s. Run in a fresh process per knob set."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from bench.learner import random_samples
     from streamrl.configs import Config
@@ -280,12 +280,7 @@ def measure_one(
             "rollout": {"max_new_tokens": 512},
         }
     )
-    config = Qwen2Config(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads, tie_word_embeddings=shape.tied,
-        max_position_embeddings=4096,
-    )  # fmt: skip
+    config = _qwen2_config(shape)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -325,21 +320,40 @@ def measure_one(
         steps += 1
     sync()
     elapsed = time.perf_counter() - t0
-    out = {
+    return {
         "steps": steps,
         "tokens_per_s": steps * len(samples) * (prompt + completion) / elapsed,
         "optimizer": type(engine.basic_optimizer).__name__,
+        **_peak_memory(device),
     }
-    if device == "cuda":
-        out["peak_allocated"] = torch.cuda.max_memory_allocated()
-        out["peak_reserved"] = torch.cuda.max_memory_reserved()
-        out["device_name"] = torch.cuda.get_device_name()
-    else:
-        import resource
 
-        # kilobytes on Linux: the process's peak resident size, model and all
-        out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return out
+
+def _qwen2_config(shape: Shape):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, tie_word_embeddings=shape.tied,
+        max_position_embeddings=4096,
+    )  # fmt: skip
+
+
+def _peak_memory(device: str) -> dict:
+    """The peak since the last reset: CUDA's allocated and reserved bytes and the device's name,
+    or on the CPU the process's peak resident size (model and all)."""
+    import torch
+
+    if device == "cuda":
+        return {
+            "peak_allocated": torch.cuda.max_memory_allocated(),
+            "peak_reserved": torch.cuda.max_memory_reserved(),
+            "device_name": torch.cuda.get_device_name(),
+        }
+    import resource
+
+    # kilobytes on Linux
+    return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 def measure(shape_name: str, tokens: int, seconds: float, device: str) -> list[tuple[str, dict]]:

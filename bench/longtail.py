@@ -284,7 +284,8 @@ def seed_table(results: dict[str, list[Outcome]]) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked; ``--device cuda`` narrows it to the long-tail part without TRL."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--cap-s", type=float, default=900.0, help="cap of one run (seconds)")
@@ -297,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the long-tail part on a GPU"
     )
     args = parser.parse_args(argv)
-    gpu = args.device == "cuda"
-    if gpu:
+    if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
@@ -308,19 +308,145 @@ def main(argv: list[str] | None = None) -> int:
         args.parts = "longtail"
         if "trl" in args.systems.split(","):
             args.systems = ",".join(s for s in args.systems.split(",") if s != "trl")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.names = [SYSTEM_NAMES[s.strip()] for s in args.systems.split(",") if s.strip()]
+    args.parts = [p for p in args.parts.split(",") if p]
+    unknown = set(args.parts) - set(PARTS)
+    if unknown or STREAMRL not in args.names:
+        parser.error(f"parts of {PARTS} (got {sorted(unknown)}), systems must include streamrl")
+    return args
+
+
+def yardstick_part(args: argparse.Namespace, demo: dict[str, list[Outcome]]) -> list[str]:
+    """Per seed, the one-file loop and the repository's loop on the demo (into ``demo``), and
+    the line that says whether the latter is within ``YARDSTICK_SLACK`` of the former."""
+    if not args.yardstick.exists():
+        message = f"yardstick {args.yardstick} not found: its check is skipped"
+        print(message, flush=True)
+        return [f"**Yardstick:** {message}.", ""]
+    demo[YARDSTICK] = []
+    demo[LOOP] = []
+    for seed in args.seeds:
+        demo[YARDSTICK].append(run_yardstick(args.yardstick, seed, args.cap_s, args.reuse))
+        demo[LOOP].append(run_system(LOOP, DEMO, seed, YARDSTICK_POINT, args.cap_s, args.reuse))
+    value = reward_only_ratio(demo[LOOP], demo[YARDSTICK])
+    within = f"{'within' if value <= YARDSTICK_SLACK else 'NOT within'} {YARDSTICK_SLACK - 1:.0%}"
+    if math.isnan(value):
+        verdict = "n/a (the one-file loop missed its target on most seeds)"
+    elif math.isinf(value):
+        verdict = f"the repository's loop missed the target on most seeds: {within}"
+    else:
+        verdict = f"{value:.2f}× ({within})"
+    print(f"YARDSTICK repository loop / one-file loop on the demo: {verdict}", flush=True)
+    return [
+        f"**Yardstick:** the repository's loop on the demo, no KL, lr 3e-4, the warm start's AdamW "
+        f"kept, over `{args.yardstick.name}` with its README command, each from the end of its "
+        f"warm start to 20 rollouts of mean reward ≥ {YARDSTICK_REWARD}, medians: {verdict}.",
+        "",
+    ]
+
+
+def demo_part(args: argparse.Namespace, demo: dict[str, list[Outcome]]) -> list[str]:
+    """streamrl (and TRL) on the demo at the preset's point, against the yardstick's runs in
+    ``demo`` (or, without them, the repository's loop)."""
+    # the yardstick part ran the loop on every seed already (asked before the first run adds one)
+    loop_ran = LOOP in demo
+    for seed in args.seeds:
+        for name in args.names:
+            if name == LOOP and loop_ran:
+                continue
+            point = system.preset_point()
+            demo.setdefault(name, []).append(
+                run_system(name, DEMO, seed, point, args.cap_s, args.reuse)
+            )
+    plot(demo, "CPU demo (reverse 3 digits), every seed", IMG["demo"])
+    base = YARDSTICK if YARDSTICK in demo else LOOP
+    return [
+        "### The demo task",
+        "",
+        f"streamrl and TRL at the preset's point ({system.point_label(system.preset_point())}); "
+        "the loops with no KL and the warm start's AdamW kept. Time to the demo target "
+        "(20-step means of reward ≥ 0.95 and exact match ≥ 0.85; the one-file loop: reward only).",
+        "",
+        *seed_table(demo),
+        "",
+        f"- streamrl / {base}: {_fmt_ratio(ratio(demo[STREAMRL], demo[base]), 0.9)}",
+        *(
+            [
+                f"- streamrl / {base}, both to the one-file loop's own target (20-step mean "
+                f"reward ≥ {YARDSTICK_REWARD}, no exact-match bar): "
+                f"{_fmt_ratio(reward_only_ratio(demo[STREAMRL], demo[base]), 0.9)}"
+            ]
+            if base == YARDSTICK
+            else []
+        ),
+        "",
+        f"![reward against wall time on the demo]({IMG['demo'].relative_to('docs')})",
+        "",
+    ]
+
+
+def longtail_part(args: argparse.Namespace) -> tuple[list[str], float]:
+    """Every system on the long-tail task at every grid point and seed: the section's lines and
+    streamrl's median time over the loop's at their best points (nan without the loop)."""
+    gpu = args.device == "cuda"
+    grid: dict[str, dict[tuple[float, float], list[Outcome]]] = {n: {} for n in args.names}
+    for seed in args.seeds:
+        for point in args.grid:
+            for name in args.names:
+                outcome = run_system(
+                    name, LONGTAIL, seed, point, args.cap_s, args.reuse, args.device
+                )
+                grid[name].setdefault(point, []).append(outcome)
+    best = {name: best_point(by_point) for name, by_point in grid.items()}
+    results = {name: outcomes for name, (_, outcomes) in best.items()}
+    where = f"on {gpu_name()}, float32" if gpu else "on the CPU"
+    img = GPU_IMG if gpu else IMG["longtail"]
+    plot(results, f"long-tail copy task {where}, each system at its best grid point", img)
+    final = ratio(results[STREAMRL], results[LOOP]) if LOOP in results else math.nan
+    reward_bar, exact_bar, window = LONGTAIL.target()
+    gpu_note = [
+        f"The loop wholly on the GPU; streamrl's learner and its {ACTORS} actors' hf engines "
+        f"on it too (`{' '.join(GPU_OVERRIDES)}`).",
+        "",
+    ]
+    lines = [
+        f"### The long-tail task {where}",
+        "",
+        *(gpu_note if gpu else []),
+        f"`{LONGTAIL.config}`: copy 1–24 digits, lengths P(n) ∝ n^-1.5 (median 2), the preset's "
+        "recipe and a light warm start (100 steps at 3e-4). Target: "
+        f"{window}-step means of reward ≥ {reward_bar} and exact copies ≥ {exact_bar}. "
+        f"Cap {args.cap_s:.0f} s. Grid (lr, KL) of every system; median time to target:",
+        "",
+        *grid_table(grid),
+        "",
+        "Each system at its best point: "
+        + ", ".join(f"{n} {system.point_label(p)}" for n, (p, _) in best.items()),
+        "",
+        *seed_table(results),
+        "",
+        f"- streamrl / synchronous loop: {_fmt_ratio(final, GOAL[args.device])}",
+        *(
+            [f"- streamrl / TRL: {_fmt_ratio(ratio(results[STREAMRL], results[TRL]), 0.5)}"]
+            if TRL in results
+            else []
+        ),
+        "",
+        f"![reward against wall time on the long-tail task]({img.relative_to('docs')})",
+        "",
+    ]
+    return lines, final
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("DS_ACCELERATOR", args.device)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     torch.set_num_threads(1)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    names = [SYSTEM_NAMES[s.strip()] for s in args.systems.split(",") if s.strip()]
-    parts = [p for p in args.parts.split(",") if p]
-    img = GPU_IMG if gpu else IMG["longtail"]
-    unknown = set(parts) - set(PARTS)
-    if unknown or STREAMRL not in names:
-        parser.error(f"parts of {PARTS} (got {sorted(unknown)}), systems must include streamrl")
     started = time.monotonic()
     lines = [
         "## Where asynchrony pays: the long-tail task, and the yardstick",
@@ -330,120 +456,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     demo: dict[str, list[Outcome]] = {}
-    if "yardstick" in parts or "demo" in parts:
-        if args.yardstick.exists():
-            demo[YARDSTICK] = []
-            demo[LOOP] = []
-            for seed in seeds:
-                demo[YARDSTICK].append(run_yardstick(args.yardstick, seed, args.cap_s, args.reuse))
-                demo[LOOP].append(
-                    run_system(LOOP, DEMO, seed, YARDSTICK_POINT, args.cap_s, args.reuse)
-                )
-            value = reward_only_ratio(demo[LOOP], demo[YARDSTICK])
-            within = f"{'within' if value <= YARDSTICK_SLACK else 'NOT within'} {YARDSTICK_SLACK - 1:.0%}"
-            if math.isnan(value):
-                verdict = "n/a (the one-file loop missed its target on most seeds)"
-            elif math.isinf(value):
-                verdict = f"the repository's loop missed the target on most seeds: {within}"
-            else:
-                verdict = f"{value:.2f}× ({within})"
-            print(f"YARDSTICK repository loop / one-file loop on the demo: {verdict}", flush=True)
-            lines += [
-                f"**Yardstick:** the repository's loop on the demo, no KL, lr 3e-4, the warm start's AdamW "
-                f"kept, over `{args.yardstick.name}` with its README command, each from the end of its "
-                f"warm start to 20 rollouts of mean reward ≥ {YARDSTICK_REWARD}, medians: {verdict}.",
-                "",
-            ]
-        else:
-            message = f"yardstick {args.yardstick} not found: its check is skipped"
-            print(message, flush=True)
-            lines += [f"**Yardstick:** {message}.", ""]
-    if "demo" in parts:
-        for seed in seeds:
-            for name in names:
-                if name == LOOP and LOOP in demo:
-                    continue
-                point = system.preset_point()
-                demo.setdefault(name, []).append(
-                    run_system(name, DEMO, seed, point, args.cap_s, args.reuse)
-                )
-        plot(demo, "CPU demo (reverse 3 digits), every seed", IMG["demo"])
-        base = YARDSTICK if YARDSTICK in demo else LOOP
-        lines += [
-            "### The demo task",
-            "",
-            f"streamrl and TRL at the preset's point ({system.point_label(system.preset_point())}); "
-            "the loops with no KL and the warm start's AdamW kept. Time to the demo target "
-            "(20-step means of reward ≥ 0.95 and exact match ≥ 0.85; the one-file loop: reward only).",
-            "",
-            *seed_table(demo),
-            "",
-            f"- streamrl / {base}: {_fmt_ratio(ratio(demo[STREAMRL], demo[base]), 0.9)}",
-            *(
-                [
-                    f"- streamrl / {base}, both to the one-file loop's own target (20-step mean "
-                    f"reward ≥ {YARDSTICK_REWARD}, no exact-match bar): "
-                    f"{_fmt_ratio(reward_only_ratio(demo[STREAMRL], demo[base]), 0.9)}"
-                ]
-                if base == YARDSTICK
-                else []
-            ),
-            "",
-            f"![reward against wall time on the demo]({IMG['demo'].relative_to('docs')})",
-            "",
-        ]
+    if "yardstick" in args.parts or "demo" in args.parts:
+        lines += yardstick_part(args, demo)
+    if "demo" in args.parts:
+        lines += demo_part(args, demo)
     final = math.nan
-    if "longtail" in parts:
-        grid: dict[str, dict[tuple[float, float], list[Outcome]]] = {n: {} for n in names}
-        for seed in seeds:
-            for point in args.grid:
-                for name in names:
-                    outcome = run_system(
-                        name, LONGTAIL, seed, point, args.cap_s, args.reuse, args.device
-                    )
-                    grid[name].setdefault(point, []).append(outcome)
-        best = {name: best_point(by_point) for name, by_point in grid.items()}
-        results = {name: outcomes for name, (_, outcomes) in best.items()}
-        where = f"on {gpu_name()}, float32" if gpu else "on the CPU"
-        plot(results, f"long-tail copy task {where}, each system at its best grid point", img)
-        final = ratio(results[STREAMRL], results[LOOP]) if LOOP in results else math.nan
-        reward_bar, exact_bar, window = LONGTAIL.target()
-        lines += [
-            f"### The long-tail task {where}",
-            "",
-            *(
-                [
-                    f"The loop wholly on the GPU; streamrl's learner and its {ACTORS} actors' hf engines "
-                    f"on it too (`{' '.join(GPU_OVERRIDES)}`).",
-                    "",
-                ]
-                if gpu
-                else []
-            ),
-            f"`{LONGTAIL.config}`: copy 1–24 digits, lengths P(n) ∝ n^-1.5 (median 2), the preset's "
-            "recipe and a light warm start (100 steps at 3e-4). Target: "
-            f"{window}-step means of reward ≥ {reward_bar} and exact copies ≥ {exact_bar}. "
-            f"Cap {args.cap_s:.0f} s. Grid (lr, KL) of every system; median time to target:",
-            "",
-            *grid_table(grid),
-            "",
-            "Each system at its best point: "
-            + ", ".join(f"{n} {system.point_label(p)}" for n, (p, _) in best.items()),
-            "",
-            *seed_table(results),
-            "",
-            f"- streamrl / synchronous loop: {_fmt_ratio(final, GOAL[args.device])}",
-            *(
-                [f"- streamrl / TRL: {_fmt_ratio(ratio(results[STREAMRL], results[TRL]), 0.5)}"]
-                if TRL in results
-                else []
-            ),
-            "",
-            f"![reward against wall time on the long-tail task]({img.relative_to('docs')})",
-            "",
-        ]
+    if "longtail" in args.parts:
+        part, final = longtail_part(args)
+        lines += part
     lines.append(f"All runs took {(time.monotonic() - started) / 60:.0f} min.")
-    publish(GPU_SECTION if gpu else SECTION, "\n".join(lines) + "\n")
+    publish(GPU_SECTION if args.device == "cuda" else SECTION, "\n".join(lines) + "\n")
     print(f"RATIO {final:.3f}" if math.isfinite(final) else "RATIO nan")
     return 0
 

@@ -223,17 +223,96 @@ def cluster_table(gen_s: float, train_s: float, params: float) -> list[str]:
     return rows
 
 
+DEMO_STEP = Workload(prompts=16, group_size=16, prompt_tokens=4, completion_tokens=4)
+GPU_STEP = Workload(prompts=64, group_size=16, prompt_tokens=256, completion_tokens=1024)
+CPU_PUBLISH_S = publish_seconds(0.5e6, 4, CPU_SHM_PUBLISH_BYTES_PER_S)
+NVLINK_PUBLISH_S = publish_seconds(PARAMS_8B, 2, NVLINK_BUSBW)
+
+
+def _h100_train_tps() -> list[float]:
+    """The 8B model's training tokens/s per H100, low and high, from Llama 3's TFLOPS."""
+    return [train_tps_from_flops(f, PARAMS_8B) for f in LLAMA3_BF16_TFLOPS_PER_GPU]
+
+
+def inputs_lines(
+    cpu_gen_tps: float, gen_src: str, cpu_train_tps: float, train_src: str
+) -> list[str]:
+    """The inputs' table, each with its source, and the two workloads."""
+    train_tps = _h100_train_tps()
+    demo, gpu_work = DEMO_STEP, GPU_STEP
+    return [
+        "### Inputs",
+        "",
+        "| input | value | source |",
+        "|---|---|---|",
+        f"| this machine: generation tokens/s (1 core) | {cpu_gen_tps:,.0f} | {gen_src} |",
+        f"| this machine: training tokens/s (1 core) | {cpu_train_tps:,.0f} | {train_src} |",
+        f"| this machine: publish (2 MB fp32 over shm) | {_fmt_s(CPU_PUBLISH_S)} | docs/bench/weightsync.md, shm 40 MB in 14.1 ms |",
+        f"| H100: vLLM generation tokens/s, 8B (low) | {VLLM_GEN_TPS_H100['MLPerf offline, FP8']:,.0f} | {SOURCES['gen_low']} |",
+        f"| H100: vLLM generation tokens/s, 8B (high) | {VLLM_GEN_TPS_H100['BF16, third-party compilation']:,.0f} | {SOURCES['gen_high']} |",
+        f"| H100: training tokens/s, 8B | {train_tps[0]:,.0f}–{train_tps[1]:,.0f} (mid {sum(train_tps) / 2:,.0f}) | {SOURCES['train']} |",
+        f"| publish 16 GB bf16 within a node | {_fmt_s(NVLINK_PUBLISH_S)} | {SOURCES['nvlink']} |",
+        f"| publish across nodes | {_fmt_s(publish_seconds(PARAMS_8B, 2, IB_NDR_BYTES_PER_S))} | {SOURCES['ib']} |",
+        "",
+        f"Workloads: the CPU demo step is {demo.prompts} prompts × {demo.group_size} completions of "
+        f"{demo.prompt_tokens:g} prompt + {demo.completion_tokens:g} completion tokens; the GPU step is "
+        f"{gpu_work.prompts} × {gpu_work.group_size} of {gpu_work.prompt_tokens:g} + {gpu_work.completion_tokens:g} "
+        f"({gpu_work.generated_tokens / 1e6:.2f} M generated, {gpu_work.trained_tokens / 1e6:.2f} M trained tokens). "
+        "Training counts prompt + completion tokens, generation counts completion tokens.",
+    ]
+
+
+def machine_lines(cpu_gen_tps: float, cpu_train_tps: float) -> list[str]:
+    """The demo step on this machine's cores, at 1-3 actors per learner."""
+    cpu_gen_s, cpu_train_s = device_seconds(DEMO_STEP, cpu_gen_tps, cpu_train_tps)
+    return [
+        "### This machine (demo task)",
+        "",
+        f"gen = {_fmt_s(cpu_gen_s)}, train = {_fmt_s(cpu_train_s)} per step on one core; "
+        f"learner-bound above actors : learners = {learner_bound_ratio(cpu_gen_s, cpu_train_s):.2f}. "
+        "With 2 cores, 1 : 1 is the only split that does not oversubscribe them.",
+        "",
+        *split_table(cpu_gen_s, cpu_train_s, [(1, 1), (2, 1), (3, 1)], CPU_PUBLISH_S),
+    ]
+
+
+def h100_lines(label: str, gen_tps: float) -> list[str]:
+    """The GPU step on H100s with vLLM actors at ``gen_tps``: splits within a node, then clusters."""
+    train_mid = sum(_h100_train_tps()) / 2
+    gen_s, train_s = device_seconds(GPU_STEP, gen_tps, train_mid)
+    return [
+        f"### H100 node, 8B model, vLLM actors at {gen_tps:,.0f} tokens/s ({label}), ZeRO-2 learner at "
+        f"{train_mid:,.0f} tokens/s",
+        "",
+        f"gen = {_fmt_s(gen_s)}, train = {_fmt_s(train_s)} GPU-seconds per step; the learner becomes the "
+        f"bottleneck above **{learner_bound_ratio(gen_s, train_s):.2f} actor GPUs per learner GPU**.",
+        "",
+        *split_table(
+            gen_s, train_s, [(1, 1), (2, 2), (4, 4), (5, 3), (6, 2), (7, 1)], NVLINK_PUBLISH_S
+        ),
+        "",
+        *cluster_table(gen_s, train_s, PARAMS_8B),
+    ]
+
+
+READING = [
+    "### Reading it",
+    "",
+    "- Against synchronous alternation on the same split, overlapping the two phases gives up to 2× "
+    "(reached when gen/a = train/l; publish is a rounding error at these step sizes).",
+    "- Against a colocated synchronous trainer with perfectly linear scaling the ideal gain is about 1× "
+    "(the integer split and the per-step publish cost a little): the asynchronous design's "
+    "advantage there is the idle tail of each synchronous batch and the reload of weights into the "
+    "inference engine, neither of which is in this model. For scale, "
+    f"{SOURCES['areal']}.",
+    "- The actor:learner ratio that balances the node follows from gen/train alone; with faster "
+    "generation (the high vLLM figure) fewer actor GPUs are needed and the learner is the bottleneck sooner.",
+]
+
+
 def report(
     cpu_gen_tps: float, gen_src: str, cpu_train_tps: float, train_src: str, command: str
 ) -> str:
-    demo = Workload(prompts=16, group_size=16, prompt_tokens=4, completion_tokens=4)
-    gpu_work = Workload(prompts=64, group_size=16, prompt_tokens=256, completion_tokens=1024)
-    cpu_gen_s, cpu_train_s = device_seconds(demo, cpu_gen_tps, cpu_train_tps)
-    cpu_publish = publish_seconds(0.5e6, 4, CPU_SHM_PUBLISH_BYTES_PER_S)
-    train_tps = [train_tps_from_flops(f, PARAMS_8B) for f in LLAMA3_BF16_TFLOPS_PER_GPU]
-    train_mid = sum(train_tps) / 2
-    nvlink_publish = publish_seconds(PARAMS_8B, 2, NVLINK_BUSBW)
-
     lines = [
         "## Beyond one machine: projected async speedup on GPUs",
         "",
@@ -251,64 +330,13 @@ def report(
         "Throughputs scale linearly and completions have no long tail, the best case for the synchronous designs: "
         "a synchronous batch waits for its longest completion, which this model leaves out.",
         "",
-        "### Inputs",
+        *inputs_lines(cpu_gen_tps, gen_src, cpu_train_tps, train_src),
         "",
-        "| input | value | source |",
-        "|---|---|---|",
-        f"| this machine: generation tokens/s (1 core) | {cpu_gen_tps:,.0f} | {gen_src} |",
-        f"| this machine: training tokens/s (1 core) | {cpu_train_tps:,.0f} | {train_src} |",
-        f"| this machine: publish (2 MB fp32 over shm) | {_fmt_s(cpu_publish)} | docs/bench/weightsync.md, shm 40 MB in 14.1 ms |",
-        f"| H100: vLLM generation tokens/s, 8B (low) | {VLLM_GEN_TPS_H100['MLPerf offline, FP8']:,.0f} | {SOURCES['gen_low']} |",
-        f"| H100: vLLM generation tokens/s, 8B (high) | {VLLM_GEN_TPS_H100['BF16, third-party compilation']:,.0f} | {SOURCES['gen_high']} |",
-        f"| H100: training tokens/s, 8B | {train_tps[0]:,.0f}–{train_tps[1]:,.0f} (mid {train_mid:,.0f}) | {SOURCES['train']} |",
-        f"| publish 16 GB bf16 within a node | {_fmt_s(nvlink_publish)} | {SOURCES['nvlink']} |",
-        f"| publish across nodes | {_fmt_s(publish_seconds(PARAMS_8B, 2, IB_NDR_BYTES_PER_S))} | {SOURCES['ib']} |",
-        "",
-        f"Workloads: the CPU demo step is {demo.prompts} prompts × {demo.group_size} completions of "
-        f"{demo.prompt_tokens:g} prompt + {demo.completion_tokens:g} completion tokens; the GPU step is "
-        f"{gpu_work.prompts} × {gpu_work.group_size} of {gpu_work.prompt_tokens:g} + {gpu_work.completion_tokens:g} "
-        f"({gpu_work.generated_tokens / 1e6:.2f} M generated, {gpu_work.trained_tokens / 1e6:.2f} M trained tokens). "
-        "Training counts prompt + completion tokens, generation counts completion tokens.",
-        "",
-        "### This machine (demo task)",
-        "",
-        f"gen = {_fmt_s(cpu_gen_s)}, train = {_fmt_s(cpu_train_s)} per step on one core; "
-        f"learner-bound above actors : learners = {learner_bound_ratio(cpu_gen_s, cpu_train_s):.2f}. "
-        "With 2 cores, 1 : 1 is the only split that does not oversubscribe them.",
-        "",
-        *split_table(cpu_gen_s, cpu_train_s, [(1, 1), (2, 1), (3, 1)], cpu_publish),
+        *machine_lines(cpu_gen_tps, cpu_train_tps),
     ]
     for label, gen_tps in VLLM_GEN_TPS_H100.items():
-        gen_s, train_s = device_seconds(gpu_work, gen_tps, train_mid)
-        lines += [
-            "",
-            f"### H100 node, 8B model, vLLM actors at {gen_tps:,.0f} tokens/s ({label}), ZeRO-2 learner at "
-            f"{train_mid:,.0f} tokens/s",
-            "",
-            f"gen = {_fmt_s(gen_s)}, train = {_fmt_s(train_s)} GPU-seconds per step; the learner becomes the "
-            f"bottleneck above **{learner_bound_ratio(gen_s, train_s):.2f} actor GPUs per learner GPU**.",
-            "",
-            *split_table(
-                gen_s, train_s, [(1, 1), (2, 2), (4, 4), (5, 3), (6, 2), (7, 1)], nvlink_publish
-            ),
-            "",
-            *cluster_table(gen_s, train_s, PARAMS_8B),
-        ]
-    lines += [
-        "",
-        "### Reading it",
-        "",
-        "- Against synchronous alternation on the same split, overlapping the two phases gives up to 2× "
-        "(reached when gen/a = train/l; publish is a rounding error at these step sizes).",
-        "- Against a colocated synchronous trainer with perfectly linear scaling the ideal gain is about 1× "
-        "(the integer split and the per-step publish cost a little): the asynchronous design's "
-        "advantage there is the idle tail of each synchronous batch and the reload of weights into the "
-        "inference engine, neither of which is in this model. For scale, "
-        f"{SOURCES['areal']}.",
-        "- The actor:learner ratio that balances the node follows from gen/train alone; with faster "
-        "generation (the high vLLM figure) fewer actor GPUs are needed and the learner is the bottleneck sooner.",
-    ]
-    return "\n".join(lines)
+        lines += ["", *h100_lines(label, gen_tps)]
+    return "\n".join([*lines, "", *READING])
 
 
 def run(quick: bool = False) -> str:

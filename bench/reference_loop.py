@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -151,6 +152,208 @@ def load_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.open() if line.strip()]
 
 
+@dataclass
+class Rollout:
+    """One rollout as the loop learns from it: prompts [N, P] (left-padded where ``prompt_mask``
+    says), completions [N, T] padded after their end of sequence, the mask of their real tokens,
+    the sampling log-probs [N, T], the group-normalised advantages [N] and, with a KL term, the
+    reference policy's log-probs [N, T]."""
+
+    prompts: torch.Tensor
+    prompt_mask: torch.Tensor | None
+    completions: torch.Tensor
+    mask: torch.Tensor
+    old_lp: torch.Tensor
+    adv: torch.Tensor
+    ref_lp: torch.Tensor | None = None
+
+
+def group_advantages(reward: torch.Tensor, groups: int, algo) -> torch.Tensor:
+    """Rewards [groups x G] (float64) -> advantages (float32): ``r - mean`` per group, divided by
+    ``std + adv_eps`` under ``algo.advantage: grpo``."""
+    grouped = reward.view(groups, -1)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if algo.advantage == "grpo":
+        centred = centred / (grouped.std(1, unbiased=False, keepdim=True) + algo.adv_eps)
+    return centred.view(-1).float()
+
+
+def clipped_loss(lp, prox_lp, adv, mask, algo, ref_lp=None, weight=None) -> torch.Tensor:
+    """The loop's loss on one mini-batch: minus the token mean of the clipped ratio objective
+    against ``prox_lp`` (times the importance ``weight``, if any), less ``kl_coef`` times the k3
+    KL to ``ref_lp`` (if any)."""
+    ratio = torch.exp(lp - prox_lp)
+    clipped = ratio.clamp(1 - algo.clip_low, 1 + algo.clip_high)
+    obj = torch.minimum(ratio * adv[:, None], clipped * adv[:, None])
+    if weight is not None:
+        obj = weight * obj
+    if ref_lp is not None:
+        d = ref_lp - lp
+        obj = obj - algo.kl_coef * (torch.exp(d) - d - 1)
+    return -(obj * mask).sum() / mask.sum()
+
+
+def learn(model, optimizer, cfg, batch: Rollout, prox_lp, weight=None, after_step=None) -> None:
+    """The loop's learn half: ``updates_per_batch`` passes over ``minibatches`` disjoint random
+    mini-batches of ``batch``, one AdamW step each (gradient clipped to ``grad_clip``), then
+    ``after_step()``."""
+    a, lrn = cfg.algo, cfg.learner
+    parts = torch.randperm(len(batch.adv), device=batch.adv.device).chunk(lrn.minibatches)
+    for _ in range(lrn.updates_per_batch):
+        for mb in parts:
+            mb_mask = None if batch.prompt_mask is None else batch.prompt_mask[mb]
+            lp = token_logprobs(
+                model, batch.prompts[mb], batch.completions[mb], cfg.rollout.temperature, mb_mask
+            )
+            loss = clipped_loss(
+                lp,
+                prox_lp[mb],
+                batch.adv[mb],
+                batch.mask[mb],
+                a,
+                None if batch.ref_lp is None else batch.ref_lp[mb],
+                None if weight is None else weight[mb],
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            if lrn.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
+            optimizer.step()
+            if after_step is not None:
+                after_step()
+
+
+def _adamw(model, lrn) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
+    )
+
+
+def _start(task: Task, policy_dir: Path, seed: int, lrn, carry_optimizer: bool, device: str):
+    """(tokenizer, model, optimizer, the clock's start): the warmed policy loaded from
+    ``policy_dir`` with a fresh AdamW, or with ``carry_optimizer`` warmed here on its AdamW."""
+    from streamrl.policy.load import load_policy, load_tokenizer
+
+    if carry_optimizer:
+        tokenizer = build_tokenizer()
+        model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+        model.to(device)
+        optimizer = _adamw(model, lrn)
+        task.warm_start(model, tokenizer, seed, optimizer)
+        for group in optimizer.param_groups:
+            group["lr"] = lrn.lr
+        torch.manual_seed(seed)
+        return tokenizer, model, optimizer, time.monotonic()
+    policy = task.build_policy(policy_dir, seed=seed)
+    started = time.monotonic()
+    tokenizer = load_tokenizer(policy)
+    model = load_policy(policy).to(device=device, dtype=torch.float32)
+    return tokenizer, model, _adamw(model, lrn), started
+
+
+def _frozen_copy(model, device: str):
+    """The policy as it is now, for the k3 KL's reference log-probs."""
+    ref = type(model)(model.config).to(device)
+    ref.load_state_dict(model.state_dict())
+    return ref.eval().requires_grad_(False)
+
+
+def _sample_rollout(cfg, model, sampler, ref, tokenizer, batch: list[dict], device: str):
+    """Sample ``batch``'s prompts ``group_size`` times each with ``sampler``, score them and, with
+    a reference policy ``ref``, take its log-probs: the rollout and its rewards (float64)."""
+    r = cfg.rollout
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    prompts, prompt_mask = left_pad(
+        [tokenizer(b["prompt"])["input_ids"] for b in batch], pad, device
+    )
+    prompts = prompts.repeat_interleave(r.group_size, 0)
+    if prompt_mask is not None:
+        prompt_mask = prompt_mask.repeat_interleave(r.group_size, 0)
+    answers = [b["answer"] for b in batch for _ in range(r.group_size)]
+    model.eval()
+    completions, old_lp = sample(
+        sampler, prompts, r.max_new_tokens, eos, pad, r.temperature, prompt_mask
+    )
+    model.train()
+    mask = completion_mask(completions, eos).float()
+    reward = torch.tensor(
+        [
+            score(tokenizer, c.tolist(), eos, ans)
+            for c, ans in zip(completions, answers, strict=True)
+        ],
+        dtype=torch.float64,
+        device=device,
+    )
+    adv = group_advantages(reward, len(batch), cfg.algo)
+    ref_lp = token_logprobs(ref, prompts, completions, r.temperature, prompt_mask) if ref else None
+    return Rollout(prompts, prompt_mask, completions, mask, old_lp, adv, ref_lp), reward
+
+
+def _proximal(cfg, model, batch: Rollout, lag: int):
+    """(pi_prox, the importance weight): with a lag (and ``algo.proximal: recompute``) the policy at
+    the rollout's start and ``min(exp(pi_prox - mu), rho_max)``; otherwise (no lag, or the plain
+    PPO ratio of ``proximal: behaviour``) the sampling policy itself and a weight of 1."""
+    a = cfg.algo
+    if not (lag and a.proximal == "recompute"):
+        return batch.old_lp, torch.ones_like(batch.old_lp)
+    with torch.no_grad():
+        prox_lp = token_logprobs(
+            model, batch.prompts, batch.completions, cfg.rollout.temperature, batch.prompt_mask
+        )
+    prox_lp = torch.where(batch.mask.bool(), prox_lp, batch.old_lp)
+    return prox_lp, torch.exp(prox_lp - batch.old_lp).clamp(max=a.rho_max)
+
+
+class _Lagged:
+    """The weights each rollout samples with: the policy itself, or with a ``lag`` its weights of
+    ``lag`` optimizer steps earlier (the warmed policy's for the first rollouts)."""
+
+    def __init__(self, model, lag: int):
+        self.model, self.lag = model, lag
+        # the policy's weights at the last lag + 1 versions, oldest first: history[0] samples
+        self.history: deque = deque(maxlen=lag + 1)
+        self.copy = None
+        if lag:
+            self.copy = copy.deepcopy(model).eval().requires_grad_(False)
+            self.history.append(copy.deepcopy(model.state_dict()))
+
+    def sampler(self):
+        if not self.lag:
+            return self.model
+        self.copy.load_state_dict(self.history[0])
+        return self.copy
+
+    @property
+    def after_step(self):
+        """What ``learn`` calls after each optimizer step: keep the new weights (with a lag)."""
+        if not self.lag:
+            return None
+        return lambda: self.history.append(copy.deepcopy(self.model.state_dict()))
+
+
+def _summary(curve, seen, run, setup_s, samples, tokens, cpu_s) -> dict:
+    """The result's figures: time and rollouts to the target, the last window's means, throughput."""
+    end = target.first_reached(seen, target.bars(run), run.target_window)
+    last = curve[-run.target_window :]
+    loop_s = curve[-1][0] - setup_s if curve else 0.0
+    return {
+        "curve": curve,
+        "steps": len(curve),
+        "setup_s": setup_s,
+        "time_to_target_s": None if end is None else curve[end][0],
+        "rollouts_to_target": None if end is None else end + 1,
+        # means of reward and exact match over the target's window of last rollouts (None: no rollout)
+        "last_window": (
+            (sum(p[1] for p in last) / len(last), sum(p[2] for p in last) / len(last))
+            if last
+            else None
+        ),
+        "samples_per_s": samples / loop_s if loop_s > 0 else 0.0,
+        "samples_per_cpu_s": samples / max(cpu_s, 1e-9),
+        "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
+    }
+
+
 def run_reference(
     seed: int,
     max_time_s: float,
@@ -168,47 +371,19 @@ def run_reference(
     throughput. ``device``: where the whole loop runs (the warm start, sampling and learning), in
     float32 as on the CPU."""
     from streamrl.configs import load_config
-    from streamrl.weightsync.policy import load_policy, load_tokenizer
 
     torch.set_num_threads(1)
     cfg = load_config(task.config, list(overrides), env={})
-    r, a, lrn, run = cfg.rollout, cfg.algo, cfg.learner, cfg.run
+    lrn, run = cfg.learner, cfg.run
     workdir = Path(workdir)
     data = task.write_dataset(workdir / "data" / "train.jsonl", seed=seed)
     random.seed(seed)
     torch.manual_seed(seed)
-    if carry_optimizer:
-        tokenizer = build_tokenizer()
-        model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
-        model.to(device)
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
-        )
-        task.warm_start(model, tokenizer, seed, optimizer)
-        for group in optimizer.param_groups:
-            group["lr"] = lrn.lr
-        torch.manual_seed(seed)
-        started = time.monotonic()
-    else:
-        policy = task.build_policy(workdir / "policy", seed=seed)
-        started = time.monotonic()
-        tokenizer = load_tokenizer(policy)
-        model = load_policy(policy).to(device=device, dtype=torch.float32)
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lrn.lr, betas=tuple(lrn.betas), weight_decay=lrn.weight_decay
-        )
-    ref = None
-    if a.kl_coef > 0:
-        ref = type(model)(model.config).to(device)
-        ref.load_state_dict(model.state_dict())
-        ref.eval().requires_grad_(False)
-    sampler = model
-    # the policy's weights at the last lag + 1 versions, oldest first: history[0] samples
-    history: deque = deque(maxlen=lag + 1)
-    if lag:
-        sampler = copy.deepcopy(model).eval().requires_grad_(False)
-        history.append(copy.deepcopy(model.state_dict()))
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    tokenizer, model, optimizer, started = _start(
+        task, workdir / "policy", seed, lrn, carry_optimizer, device
+    )
+    ref = _frozen_copy(model, device) if cfg.algo.kl_coef > 0 else None
+    lagged = _Lagged(model, lag)
     rows = load_rows(data)
     cursor = 0
     curve, samples, tokens = [], 0, 0
@@ -220,73 +395,19 @@ def run_reference(
     step = 0
     while time.monotonic() - started < max_time_s and (max_rollouts is None or step < max_rollouts):
         t0 = time.monotonic()
-        batch = []
-        for _ in range(lrn.groups_per_step):
-            _, row = position(cursor, len(rows), run.seed)
-            cursor += 1
-            batch.append(rows[row])
-        prompts, prompt_mask = left_pad(
-            [tokenizer(b["prompt"])["input_ids"] for b in batch], pad, device
+        batch = [
+            rows[position(cursor + i, len(rows), run.seed)[1]] for i in range(lrn.groups_per_step)
+        ]
+        cursor += lrn.groups_per_step
+        rollout, reward = _sample_rollout(
+            cfg, model, lagged.sampler(), ref, tokenizer, batch, device
         )
-        prompts = prompts.repeat_interleave(r.group_size, 0)
-        if prompt_mask is not None:
-            prompt_mask = prompt_mask.repeat_interleave(r.group_size, 0)
-        answers = [b["answer"] for b in batch for _ in range(r.group_size)]
-        if lag:
-            sampler.load_state_dict(history[0])
-        model.eval()
-        completions, old_lp = sample(
-            sampler, prompts, r.max_new_tokens, eos, pad, r.temperature, prompt_mask
-        )
-        model.train()
-        mask = completion_mask(completions, eos).float()
-        reward = torch.tensor(
-            [
-                score(tokenizer, c.tolist(), eos, ans)
-                for c, ans in zip(completions, answers, strict=True)
-            ],
-            dtype=torch.float64,
-            device=device,
-        )
-        grouped = reward.view(lrn.groups_per_step, r.group_size)
-        centred = grouped - grouped.mean(1, keepdim=True)
-        if a.advantage == "grpo":
-            centred = centred / (grouped.std(1, unbiased=False, keepdim=True) + a.adv_eps)
-        adv = centred.view(-1).float()
-        ref_lp = (
-            token_logprobs(ref, prompts, completions, r.temperature, prompt_mask) if ref else None
-        )
-        # pi_prox: the policy at the rollout's start; with no lag (or algo.proximal: behaviour, the
-        # plain PPO ratio against the sampling policy) the sampling policy itself
-        prox_lp, weight = old_lp, torch.ones_like(old_lp)
-        if lag and a.proximal == "recompute":
-            with torch.no_grad():
-                prox_lp = token_logprobs(model, prompts, completions, r.temperature, prompt_mask)
-            prox_lp = torch.where(mask.bool(), prox_lp, old_lp)
-            weight = torch.exp(prox_lp - old_lp).clamp(max=a.rho_max)
+        prox_lp, weight = _proximal(cfg, model, rollout, lag)
         gen_s = time.monotonic() - t0
-        parts = torch.randperm(len(reward), device=device).chunk(lrn.minibatches)
-        for _ in range(lrn.updates_per_batch):
-            for mb in parts:
-                mb_mask = None if prompt_mask is None else prompt_mask[mb]
-                lp = token_logprobs(model, prompts[mb], completions[mb], r.temperature, mb_mask)
-                ratio = torch.exp(lp - prox_lp[mb])
-                clipped = ratio.clamp(1 - a.clip_low, 1 + a.clip_high)
-                obj = weight[mb] * torch.minimum(ratio * adv[mb, None], clipped * adv[mb, None])
-                if ref_lp is not None:
-                    d = ref_lp[mb] - lp
-                    obj = obj - a.kl_coef * (torch.exp(d) - d - 1)
-                loss = -(obj * mask[mb]).sum() / mask[mb].sum()
-                optimizer.zero_grad()
-                loss.backward()
-                if lrn.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), lrn.grad_clip)
-                optimizer.step()
-                if lag:
-                    history.append(copy.deepcopy(model.state_dict()))
+        learn(model, optimizer, cfg, rollout, prox_lp, weight, lagged.after_step)
         now = time.monotonic() - started
         samples += len(reward)
-        tokens += int(mask.sum())
+        tokens += int(rollout.mask.sum())
         exact = float((reward >= EXACT_REWARD).float().mean())
         curve.append((now, float(reward.mean()), exact))
         seen.append({target.REWARD: float(reward.mean()), task.exact_part: exact})
@@ -298,24 +419,8 @@ def run_reference(
         step += 1
         if stop_at_target and target.window_reached(seen, target.bars(run), run.target_window):
             break
-    end = target.first_reached(seen, target.bars(run), run.target_window)
-    last = curve[-run.target_window :]
-    loop_s = curve[-1][0] - setup_s if curve else 0.0
     return {
-        "curve": curve,
-        "steps": len(curve),
-        "setup_s": setup_s,
-        "time_to_target_s": None if end is None else curve[end][0],
-        "rollouts_to_target": None if end is None else end + 1,
-        # means of reward and exact match over the target's window of last rollouts (None: no rollout)
-        "last_window": (
-            (sum(p[1] for p in last) / len(last), sum(p[2] for p in last) / len(last))
-            if last
-            else None
-        ),
-        "samples_per_s": samples / loop_s if loop_s > 0 else 0.0,
-        "samples_per_cpu_s": samples / max(time.process_time() - cpu_started, 1e-9),
-        "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
+        **_summary(curve, seen, run, setup_s, samples, tokens, time.process_time() - cpu_started),
         "carry_optimizer": carry_optimizer,
         "lag": lag,
         "overrides": list(overrides),

@@ -1,6 +1,6 @@
-"""System benchmarks: streamrl async vs synchronous vs a plain loop vs TRL, a staleness sweep, where time goes.
+"""System benchmarks: streamrl async vs synchronous vs a plain loop vs TRL, and where time goes.
 
-    python -m bench.system [--quick] [--seeds 0,1,2,3,4] [--tune-seeds 0,1] [--only ttt,sweep,time]
+    python -m bench.system [--quick] [--seeds 0,1,2,3,4] [--tune-seeds 0,1] [--only ttt,time]
 
 Every streamrl run is the real system of ``make run`` (``launch.supervisor``:
 embedded Redis, DeepSpeed learner, actor processes) on the CPU demo config,
@@ -19,9 +19,7 @@ system), so no side pays for it.
    The full run is 2 tune seeds x 4 points x 4 systems + 3 more seeds x 4
    systems = 44 runs of up to ``--cap-s`` (600 s) each: give it an otherwise
    idle machine. ``--quick`` is a smoke run: seed 0, the preset's point only.
-2. ``sweep``: reward curves for several ``algo.max_staleness`` values, with and
-   without the importance correction.
-3. ``time``: the share of wall time each process spends per phase, from
+2. ``time``: the share of wall time each process spends per phase, from
    Prometheus counters scraped from every process of one async run.
 """
 
@@ -62,18 +60,7 @@ STOP_GRACE_S = 45.0
 SCRAPE_EVERY_S = 10.0
 POLL_S = 1.0
 SCRAPE_TIMEOUT_S = 2.0
-PARTS = ("ttt", "sweep", "time")
-
-# label, extra overrides; the demo config's own max_staleness is 1
-SWEEP = [
-    ("S=0", ["algo.max_staleness=0"]),
-    ("S=1", ["algo.max_staleness=1"]),
-    ("S=2", ["algo.max_staleness=2"]),
-    ("S=4", ["algo.max_staleness=4"]),
-    ("S=8", ["algo.max_staleness=8"]),
-    ("S=4, no IS", ["algo.max_staleness=4", "algo.importance_correction=false"]),
-    ("S=8, no IS", ["algo.max_staleness=8", "algo.importance_correction=false"]),
-]
+PARTS = ("ttt", "time")
 
 
 def demo_target() -> tuple[float, float, int]:
@@ -108,7 +95,6 @@ def point_label(point: tuple[float, float]) -> str:
 class Settings:
     seeds: tuple[int, ...]
     ttt_cap_s: float
-    sweep_cap_s: float
     # empty: no tuning, every system at the preset's point
     tune_seeds: tuple[int, ...] = ()
     grid: tuple[tuple[float, float], ...] = GRID
@@ -116,8 +102,8 @@ class Settings:
     reuse: bool = False
 
 
-QUICK = Settings(seeds=(0,), ttt_cap_s=300.0, sweep_cap_s=90.0)
-FULL = Settings(seeds=(0, 1, 2, 3, 4), ttt_cap_s=600.0, sweep_cap_s=180.0, tune_seeds=(0, 1))
+QUICK = Settings(seeds=(0,), ttt_cap_s=300.0)
+FULL = Settings(seeds=(0, 1, 2, 3, 4), ttt_cap_s=600.0, tune_seeds=(0, 1))
 
 
 # ----- Prometheus text -> numbers (pure) ------------------------------------------------------
@@ -368,12 +354,10 @@ def _launch_and_watch(
     task: Task = DEMO,
 ) -> Outcome:
     from streamrl.configs import load_config
-    from streamrl.launch.status import read_steps, time_to_target
+    from streamrl.launch.status import read_steps
     from streamrl.launch.supervisor import Supervisor
 
     policy, data = seed_inputs(seed, task)
-    reward_bar, exact_bar, window = task.target()
-    bars = {run_target.REWARD: reward_bar, task.exact_part: exact_bar}
     overrides = [
         f"run.seed={seed}",
         f"run.name={name}",
@@ -386,13 +370,63 @@ def _launch_and_watch(
     cfg = load_config(task.config, overrides, env={})
     # each run starts over: a finished run of the same name would be resumed, not measured
     sup = Supervisor(cfg, actors=actors, overwrite=True)
-    scrapes: list[Scrape] = []
-    started, started_unix = time.monotonic(), time.time()
-    last_scrape = started
     print(
         f"   {system} seed {seed}: {' '.join(extra) or 'demo config'}, {actors} actor(s), cap {cap_s:g} s",
         flush=True,
     )
+    scrapes, started_unix, wall_s = _watch(sup, cap_s, stop_at_target, task)
+    # The learner's own clock starts after its start-up: steps past the cap (from the launch) do not count.
+    steps = [s for s in read_steps(sup.run_dir) if s["time"] - started_unix <= cap_s]
+    print(f"   -> {len(steps)} steps in {wall_s:.0f} s", flush=True)
+    group_size = cfg.rollout.group_size
+    curve = [
+        (
+            s["time"] - started_unix,
+            s["reward_mean"],
+            s["reward_parts"].get(task.exact_part, math.nan),
+        )
+        for s in steps
+    ]
+    loop_s = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
+    # Steady-state loop, start-up excluded (as TRL's samples/s): completions the learner took after its first step.
+    samples_per_s = sum(s["groups"] * group_size for s in steps[1:]) / loop_s if loop_s > 0 else 0.0
+    return Outcome(
+        system,
+        seed,
+        cap_s,
+        curve,
+        samples_per_s,
+        generated_tokens_per_s(scrapes),
+        wall_s,
+        samples=[s["groups"] * group_size for s in steps],
+        wasted_fraction=stale_token_fraction(scrapes),
+        bars=task.target()[:2],
+        extra={
+            "steps": steps,
+            "updates_per_batch": cfg.learner.updates_per_batch,
+            "versions_per_batch": cfg.learner.versions_per_batch,
+            "max_staleness": cfg.algo.max_staleness,
+            "groups_per_step": cfg.learner.groups_per_step,
+            "overrides": extra,
+            "actors": actors,
+        },
+        scrapes=scrapes,
+    )
+
+
+def _watch(
+    sup, cap_s: float, stop_at_target: bool, task: Task
+) -> tuple[list[Scrape], float, float]:
+    """Start the supervisor's run and tick it until the learner finishes, the task's target is
+    reached (``stop_at_target``) or ``cap_s`` plus a grace has passed, scraping every process every
+    ``SCRAPE_EVERY_S``; then stop it. (scrapes, the launch's Unix time, wall seconds)."""
+    from streamrl.launch.status import read_steps, time_to_target
+
+    reward_bar, exact_bar, window = task.target()
+    bars = {run_target.REWARD: reward_bar, task.exact_part: exact_bar}
+    scrapes: list[Scrape] = []
+    started, started_unix = time.monotonic(), time.time()
+    last_scrape = started
     try:
         sup.start()
         while not sup.learner_finished and time.monotonic() - started < cap_s + STOP_GRACE_S:
@@ -407,44 +441,7 @@ def _launch_and_watch(
             time.sleep(POLL_S)
     finally:
         sup.stop()
-    wall_s = time.monotonic() - started
-    # The learner's own clock starts after its start-up: steps past the cap (from the launch) do not count.
-    steps = [s for s in read_steps(sup.run_dir) if s["time"] - started_unix <= cap_s]
-    group_size = cfg.rollout.group_size
-    curve = [
-        (
-            s["time"] - started_unix,
-            s["reward_mean"],
-            s["reward_parts"].get(task.exact_part, math.nan),
-        )
-        for s in steps
-    ]
-    loop_s = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
-    # Steady-state loop, start-up excluded (as TRL's samples/s): completions the learner took after its first step.
-    samples_per_s = sum(s["groups"] * group_size for s in steps[1:]) / loop_s if loop_s > 0 else 0.0
-    print(f"   -> {len(steps)} steps in {wall_s:.0f} s", flush=True)
-    return Outcome(
-        system,
-        seed,
-        cap_s,
-        curve,
-        samples_per_s,
-        generated_tokens_per_s(scrapes),
-        wall_s,
-        samples=[s["groups"] * group_size for s in steps],
-        wasted_fraction=stale_token_fraction(scrapes),
-        bars=(reward_bar, exact_bar),
-        extra={
-            "steps": steps,
-            "updates_per_batch": cfg.learner.updates_per_batch,
-            "versions_per_batch": cfg.learner.versions_per_batch,
-            "max_staleness": cfg.algo.max_staleness,
-            "groups_per_step": cfg.learner.groups_per_step,
-            "overrides": extra,
-            "actors": actors,
-        },
-        scrapes=scrapes,
-    )
+    return scrapes, started_unix, time.monotonic() - started
 
 
 def generated_tokens_per_s(scrapes: list[Scrape]) -> float:
@@ -700,60 +697,73 @@ def plot_curves(results: dict[str, list[Outcome]], path: Path) -> None:
     plt.close(fig)
 
 
-def ttt_markdown(ttt: TimeToTarget, settings: Settings) -> str:
-    results = ttt.results
-    plot_curves(results, IMG_DIR / "system_curves.png")
-    rows = []
-    medians = {}
-    for system, outcomes in results.items():
-        times = [o.time_to_target_s for o in outcomes if o.time_to_target_s is not None]
-        medians[system] = {
-            "launch": median_ttt(outcomes),
-            "first_step": median_of([o.time_from_first_step_s for o in outcomes]),
-            "samples": median_of([o.samples_to_target for o in outcomes]),
-        }
-        spread = (
-            f"{min(times):.0f}–{max(times):.0f} s ({len(times)}/{len(outcomes)} reached)"
-            if times
-            else f"– (0/{len(outcomes)} reached)"
-        )
-        samples = medians[system]["samples"]
-        rows.append(
-            f"| {system} | {point_label(ttt.best[system])} | {_fmt_s(medians[system]['launch'])} | "
-            f"{_fmt_s(medians[system]['first_step'])} | {spread} | "
-            f"{'∞' if math.isinf(samples) else f'{samples:,.0f}'} | "
-            f"{statistics.fmean(o.samples_per_s for o in outcomes):.0f} | {_waste_cell(outcomes)} | "
-            + "; ".join(f"s{o.seed}: {_ttt_cell(o)}" for o in outcomes)
-            + " |"
-        )
-    grid_rows = []
-    for system, points in ttt.grid.items():
-        if points:
-            grid_rows.append(
-                f"| {system} | "
-                + " | ".join(
-                    f"{_fmt_s(median_ttt(points[p]))}" if p in points else "–"
-                    for p in settings.grid
-                )
-                + " |"
-            )
-    m = medians
-    grid_part = (
-        [
-            f"Grid (median time to target from the launch over tune seeds "
-            f"{', '.join(map(str, settings.tune_seeds))}; the best point of each system is used below):",
-            "",
-            "| system | " + " | ".join(point_label(p) for p in settings.grid) + " |",
-            "|---|" + "---|" * len(settings.grid),
-            *grid_rows,
-            "",
-        ]
-        if settings.tune_seeds
-        else [
+def _medians(outcomes: list[Outcome]) -> dict[str, float]:
+    """Medians over seeds of the time to target from the launch and from the first step, and of
+    the completions to target (a miss counts as infinite)."""
+    return {
+        "launch": median_ttt(outcomes),
+        "first_step": median_of([o.time_from_first_step_s for o in outcomes]),
+        "samples": median_of([o.samples_to_target for o in outcomes]),
+    }
+
+
+def _system_row(
+    system: str, point: tuple[float, float], outcomes: list[Outcome], m: dict[str, float]
+) -> str:
+    """One system's row of the time-to-target table, ``m`` its ``_medians``."""
+    times = [o.time_to_target_s for o in outcomes if o.time_to_target_s is not None]
+    spread = (
+        f"{min(times):.0f}–{max(times):.0f} s ({len(times)}/{len(outcomes)} reached)"
+        if times
+        else f"– (0/{len(outcomes)} reached)"
+    )
+    samples = m["samples"]
+    return (
+        f"| {system} | {point_label(point)} | {_fmt_s(m['launch'])} | "
+        f"{_fmt_s(m['first_step'])} | {spread} | "
+        f"{'∞' if math.isinf(samples) else f'{samples:,.0f}'} | "
+        f"{statistics.fmean(o.samples_per_s for o in outcomes):.0f} | {_waste_cell(outcomes)} | "
+        + "; ".join(f"s{o.seed}: {_ttt_cell(o)}" for o in outcomes)
+        + " |"
+    )
+
+
+def _grid_part(ttt: TimeToTarget, settings: Settings) -> list[str]:
+    """The grid's table (median time to target per system and point over the tune seeds), or the
+    line that says there was no grid."""
+    if not settings.tune_seeds:
+        return [
             f"No grid in this run (`--quick`): every system at the preset's point, {point_label(preset_point())}.",
             "",
         ]
-    )
+    grid_rows = [
+        f"| {system} | "
+        + " | ".join(
+            f"{_fmt_s(median_ttt(points[p]))}" if p in points else "–" for p in settings.grid
+        )
+        + " |"
+        for system, points in ttt.grid.items()
+        if points
+    ]
+    return [
+        f"Grid (median time to target from the launch over tune seeds "
+        f"{', '.join(map(str, settings.tune_seeds))}; the best point of each system is used below):",
+        "",
+        "| system | " + " | ".join(point_label(p) for p in settings.grid) + " |",
+        "|---|" + "---|" * len(settings.grid),
+        *grid_rows,
+        "",
+    ]
+
+
+def ttt_markdown(ttt: TimeToTarget, settings: Settings) -> str:
+    results = ttt.results
+    plot_curves(results, IMG_DIR / "system_curves.png")
+    m = {system: _medians(outcomes) for system, outcomes in results.items()}
+    rows = [
+        _system_row(system, ttt.best[system], outcomes, m[system])
+        for system, outcomes in results.items()
+    ]
     return "\n".join(
         [
             "### Time to target on the CPU demo task",
@@ -771,7 +781,7 @@ def ttt_markdown(ttt: TimeToTarget, settings: Settings) -> str:
             "- **TRL GRPOTrainer**: `bench.trl_baseline.run_trl` with every hyper-parameter TRL shares "
             "taken from the preset.",
             "",
-            *grid_part,
+            *_grid_part(ttt, settings),
             "| system | grid point | median time to target from launch | from the first step | spread "
             "| median completions to target | samples/s | wasted tokens (stale) | per seed |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -794,20 +804,7 @@ def ttt_markdown(ttt: TimeToTarget, settings: Settings) -> str:
     )
 
 
-# ----- 2. staleness sweep --------------------------------------------------------------------
-
-
-def run_sweep(settings: Settings) -> list[tuple[str, Outcome]]:
-    seed = settings.seeds[0]
-    return [
-        (
-            label,
-            run_streamrl(
-                f"sweep {label}", seed, extra, 2, settings.sweep_cap_s, False, settings.reuse
-            ),
-        )
-        for label, extra in SWEEP
-    ]
+# ----- curves ------------------------------------------------------------------------------
 
 
 def rolling_mean(values: list[float], window: int = WINDOW) -> list[float]:
@@ -815,79 +812,7 @@ def rolling_mean(values: list[float], window: int = WINDOW) -> list[float]:
     return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
 
 
-def plot_sweep(sweep: list[tuple[str, Outcome]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    colors = {}
-    for label, o in sweep:
-        if not o.curve:
-            continue
-        base = label.split(",")[0]
-        color = colors.setdefault(base, f"C{len(colors)}")
-        style = "--" if "no IS" in label else "-"
-        reward = rolling_mean([r for _, r, _ in o.curve])
-        by_time.plot([t for t, _, _ in o.curve], reward, style, color=color, label=label)
-        by_step.plot(range(1, len(reward) + 1), reward, style, color=color, label=label)
-    by_time.set_xlabel("wall time since launch (s)")
-    by_step.set_xlabel("learner step")
-    by_time.set_ylabel(f"reward ({WINDOW}-step mean)")
-    for ax in (by_time, by_step):
-        ax.axhline(TARGET_REWARD, color="grey", lw=0.8, ls=":")
-        ax.grid(alpha=0.3)
-    by_step.legend(
-        title="max_staleness\n(dashed: no IS correction)",
-        fontsize=8,
-        loc="center left",
-        bbox_to_anchor=(1.02, 0.5),
-    )
-    fig.suptitle("streamrl staleness sweep, CPU demo task, learner + 2 actors")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
-def sweep_markdown(sweep: list[tuple[str, Outcome]], settings: Settings) -> str:
-    plot_sweep(sweep, IMG_DIR / "staleness_sweep.png")
-    vpb = sweep[0][1].extra.get("versions_per_batch", sweep[0][1].extra["updates_per_batch"])
-    rows = []
-    for label, o in sweep:
-        steps = o.extra["steps"]
-        reward, exact = o.reached
-        stale = statistics.fmean(s["staleness_mean"] for s in steps) if steps else math.nan
-        dropped = sum(s.get("dropped_stale_groups", 0) for s in steps)
-        ttt = o.time_to_target_s
-        rows.append(
-            f"| {label} | {o.extra['max_staleness'] // vpb} | {len(steps)} | {reward:.3f} / {exact:.2f} | "
-            f"{'–' if ttt is None else f'{ttt:.0f} s'} | {stale:.2f} | {dropped} | {o.samples_per_s:.0f} |"
-        )
-    return "\n".join(
-        [
-            "### Staleness sweep",
-            "",
-            f"Seed {settings.seeds[0]}, learner + 2 actors, {settings.sweep_cap_s:.0f} s per run (no early stop), demo config "
-            'with only `algo.max_staleness` (and `algo.importance_correction=false` for the "no IS" runs) changed. '
-            f"A batch publishes {vpb} version(s) in the demo config (`updates_per_batch` × `minibatches`): "
-            "admission counts batches, so actors may run `max_staleness // (updates_per_batch × minibatches)` "
-            "batches ahead (the lookahead column).",
-            "",
-            "One run per setting: gaps between neighbouring settings of the size seen between the "
-            "async seeds above are run-to-run spread, not an effect of the setting.",
-            "",
-            "![reward vs wall time and vs step for each max_staleness](img/staleness_sweep.png)",
-            "",
-            f"| setting | lookahead (batches) | steps | last {WINDOW} steps reward / exact | time to target | mean staleness (versions) | stale groups dropped | samples/s |",
-            "|---|---|---|---|---|---|---|---|",
-            *rows,
-        ]
-    )
-
-
-# ----- 3. where time goes --------------------------------------------------------------------
+# ----- 2. where time goes --------------------------------------------------------------------
 
 PHASE_ORDER = [
     "generating",
@@ -1014,9 +939,6 @@ def run(
         ttt = run_time_to_target(settings)
         async_run = ttt.results[ASYNC][0]
         body.append(ttt_markdown(ttt, settings))
-    if "sweep" in only:
-        print("== staleness sweep", flush=True)
-        body.append(sweep_markdown(run_sweep(settings), settings))
     if "time" in only:
         print("== where time goes", flush=True)
         if async_run is None:
@@ -1029,7 +951,7 @@ def run(
         except ValueError as exc:
             body.append(f"### Where time goes\n\nNot measured in this run: {exc}.")
     header = [
-        "## System: async vs synchronous vs a plain loop vs TRL, staleness, where time goes",
+        "## System: async vs synchronous vs a plain loop vs TRL, where time goes",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · {machine()} · "
         f"`{command}` ({'quick: ' if quick else ''}took {(time.monotonic() - started) / 60:.0f} min"

@@ -1,28 +1,23 @@
-"""TRL baseline: Hugging Face TRL's ``GRPOTrainer`` on the CPU demo task, set up like streamrl's demo.
+"""TRL's ``GRPOTrainer`` on a benchmark task, set up like streamrl's preset: the TRL system of
+``bench.system`` (docs/bench/system.md) and ``bench.longtail`` (docs/bench/longtail.md).
 
-Same warmed tiny Qwen2 and char tokenizer (``streamrl.examples.reverse_digits.build_policy``),
+Same warmed tiny Qwen2 and char tokenizer (the task's ``build_policy``),
 same prompts (raw ``"314>"`` strings, no chat template), same shaped reward, and
-every hyper-parameter TRL has an equivalent for taken from streamrl's demo preset
+every hyper-parameter TRL has an equivalent for taken from the task's preset
 (``configs/demo_cpu.yaml``, see ``grpo_config_kwargs``): group size, prompts per
 step, new tokens, sampling, AdamW lr/betas/weight decay, grad clip, clip range,
 k3 KL coefficient to the initial policy, passes and disjoint mini-batches per
 rollout batch (TRL's ``num_iterations`` and ``steps_per_generation``), and the
 token-mean loss (TRL's ``"dapo"``: normalised by the active tokens of the whole
 accumulated batch; with one batch per step that is streamrl's
-``aggregation: token_mean``). Zero-variance groups stay in the batch in both
-(the preset's ``skip_zero_variance: false``). Transformers ``generate`` on the
-CPU with one torch thread. TRL alternates generation and training
-synchronously in one process, which is what streamrl is measured against.
-
-    python -m bench.trl_baseline --seed 0 --max-time-s 240 --workdir runs/trl-baseline
+``aggregation: token_mean``). Transformers ``generate`` on the CPU with one torch
+thread. TRL alternates generation and training synchronously in one process,
+which is what streamrl is measured against.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,20 +31,10 @@ DEMO_CONFIG = "configs/demo_cpu.yaml"
 EXACT_REWARD = 0.999
 
 
-def demo_target(config_path: str = DEMO_CONFIG) -> tuple[float, float, int]:
-    """(reward, exact match, window) of the preset's ``run.target_*``: the bar every system is timed to."""
-    from streamrl.configs import load_config
-
-    run = load_config(config_path, [], env={}).run
-    from streamrl.examples.reverse_digits.rewards import EXACT_PART
-
-    return run.target_reward, run.target_parts.get(EXACT_PART, 0.0), run.target_window
-
-
 def grpo_config_kwargs(
     seed: int, output_dir: str, config_path: str = DEMO_CONFIG, overrides: Sequence[str] = ()
 ) -> dict:
-    """The exact ``GRPOConfig`` arguments of the baseline (also printed in the benchmark section).
+    """The exact ``GRPOConfig`` arguments of the TRL runs.
 
     Everything with a TRL equivalent comes from streamrl's config, so the two
     run the same algorithm as far as TRL allows.
@@ -243,93 +228,3 @@ def run_trl(
     )
     trainer.train()
     return recorder.summary()
-
-
-def markdown(result: dict, seed: int, max_time_s: float, command: str) -> str:
-    import torch
-    import transformers
-    import trl
-
-    curve = result["curve"]
-    reward_bar, exact_bar, window = demo_target()
-    last = curve[-window:]
-    ttt = result["time_to_target_s"]
-    rows = []
-    # about 20 rows, at round step numbers
-    every = max(10, round(len(curve) / 200) * 10)
-    marks = sorted({0, *range(every - 1, len(curve), every), len(curve) - 1}) if curve else []
-    for i in marks:
-        t, r, e = curve[i]
-        rows.append(f"| {i + 1} | {t:.1f} | {r:.3f} | {e:.2f} |")
-    return "\n".join(
-        [
-            "## TRL GRPOTrainer baseline",
-            "",
-            f"{time.strftime('%Y-%m-%d %H:%M')} · {platform.node()} ({platform.machine()}, {os.cpu_count()} cores) · "
-            f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, 1 thread · `{command}`",
-            "",
-            "TRL's synchronous generate-then-train loop on the demo task (warmed ~0.5M-parameter Qwen2, "
-            f"reverse 3 digits), with every hyper-parameter TRL has taken from `{DEMO_CONFIG}` "
-            "(the GRPOConfig below): token-mean loss (`loss_type=dapo`), `(r − mean)/(std + ε)` per group, "
-            "the same clip range, k3 KL coefficient to the initial policy, lr and updates per batch. "
-            f"Seed {seed}, time cap {max_time_s:.0f} s; the clock includes TRL's setup "
-            f"({result['setup_s']:.1f} s) and excludes the one-time warm start of the policy.",
-            "",
-            "| result | value |",
-            "|---|---|",
-            f"| optimizer steps | {result['steps']} |",
-            f"| time to target ({window}-step mean reward ≥ {reward_bar}, exact ≥ {exact_bar}) | "
-            + (f"**{ttt:.1f} s**" if ttt is not None else f"not reached in {max_time_s:.0f} s")
-            + " |",
-            f"| last {len(last)} steps: mean reward / exact match | "
-            + (
-                f"{sum(r for _, r, _ in last) / len(last):.3f} / {sum(e for _, _, e in last) / len(last):.2f}"
-                if last
-                else "–"
-            )
-            + " |",
-            f"| samples/s (training loop) | {result['samples_per_s']:.1f} |",
-            f"| completion tokens/s (training loop) | {result['tokens_per_s']:.1f} |",
-            "",
-            "| step | elapsed s | mean reward | exact match |",
-            "|---|---|---|---|",
-            *rows,
-            "",
-            "<details><summary>GRPOConfig used</summary>",
-            "",
-            "```json",
-            json.dumps(grpo_config_kwargs(seed, "<workdir>/trl"), indent=1),
-            "```",
-            "",
-            "</details>",
-        ]
-    )
-
-
-def run(quick: bool = False) -> str:
-    """Benchmark section: one seed, stop at the target or the time cap."""
-    import tempfile
-
-    max_time_s = 60.0 if quick else 480.0
-    with tempfile.TemporaryDirectory(prefix="trl-baseline-") as workdir:
-        result = run_trl(0, max_time_s, workdir, stop_at_target=True)
-    return markdown(result, 0, max_time_s, "make bench" + (" --quick" if quick else ""))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-time-s", type=float, default=240.0)
-    parser.add_argument("--workdir", default="runs/trl-baseline")
-    parser.add_argument("--stop-at-target", action="store_true")
-    parser.add_argument("--json", help="also write the result dict here")
-    args = parser.parse_args()
-    result = run_trl(args.seed, args.max_time_s, args.workdir, args.stop_at_target)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    command = f"python -m bench.trl_baseline --seed {args.seed} --max-time-s {args.max_time_s:g}"
-    print(markdown(result, args.seed, args.max_time_s, command))
-
-
-if __name__ == "__main__":
-    main()

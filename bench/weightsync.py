@@ -63,7 +63,7 @@ def build_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def _model_dtype(device: str) -> torch.dtype:
-    from streamrl.weightsync.policy import resolve_dtype
+    from streamrl.policy.load import resolve_dtype
 
     return resolve_dtype("auto", device)
 
@@ -139,9 +139,11 @@ def publisher_main(
     url: str, run: str, transport: str, slots: int, params: int, shape: str, device: str,
     actor_device: str,
 ) -> None:  # fmt: skip
-    from streamrl.weightsync.publisher import Publisher
+    from streamrl.weightsync.publisher import Publisher, transfer_dtype
 
-    pub = Publisher.from_config(_cfg(url, run, transport, slots, actor_device))
+    cfg = _cfg(url, run, transport, slots, actor_device)
+    dtype = transfer_dtype(cfg.weightsync, cfg.model, cfg.actor)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run, dtype)
     weights = _learner_weights(params, shape, device)
     numel = sum(t.numel() for t in weights.values() if t.is_floating_point())
     flat = torch.zeros(numel, dtype=pub.dtype, pin_memory=device == "cuda")
@@ -191,9 +193,9 @@ def subscriber_main(
     model = _actor_model(params, shape, actor_device)
     for p in model.parameters():
         p.requires_grad_(False)
-    sub = Subscriber.from_config(
-        _cfg(url, run, transport, slots, actor_device), "bench", dict(model.named_parameters())
-    ).start()
+    cfg = _cfg(url, run, transport, slots, actor_device)
+    template = dict(model.named_parameters())
+    sub = Subscriber.from_config(cfg.weightsync, cfg.broker, cfg.run, "bench", template).start()
     _emit(event="ready")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

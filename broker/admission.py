@@ -43,7 +43,7 @@ import redis.asyncio
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.semantics import is_stale
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import AlgoConfig, LearnerConfig
 
 # KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
 # version, max_staleness, versions_per_batch, groups_per_step, heartbeat key prefix.
@@ -105,11 +105,11 @@ class Bounds:
     groups_per_step: int
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Bounds:
+    def from_config(cls, algo: AlgoConfig, learner: LearnerConfig) -> Bounds:
         return cls(
-            max_staleness=cfg.algo.max_staleness,
-            versions_per_batch=cfg.learner.versions_per_batch,
-            groups_per_step=cfg.learner.groups_per_step,
+            max_staleness=algo.max_staleness,
+            versions_per_batch=learner.versions_per_batch,
+            groups_per_step=learner.groups_per_step,
         )
 
 

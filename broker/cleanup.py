@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RedisNotConfigured) as exc:
         print(exc, file=sys.stderr)
         return 2
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     try:
         removed = delete_run_keys(client, keys)
     except redis.RedisError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import BrokerConfig, RunConfig
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -50,8 +50,8 @@ class Keys:
         self.launch_control = p + "launch:control"
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Keys:
-        return cls(cfg.run.name, cfg.broker.stream, cfg.broker.dead_letter_stream)
+    def from_config(cls, run: RunConfig, broker: BrokerConfig) -> Keys:
+        return cls(run.name, broker.stream, broker.dead_letter_stream)
 
     def eval_claim(self, version: int) -> str:
         """Set (NX) by the one actor that evaluates this policy version."""

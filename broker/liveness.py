@@ -20,6 +20,7 @@ class Heartbeats:
     def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys, heartbeat_s: float):
         self.redis = redis_client
         self.keys = keys
+        self.heartbeat_s = heartbeat_s
         self.ttl_ms = max(1, int(3 * heartbeat_s * 1000))
 
     async def beat(

@@ -14,7 +14,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import BrokerConfig, Config
+from streamrl.configs.schema import BrokerConfig, MetricsConfig, RunConfig
 
 STREAM_LENGTH = Gauge(
     "streamrl_stream_length", "Entries in the rollout stream (produced, not yet acked)."
@@ -60,13 +60,13 @@ class Endpoint:
     targets_key: str
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Endpoint:
+    def from_config(cls, metrics: MetricsConfig, broker: BrokerConfig, run: RunConfig) -> Endpoint:
         return cls(
-            enabled=cfg.metrics.enabled,
-            host=cfg.metrics.host,
-            broker=cfg.broker,
-            run_dir=cfg.run.dir,
-            targets_key=Keys.from_config(cfg).metrics_targets,
+            enabled=metrics.enabled,
+            host=metrics.host,
+            broker=broker,
+            run_dir=run.dir,
+            targets_key=Keys.from_config(run, broker).metrics_targets,
         )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamrl.broker.wire import RolloutGroup, WireError
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import AlgoConfig, BrokerConfig, RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -31,21 +31,22 @@ class Limits:
     completion_key: str = "rollout.max_new_tokens"
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Limits:
-        key = (
-            "agent.max_total_tokens"
-            if cfg.agent.enabled
-            else "env.max_total_tokens"
-            if cfg.env.name is not None
-            else "rollout.max_new_tokens"
-        )
-        section, name = key.split(".")
+    def from_config(
+        cls,
+        rollout: RolloutConfig,
+        broker: BrokerConfig,
+        algo: AlgoConfig,
+        completion_limit: tuple[str, int],
+    ) -> Limits:
+        """``completion_limit``: the knob that bounds one completion and its value
+        (``Config.completion_limit``)."""
+        key, tokens = completion_limit
         return cls(
-            group_size=cfg.rollout.group_size,
-            max_completion_tokens=getattr(getattr(cfg, section), name),
-            max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-            max_abs_reward=cfg.broker.max_abs_reward,
-            needs_ref_logprobs=cfg.algo.actors_score_reference,
+            group_size=rollout.group_size,
+            max_completion_tokens=tokens,
+            max_prompt_tokens=rollout.max_prompt_tokens,
+            max_abs_reward=broker.max_abs_reward,
+            needs_ref_logprobs=algo.actors_score_reference,
             completion_key=key,
         )
 

@@ -97,30 +97,30 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class EmbeddedRedis:
-    """A redis-server child process with its own data dir. ``with EmbeddedRedis(cfg, d) as srv: srv.url``."""
+    """A redis-server child process with its own data dir. ``with EmbeddedRedis(broker, d) as srv: srv.url``."""
 
     def __init__(
         self,
-        cfg: BrokerConfig,
+        broker: BrokerConfig,
         data_dir: str | os.PathLike,
         url_file: str | os.PathLike | None = None,
     ):
-        if not is_loopback(cfg.host) and not cfg.password:
+        if not is_loopback(broker.host) and not broker.password:
             raise RedisServerError(
-                f"refusing to bind Redis to non-loopback address {cfg.host!r} without a password: "
+                f"refusing to bind Redis to non-loopback address {broker.host!r} without a password: "
                 "set broker.password (or bind 127.0.0.1)"
             )
-        self.cfg = cfg
+        self.broker = broker
         # redis-server chdirs to --dir: relative paths would break
         self.data_dir = Path(data_dir).resolve()
         self.url_file = Path(url_file) if url_file is not None else None
-        self.port = cfg.port
-        self.password = cfg.password or secrets.token_urlsafe(32)
+        self.port = broker.port
+        self.password = broker.password or secrets.token_urlsafe(32)
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
+        host = f"[{self.broker.host}]" if ":" in self.broker.host else self.broker.host
         return f"redis://:{quote(self.password, safe='')}@{host}:{self.port}/0"
 
     def _command(self) -> list[str]:
@@ -132,15 +132,15 @@ class EmbeddedRedis:
             "--port",
             str(self.port),
             "--bind",
-            self.cfg.host,
+            self.broker.host,
             "--dir",
             str(self.data_dir),
             "--save",
             "",
             "--appendonly",
-            "yes" if self.cfg.appendonly else "no",
+            "yes" if self.broker.appendonly else "no",
             "--appendfsync",
-            self.cfg.appendfsync,
+            self.broker.appendfsync,
             "--daemonize",
             "no",
             "--logfile",
@@ -152,9 +152,9 @@ class EmbeddedRedis:
         quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
         lines = [
             f'requirepass "{quoted}"',
-            f"maxmemory {self.cfg.maxmemory_mb}mb",
+            f"maxmemory {self.broker.maxmemory_mb}mb",
             "maxmemory-policy noeviction",
-            f"client-output-buffer-limit normal {self.cfg.client_output_buffer_mb}mb 0 0",
+            f"client-output-buffer-limit normal {self.broker.client_output_buffer_mb}mb 0 0",
         ] + [f'rename-command {c} ""' for c in DISABLED_COMMANDS]
         return ("\n".join(lines) + "\n").encode()
 
@@ -162,11 +162,11 @@ class EmbeddedRedis:
         if self.proc is not None and self.proc.poll() is None:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        chosen = self.cfg.port
+        chosen = self.broker.port
         # A free port found by binding can be taken before redis binds it: retry with a new one.
         for _attempt in range(5):
             if not chosen:
-                self.port = free_port(self.cfg.host)
+                self.port = free_port(self.broker.host)
             self.proc = subprocess.Popen(
                 self._command(),
                 executable=redis_executable(),
@@ -180,7 +180,7 @@ class EmbeddedRedis:
                 break
             if chosen:
                 raise RedisServerError(
-                    f"redis-server did not start on {self.cfg.host}:{self.port}: {self._log_tail()}"
+                    f"redis-server did not start on {self.broker.host}:{self.port}: {self._log_tail()}"
                 )
         else:
             raise RedisServerError(
@@ -278,11 +278,11 @@ class EmbeddedRedis:
     def restart(self) -> EmbeddedRedis:
         """Stop and start again on the same port and data dir."""
         self.stop()
-        saved, self.cfg = self.cfg, self.cfg.model_copy(update={"port": self.port})
+        saved, self.broker = self.broker, self.broker.model_copy(update={"port": self.port})
         try:
             return self.start()
         finally:
-            self.cfg = saved
+            self.broker = saved
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -260,71 +260,21 @@ def decode_group(
 def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
     """Validate the columns of all completions with a few reductions, then hand out views.
     Only a failing entry pays for locating the culprit."""
-    lengths = _array(obj, "len", LENGTH_DTYPE)
-    n = lengths.size
-    if n == 0:
-        raise WireError("group: no completions")
-    if lengths.min() <= 0:
-        raise WireError(f"completion[{int(np.argmax(lengths <= 0))}]: empty completion")
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = _offsets(_array(obj, "len", LENGTH_DTYPE))
+    n, total = offsets.size - 1, int(offsets[-1])
     tokens = _array(obj, "tok", TOKEN_DTYPE)
     logprobs = _array(obj, "lp", LOGPROB_DTYPE)
     versions = _array(obj, "ver", VERSION_DTYPE)
     rewards = _array(obj, "r", REWARD_DTYPE)
-    total = int(offsets[-1])
-    if not tokens.size == logprobs.size == versions.size == total:
-        raise WireError(
-            f"group: lengths differ (completion lengths sum to {total}; tokens {tokens.size}, "
-            f"logprobs {logprobs.size}, versions {versions.size})"
-        )
-    if rewards.size != n:
-        raise WireError(f"group.r: {rewards.size} rewards for {n} completions")
-    if tokens.min() < 0 or (vocab_size is not None and tokens.max() >= vocab_size):
-        bad = tokens < 0 if vocab_size is None else (tokens < 0) | (tokens >= vocab_size)
-        raise WireError(
-            f"{_owner(bad, offsets)}.tok: token id outside the vocabulary [0, {vocab_size})"
-        )
+    _check_sizes(tokens, logprobs, versions, rewards, n, total)
+    _check_tokens(tokens, offsets, vocab_size)
     _check_logprobs(logprobs, "lp", offsets, MIN_LOGPROB)
-    ref_logprobs = None
-    if "rlp" in obj:
-        ref_logprobs = _array(obj, "rlp", LOGPROB_DTYPE)
-        if ref_logprobs.size != total:
-            raise WireError(
-                f"group.rlp: {ref_logprobs.size} reference log-probs for {total} tokens"
-            )
-        _check_logprobs(ref_logprobs, "rlp", offsets, MIN_REF_LOGPROB)
+    ref_logprobs = _ref_logprobs(obj, total, offsets) if "rlp" in obj else None
     loss_mask = _loss_mask(obj, total, offsets) if "lm" in obj else None
-    if versions.min() < 0:
-        raise WireError(f"{_owner(versions < 0, offsets)}.ver: negative policy version")
-    # versions[t+1] < versions[t] inside a completion; steps across a boundary don't count.
-    steps = np.diff(versions)
-    steps[offsets[1:-1] - 1] = 0
-    if steps.size and steps.min() < 0:
-        bad = np.concatenate(([False], steps < 0))
-        raise WireError(
-            f"{_owner(bad, offsets)}.ver: policy versions go backwards within a completion"
-        )
-    if not np.isfinite(rewards).all():
-        i = int(np.argmax(~np.isfinite(rewards)))
-        raise WireError(f"completion[{i}].r: non-finite reward {float(rewards[i])!r}")
-    finish = _field(obj, "fin", list, "group")
-    if len(finish) != n:
-        raise WireError(f"group.fin: {len(finish)} finish reasons for {n} completions")
-    for i, reason in enumerate(finish):
-        if reason not in FINISH_REASONS:
-            raise WireError(f"completion[{i}].fin: unknown finish reason {reason!r}")
-    parts = _field(obj, "rp", list, "group")
-    if parts:
-        if len(parts) != n:
-            raise WireError(f"group.rp: {len(parts)} reward-part maps for {n} completions")
-        if not _all_finite_parts(parts):
-            i = next(i for i, p in enumerate(parts) if not _all_finite_parts([p]))
-            raise WireError(f"completion[{i}].rp: expected a map of finite numbers")
-        for i, p in enumerate(parts):
-            _check_part_names(p, f"completion[{i}].rp")
-    else:
-        parts = [{} for _ in range(n)]
+    _check_versions(versions, offsets)
+    _check_rewards(rewards)
+    finish = _finish_reasons(obj, n)
+    parts = _reward_parts(obj, n)
     bounds = offsets.tolist()
     rewards_list = rewards.tolist()
     return [
@@ -340,6 +290,95 @@ def _completions(obj: dict, vocab_size: int | None) -> list[Completion]:
         )
         for i in range(n)
     ]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """[n + 1] int64: where each completion starts in the token columns, then the total."""
+    if lengths.size == 0:
+        raise WireError("group: no completions")
+    if lengths.min() <= 0:
+        raise WireError(f"completion[{int(np.argmax(lengths <= 0))}]: empty completion")
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _check_sizes(
+    tokens: np.ndarray,
+    logprobs: np.ndarray,
+    versions: np.ndarray,
+    rewards: np.ndarray,
+    n: int,
+    total: int,
+) -> None:
+    if not tokens.size == logprobs.size == versions.size == total:
+        raise WireError(
+            f"group: lengths differ (completion lengths sum to {total}; tokens {tokens.size}, "
+            f"logprobs {logprobs.size}, versions {versions.size})"
+        )
+    if rewards.size != n:
+        raise WireError(f"group.r: {rewards.size} rewards for {n} completions")
+
+
+def _check_tokens(tokens: np.ndarray, offsets: np.ndarray, vocab_size: int | None) -> None:
+    if tokens.min() < 0 or (vocab_size is not None and tokens.max() >= vocab_size):
+        bad = tokens < 0 if vocab_size is None else (tokens < 0) | (tokens >= vocab_size)
+        raise WireError(
+            f"{_owner(bad, offsets)}.tok: token id outside the vocabulary [0, {vocab_size})"
+        )
+
+
+def _ref_logprobs(obj: dict, total: int, offsets: np.ndarray) -> np.ndarray:
+    """The ``rlp`` column: one reference log-prob per token, each one a frozen model can give."""
+    ref_logprobs = _array(obj, "rlp", LOGPROB_DTYPE)
+    if ref_logprobs.size != total:
+        raise WireError(f"group.rlp: {ref_logprobs.size} reference log-probs for {total} tokens")
+    _check_logprobs(ref_logprobs, "rlp", offsets, MIN_REF_LOGPROB)
+    return ref_logprobs
+
+
+def _check_versions(versions: np.ndarray, offsets: np.ndarray) -> None:
+    if versions.min() < 0:
+        raise WireError(f"{_owner(versions < 0, offsets)}.ver: negative policy version")
+    # versions[t+1] < versions[t] inside a completion; steps across a boundary don't count.
+    steps = np.diff(versions)
+    steps[offsets[1:-1] - 1] = 0
+    if steps.size and steps.min() < 0:
+        bad = np.concatenate(([False], steps < 0))
+        raise WireError(
+            f"{_owner(bad, offsets)}.ver: policy versions go backwards within a completion"
+        )
+
+
+def _check_rewards(rewards: np.ndarray) -> None:
+    if not np.isfinite(rewards).all():
+        i = int(np.argmax(~np.isfinite(rewards)))
+        raise WireError(f"completion[{i}].r: non-finite reward {float(rewards[i])!r}")
+
+
+def _finish_reasons(obj: dict, n: int) -> list[str]:
+    finish = _field(obj, "fin", list, "group")
+    if len(finish) != n:
+        raise WireError(f"group.fin: {len(finish)} finish reasons for {n} completions")
+    for i, reason in enumerate(finish):
+        if reason not in FINISH_REASONS:
+            raise WireError(f"completion[{i}].fin: unknown finish reason {reason!r}")
+    return finish
+
+
+def _reward_parts(obj: dict, n: int) -> list[dict[str, float]]:
+    """The ``rp`` column: each completion's named reward parts (``[]`` on the wire: none has)."""
+    parts = _field(obj, "rp", list, "group")
+    if not parts:
+        return [{} for _ in range(n)]
+    if len(parts) != n:
+        raise WireError(f"group.rp: {len(parts)} reward-part maps for {n} completions")
+    if not _all_finite_parts(parts):
+        i = next(i for i, p in enumerate(parts) if not _all_finite_parts([p]))
+        raise WireError(f"completion[{i}].rp: expected a map of finite numbers")
+    for i, p in enumerate(parts):
+        _check_part_names(p, f"completion[{i}].rp")
+    return parts
 
 
 def _loss_mask(obj: dict, total: int, offsets: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ so a typo fails at start instead of silently doing nothing.
 
 from __future__ import annotations
 
+import inspect
 import types
 import typing
 from typing import Literal
@@ -249,6 +250,11 @@ class LoraConfig(Section):
     def enabled(self) -> bool:
         return self.rank > 0
 
+    @property
+    def adapter_versions(self) -> bool:
+        """Whether a published version is the adapters alone (``sync: adapter`` with LoRA on)."""
+        return self.enabled and self.sync == "adapter"
+
     @model_validator(mode="after")
     def _vllm_rank(self) -> LoraConfig:
         if self.rank > 512:
@@ -468,6 +474,13 @@ class AgentConfig(Section):
     )
 
 
+# Where each engine (``actor.engine``) computes: "device" = on ``actor.device``; "gpu" = on the
+# host's GPU when it has one, else on the CPU (vLLM, whose CPU build runs there). The learner
+# publishes in the dtype the engines compute in (``weightsync.publisher.transfer_dtype``); the
+# engines themselves are ``actors.engines``' registry, which tests/test_structure.py holds to this.
+ENGINE_PLACEMENT = {"hf": "device", "vllm": "gpu"}
+
+
 class ActorConfig(Section):
     """Actor processes and their generation engine."""
 
@@ -484,11 +497,11 @@ class ActorConfig(Section):
     batch_slots: int = Field(
         64,
         ge=1,
-        description="Concurrent sequences in the hf engine's decode batch (finished slots are refilled).",
+        description="Concurrent sequences of one actor's engine: the hf engine's decode batch, vLLM's max_num_seqs.",
     )
     refill: bool = Field(
-        False,
-        description="hf engine: keep the decode batch full across groups. A freed slot takes the next admitted group's prompt and each group is published as soon as its completions are done, so no slot waits for a batch's longest completion (completions of very different lengths). False: a batch of batch_slots / group_size groups is generated, then published.",
+        True,
+        description="Keep the engine's batch full across groups (source `prompts`): once a group's worth of slots is free, the next admitted groups take them, so no slot waits for a batch's longest completion (real completions' lengths are long-tailed). False: a batch of batch_slots / group_size groups is generated before the next is admitted. Either way each group is published as soon as its completions are done. Where every completion has the same few tokens it buys nothing: on the CPU demo (4 tokens) learner steps took 1.02-1.06x as long with it (3 seeds, 2026-11-28).",
     )
     heartbeat_s: float = Field(
         2.0, gt=0, description="Heartbeat period; an actor is considered dead after 3 missed beats."
@@ -617,6 +630,11 @@ class AlgoConfig(Section):
     def actors_score_reference(self) -> bool:
         """Whether the actors send the KL term's reference log-probs (a KL term, reference_on: actors)."""
         return self.kl_coef > 0 and self.reference_on == "actors"
+
+    @property
+    def learner_scores_reference(self) -> bool:
+        """Whether the learner runs the KL term's reference pass itself (a KL term, reference_on: learner)."""
+        return self.kl_coef > 0 and self.reference_on == "learner"
 
     entropy_coef: float = Field(
         0.0,
@@ -831,6 +849,30 @@ class Config(Section):
                     'give them disjoint GPUs, or actor.gpus="share" to put the actors on the learner\'s GPU'
                 )
         return self
+
+    @property
+    def rollout_source(self) -> str:
+        """What the actors roll out (``actors.sources``): agents' calls, an environment's
+        trajectories, or dataset prompts' completions."""
+        if self.agent.enabled:
+            return "agent"
+        return "environment" if self.env.name else "prompts"
+
+    @property
+    def completion_limit(self) -> tuple[str, int]:
+        """The knob that bounds one completion, and its value: a trajectory's tokens after its
+        prompt for an environment or agents, else the tokens one completion may sample."""
+        if self.agent.enabled:
+            return "agent.max_total_tokens", self.agent.max_total_tokens
+        if self.env.name is not None:
+            return "env.max_total_tokens", self.env.max_total_tokens
+        return "rollout.max_new_tokens", self.rollout.max_new_tokens
+
+    def sections_for(self, build) -> dict[str, Section]:
+        """The sections a registry's ``from_config`` names as keyword-only parameters, by name:
+        a source or an engine gets exactly the settings it reads."""
+        params = inspect.signature(build).parameters.values()
+        return {p.name: getattr(self, p.name) for p in params if p.kind is p.KEYWORD_ONLY}
 
     @model_validator(mode="after")
     def _one_rollout_source(self) -> Config:

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    sync = TargetSync(Keys.from_config(cfg), cfg.broker, cfg.run.dir)
+    sync = TargetSync(Keys.from_config(cfg.run, cfg.broker), cfg.broker, cfg.run.dir)
     sync.tick()
     try:
         prom = PrometheusServer(config_file, out_dir, port=args.port).start()

@@ -56,7 +56,7 @@ def check_dataset(cfg: Config) -> bool:
     if done is not None and done.is_file():
         return False
     from streamrl.actors.prompts import PromptDataset
-    from streamrl.weightsync.policy import load_tokenizer
+    from streamrl.policy.load import load_tokenizer
 
     PromptDataset.from_config(cfg.data, load_tokenizer(cfg.model.path))
     if done is not None:

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args, cfg = config_from_cli(parser, argv)
     try:
         client = connect_sync(cfg.broker, cfg.run.dir)
-        report = collect(client, Keys.from_config(cfg), cfg.broker, args.count)
+        report = collect(client, Keys.from_config(cfg.run, cfg.broker), cfg.broker, args.count)
         report["placement"] = placement.read(cfg.run.dir)
     except (RedisNotConfigured, redis.RedisError) as exc:
         print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)

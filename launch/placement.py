@@ -121,8 +121,10 @@ class CpuSets:
     actors: tuple[int, ...] | None
 
     def for_actor(self, cfg: Config, index: int) -> tuple[int, ...] | None:
-        # "auto" leaves vLLM actors alone: vLLM binds its own threads to cores
-        if cfg.actor.cpus == "auto" and cfg.actor.engine_of(index) != "hf":
+        from streamrl.actors import engines
+
+        # "auto" leaves alone an engine that binds its own threads to cores (vLLM)
+        if cfg.actor.cpus == "auto" and engines.get(cfg.actor.engine_of(index)).places_own_threads:
             return None
         return self.actors
 

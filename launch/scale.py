@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.actors <= cfg.actor.max_actors:
         parser.error(f"--actors must be between 0 and actor.max_actors={cfg.actor.max_actors}")
     client = connect_sync(cfg.broker, cfg.run.dir)
-    client.rpush(Keys.from_config(cfg).launch_control, json.dumps({"actors": args.actors}))
+    client.rpush(
+        Keys.from_config(cfg.run, cfg.broker).launch_control, json.dumps({"actors": args.actors})
+    )
     print(f"asked the supervisor of run {cfg.run.name!r} for {args.actors} actors")
     return 0
 

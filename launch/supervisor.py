@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import json
 import os
 import signal
@@ -115,7 +114,7 @@ class Supervisor:
         self.run_dir = Path(cfg.run.dir)
         self.log_dir = self.run_dir / "logs"
         self.config_file = self.run_dir / CONFIG_FILE
-        self.keys = Keys.from_config(cfg)
+        self.keys = Keys.from_config(cfg.run, cfg.broker)
         self.redis_server: EmbeddedRedis | None = None
         self.redis_url: str | None = None
         self.redis = None
@@ -189,21 +188,14 @@ class Supervisor:
 
     def _prepare_inputs(self) -> None:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
-        from streamrl.actors import environment, inputs, rewards
+        from streamrl.actors import engines, environment, inputs, rewards
         from streamrl.launch.dataset_check import check_dataset
 
-        # else the vLLM actors would crash-loop under the backoff while the others train
-        if (
-            "vllm" in self.cfg.actor.engines_in_use
-            and self.python == sys.executable
-            and importlib.util.find_spec("vllm") is None
-        ):
-            from streamrl.actors.engines.vllm import VLLMUnavailable
-
-            raise VLLMUnavailable(
-                f"a vLLM actor needs vLLM in this interpreter ({self.python}): "
-                "`make run` switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
-            )
+        # else an actor whose engine is not installed would crash-loop under the backoff while the
+        # others train (the children run this interpreter unless the launcher was given another)
+        if self.python == sys.executable:
+            for name in sorted(self.cfg.actor.engines_in_use):
+                engines.get(name).check_installed()
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
         environment.check(self.cfg.env)
@@ -218,7 +210,7 @@ class Supervisor:
             self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.run_dir)
         ).start()
         self.redis_url = self.redis_server.url
-        self.event(f"redis-server on {self.redis_server.cfg.host}:{self.redis_server.port}")
+        self.event(f"redis-server on {self.redis_server.broker.host}:{self.redis_server.port}")
 
     def _write_run_file(self) -> None:
         info = {

@@ -3,11 +3,10 @@
 Owns the RL math as pure functions (``algorithm``), batching into token-budget
 micro-batches (``batching``), the DeepSpeed ZeRO-2 engine (``engine``),
 checkpoint/resume (``checkpoint``), the training loop (``__main__``), experiment
-tracking of the step rows (``tracking``), LoRA training (``lora``: the peft-wrapped
-policy, its adapters-off reference, the merged export) and the export of the policy as a
-Hugging Face folder (``export``).
+tracking of the step rows (``tracking``) and the export of the policy as a Hugging Face
+folder (``export``). The policy itself (loading, token scoring, LoRA) is ``policy``'s.
 
 Talks to: Redis through ``broker`` (consumer group, version, admission
 counters) and the actors through ``weightsync`` publishers. May import:
-``configs``, ``broker``, ``weightsync``. Must not import ``actors``.
+``configs``, ``broker``, ``weightsync``, ``policy``. Must not import ``actors``.
 """

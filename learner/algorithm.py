@@ -148,57 +148,91 @@ def policy_loss(
         advantages = advantages[:, None].expand_as(logprobs)
     advantages = advantages.to(logprobs.dtype)
     zero = torch.zeros_like(logprobs)
-    # padded/stale positions may hold anything (even -inf): zero them before exp
-    theta = torch.where(mask, logprobs, zero)
-    mu = torch.where(mask, behaviour_logprobs.to(logprobs.dtype), zero)
+    theta = _masked(logprobs, mask, zero)
+    mu = _masked(behaviour_logprobs, mask, zero)
     if importance_correction:
-        prox = (
-            mu
-            if proximal_logprobs is None
-            else torch.where(mask, proximal_logprobs.to(logprobs.dtype), zero)
-        )
-        raw_weight = torch.exp(prox - mu)
-        # w = min(exp(pi_prox - mu), rho_bar), no gradient
-        weight = torch.minimum(
-            raw_weight, torch.as_tensor(rho_max, dtype=logprobs.dtype, device=logprobs.device)
-        ).detach()
-        truncated = raw_weight > rho_max
+        prox = mu if proximal_logprobs is None else _masked(proximal_logprobs, mask, zero)
+        weight, truncated = _importance_weights(prox, mu, rho_max)
     else:
-        prox = mu
-        weight = torch.ones_like(logprobs)
-        truncated = torch.zeros_like(mask)
-    # r = exp(pi_theta - pi_prox)
-    ratio = torch.exp(theta - prox.detach())
-    # on the loss's device: a 0-dim CPU bound next to CUDA log-probs fails torch.clamp
-    low = torch.as_tensor(clip_low, dtype=logprobs.dtype, device=logprobs.device)
-    high = torch.as_tensor(clip_high, dtype=logprobs.dtype, device=logprobs.device)
-    clipped_ratio = torch.clamp(ratio, 1.0 - low, 1.0 + high)
+        # plain PPO: the ratio is against mu and nothing reweights it
+        prox, weight, truncated = mu, torch.ones_like(logprobs), torch.zeros_like(mask)
+    ratio, clipped_ratio = _ratios(theta, prox, clip_low, clip_high)
+    surrogate, clipped_surrogate = ratio * advantages, clipped_ratio * advantages
     # l_t = -w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
-    per_token = -weight * torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    per_token = -weight * torch.minimum(surrogate, clipped_surrogate)
     kl_target = ref_logprobs if ref_logprobs is not None else behaviour_logprobs
-    kl = k3_kl(theta, torch.where(mask, kl_target.to(logprobs.dtype), zero))
-    if ref_logprobs is not None and kl_coef > 0:
-        # l_t += beta * k3
-        per_token = per_token + kl_coef * kl
+    kl = k3_kl(theta, _masked(kl_target, mask, zero))
     if entropy is not None:
         if entropy_coef > 0 and logprobs.requires_grad and not entropy.requires_grad:
             raise ValueError("entropy_coef > 0 needs the entropy with its gradient")
-        entropy = torch.where(mask, entropy.to(logprobs.dtype), zero)
-        if entropy_coef > 0:
-            # l_t -= c * H_t
-            per_token = per_token - entropy_coef * entropy
+        entropy = _masked(entropy, mask, zero)
+    # the KL to the behaviour policy only measures drift: it is never a penalty
+    kl_penalty = kl_coef if ref_logprobs is not None else 0.0
+    per_token = _regularised(per_token, kl, kl_penalty, entropy, entropy_coef)
     loss = aggregate(per_token, mask, aggregation, normalizer)
-
-    with torch.no_grad():
-        count = int(mask.sum())
-        denom = max(count, 1)
-        clipped = (ratio * advantages > clipped_ratio * advantages) & mask
-        stats = LossStats(
-            tokens=count,
-            clip_fraction=float(clipped.sum()) / denom,
-            is_weight_mean=float(torch.where(mask, weight, zero).sum()) / denom,
-            is_truncated_fraction=float((truncated & mask).sum()) / denom,
-            kl=float(torch.where(mask, kl, zero).sum()) / denom,
-            entropy=math.nan if entropy is None else float(entropy.sum()) / denom,
-        )
+    stats = _loss_stats(mask, surrogate > clipped_surrogate, weight, truncated, kl, entropy)
     return loss, stats
+
+
+def _masked(values: Tensor, mask: Tensor, zero: Tensor) -> Tensor:
+    """``values`` in ``zero``'s dtype where ``mask`` holds, 0 elsewhere."""
+    # padded/stale positions may hold anything (even -inf): zero them before exp
+    return torch.where(mask, values.to(zero.dtype), zero)
+
+
+def _importance_weights(prox: Tensor, mu: Tensor, rho_max: float | Tensor) -> tuple[Tensor, Tensor]:
+    """(IS weight [B, T] without gradient, where the raw weight was truncated at ``rho_max``)."""
+    raw_weight = torch.exp(prox - mu)
+    # w = min(exp(pi_prox - mu), rho_bar), no gradient
+    weight = torch.minimum(
+        raw_weight, torch.as_tensor(rho_max, dtype=mu.dtype, device=mu.device)
+    ).detach()
+    return weight, raw_weight > rho_max
+
+
+def _ratios(
+    theta: Tensor, prox: Tensor, clip_low: float | Tensor, clip_high: float | Tensor
+) -> tuple[Tensor, Tensor]:
+    """(ratio of pi_theta to pi_prox [B, T] with grad through pi_theta only, the same clipped)."""
+    # r = exp(pi_theta - pi_prox)
+    ratio = torch.exp(theta - prox.detach())
+    # on the loss's device: a 0-dim CPU bound next to CUDA log-probs fails torch.clamp
+    low = torch.as_tensor(clip_low, dtype=theta.dtype, device=theta.device)
+    high = torch.as_tensor(clip_high, dtype=theta.dtype, device=theta.device)
+    return ratio, torch.clamp(ratio, 1.0 - low, 1.0 + high)
+
+
+def _regularised(
+    per_token: Tensor, kl: Tensor, kl_coef: float, entropy: Tensor | None, entropy_coef: float
+) -> Tensor:
+    """The per-token loss with the KL penalty added and the entropy bonus taken off."""
+    if kl_coef > 0:
+        # l_t += beta * k3
+        per_token = per_token + kl_coef * kl
+    if entropy is not None and entropy_coef > 0:
+        # l_t -= c * H_t
+        per_token = per_token - entropy_coef * entropy
+    return per_token
+
+
+@torch.no_grad()
+def _loss_stats(
+    mask: Tensor,
+    clipped: Tensor,
+    weight: Tensor,
+    truncated: Tensor,
+    kl: Tensor,
+    entropy: Tensor | None,
+) -> LossStats:
+    """Means over the counted tokens; ``entropy`` comes already masked."""
+    count = int(mask.sum())
+    denom = max(count, 1)
+    zero = torch.zeros_like(weight)
+    return LossStats(
+        tokens=count,
+        clip_fraction=float((clipped & mask).sum()) / denom,
+        is_weight_mean=float(torch.where(mask, weight, zero).sum()) / denom,
+        is_truncated_fraction=float((truncated & mask).sum()) / denom,
+        kl=float(torch.where(mask, kl, zero).sum()) / denom,
+        entropy=math.nan if entropy is None else float(entropy.sum()) / denom,
+    )

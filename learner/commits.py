@@ -22,10 +22,37 @@ from the checkpoint by a restarted learner, see broker.admission).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from streamrl.learner.rollout_io import Progress, RolloutIO
+    from streamrl.learner.rollout_io import RolloutIO
+
+
+@dataclass
+class Progress:
+    """What a checkpoint must restore besides weights and optimizer."""
+
+    step: int = 0
+    version: int = 0
+    samples: int = 0
+    tokens: int = 0
+    # the commit bookkeeping, written by Commits only:
+    # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
+    # entries held from before it (the wiped `accepted` no longer counts them)
+    consumed: int = 0
+    # admission.epoch of the Redis data set `consumed` counts in
+    redis_epoch: str = ""
+    # (entry id, group id) trained, not acked
+    unacked: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> Progress:
+        if not state or "progress" not in state:
+            return cls()
+        p = {"consumed": 0, **state["progress"]}
+        p["unacked"] = [tuple(e) for e in p["unacked"]]
+        return cls(**p)
 
 
 class Commits:

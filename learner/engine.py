@@ -24,8 +24,8 @@ from torch import Tensor
 from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
-from streamrl.learner.lora import trainable_parameters
-from streamrl.weightsync.policy import sequence_logprobs
+from streamrl.policy.lora import trainable_parameters
+from streamrl.policy.scoring import sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
 # the loopback interface (Linux)
@@ -264,7 +264,7 @@ def token_logprobs(
     entropy_grad: bool = True,
     one_row: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``weightsync.policy.sequence_logprobs`` of a micro-batch's packed rows at its completion
+    """``policy.scoring.sequence_logprobs`` of a micro-batch's packed rows at its completion
     tokens, in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
     ``entropy_grad``: with its gradient). The loss reads nothing else, so the output layer runs
     on the completion positions only.

@@ -41,8 +41,8 @@ def default_out(run_dir: str | os.PathLike) -> Path:
 def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
     """Write ``model`` + ``tokenizer`` as a Hugging Face folder at ``out`` (replaced atomically); a
     LoRA policy as its merged weights with its PEFT adapter folder in ``adapter/``
-    (``learner.lora.save_export``)."""
-    from streamrl.learner.lora import save_export
+    (``policy.lora.save_export``)."""
+    from streamrl.policy.lora import save_export
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +81,8 @@ def export_checkpoint(
     """Export ``checkpoint`` (default: the newest under ``<run_dir>/checkpoints``) into the model
     of ``model_cfg``."""
     from streamrl.learner import checkpoint as ckpt
-    from streamrl.learner.lora import training_policy
-    from streamrl.weightsync.policy import load_policy, load_tokenizer
+    from streamrl.policy.load import load_policy, load_tokenizer
+    from streamrl.policy.lora import training_policy
 
     folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(run_dir) / "checkpoints")
     if folder is None:
@@ -104,7 +104,7 @@ def export_at_end(run: RunConfig, source: str, model, step: int, version: int) -
     ``source`` is ``model.path``, where the tokenizer comes from."""
     if not run.export_at_end or step == 0:
         return None
-    from streamrl.weightsync.policy import load_tokenizer
+    from streamrl.policy.load import load_tokenizer
 
     info = {"step": step, "version": version, "source": source}
     return export_policy(model, load_tokenizer(source), default_out(run.dir), info)

@@ -38,13 +38,13 @@ from streamrl.broker.startup import Phases, pin_assigned
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, init_optimizer, target
 from streamrl.learner import metrics as m
-from streamrl.learner.commits import Commits
+from streamrl.learner.commits import Commits, Progress
 from streamrl.learner.engine import build_engine, device, init_distributed
 from streamrl.learner.export import export_at_end
-from streamrl.learner.lora import reference_policy, training_policy
 from streamrl.learner.prepare import Batch
-from streamrl.learner.rollout_io import NoBatch, Progress, RolloutIO
+from streamrl.learner.rollout_io import NoBatch, RolloutIO
 from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
+from streamrl.policy.lora import reference_policy, training_policy
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Learner:
     """
 
     def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):
-        from streamrl.weightsync.policy import load_policy, model_folder
+        from streamrl.policy.load import load_policy, model_folder
 
         self.cfg = cfg
         self.started = time.monotonic()
@@ -68,11 +68,17 @@ class Learner:
         model = training_policy(model, cfg.model.lora)
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         # the most tokens one completion may hold (a trajectory's, an agent's): the constant loss normaliser's
-        self.completion_budget = Limits.from_config(cfg).max_completion_tokens
+        self.completion_budget = Limits.from_config(
+            cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit
+        ).max_completion_tokens
         phases.done("policy")
         self.engine = build_engine(cfg.learner, model, self.world)
         phases.done("engine")
-        self.ref_model = reference_policy(cfg, self.engine.module, str(device()))
+        self.ref_model = (
+            reference_policy(cfg.model, self.engine.module, str(device()))
+            if cfg.algo.learner_scores_reference
+            else None
+        )
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
         state = checkpoint.load(self.engine, self.ckpt_root, self.rank)
         if state is None:

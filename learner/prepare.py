@@ -89,6 +89,55 @@ def reward_failures_of(
     return rates, errors
 
 
+@dataclass
+class _Tally:
+    """The step's groups sorted and counted, one ``add`` per delivered group."""
+
+    samples: list[Sample] = field(default_factory=list)
+    skipped: list[Sample] = field(default_factory=list)
+    # every completion's reward, wholly stale groups left out
+    rewards: list[float] = field(default_factory=list)
+    # the token versions of each trained completion
+    trained_versions: list[np.ndarray] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    by_actor: dict[str, int] = field(default_factory=dict)
+    # completions that saw a weight swap between two of their tokens
+    spanning: int = 0
+    dropped_stale: int = 0
+    zero_variance: int = 0
+
+    def add(self, group, version: int, algo: AlgoConfig) -> None:
+        """Drop the group (wholly stale), skip it (zero variance) or take it into the batch."""
+        token_versions = _token_versions(group)
+        if _wholly_stale(token_versions, version, algo.max_staleness):
+            self.dropped_stale += 1
+            m.DROPPED_STALE_TOKENS.inc(sum(v.size for v in token_versions))
+            return
+        self._count(group)
+        advantages, zero_var = algorithm.group_advantages(
+            torch.tensor(group.rewards)[None], algo.advantage, algo.adv_eps, algo.std_threshold
+        )
+        # with a KL or entropy term a zero-advantage token still has a gradient: skipping it
+        # would change the objective, so only dynamic sampling (DAPO's batch definition) drops it
+        skippable = algo.skip_zero_variance and algo.kl_coef == 0 and algo.entropy_coef == 0
+        if (skippable or algo.dynamic_sampling) and bool(zero_var[0]):
+            self.zero_variance += 1
+            if not algo.dynamic_sampling:
+                self.skipped += samples_from_group(group, advantages[0].tolist())
+            return
+        self.samples += samples_from_group(group, advantages[0].tolist())
+        self.trained_versions += token_versions
+
+    def _count(self, group) -> None:
+        """The figures of a group that is not wholly stale, trained or not."""
+        self.rewards += [c.reward for c in group.completions]
+        for c in group.completions:
+            for part, value in c.reward_parts.items():
+                self.parts.setdefault(part, []).append(value)
+        self.by_actor[group.actor_id] = self.by_actor.get(group.actor_id, 0) + 1
+        self.spanning += sum(int(c.versions[0] != c.versions[-1]) for c in group.completions)
+
+
 def prepare_batch(
     deliveries, version: int, algo: AlgoConfig, wait_s: float, reward_names: Sequence[str] = ()
 ) -> Batch:
@@ -98,77 +147,53 @@ def prepare_batch(
     Under dynamic sampling the dropped zero-variance groups are not kept for the loss
     normaliser either: the batch is the groups with a signal, as DAPO defines it.
     """
-    samples: list[Sample] = []
-    skipped: list[Sample] = []
-    rewards, trained_versions = [], []
-    parts: dict[str, list[float]] = {}
-    by_actor: dict[str, int] = {}
-    spanning = 0
-    dropped_stale = zero_variance = 0
+    tally = _Tally()
     for d in deliveries:
-        g = d.group
-        token_versions = _token_versions(g)
-        if _wholly_stale(token_versions, version, algo.max_staleness):
-            dropped_stale += 1
-            m.DROPPED_STALE_TOKENS.inc(sum(v.size for v in token_versions))
-            continue
-        rewards += [c.reward for c in g.completions]
-        for c in g.completions:
-            for part, value in c.reward_parts.items():
-                parts.setdefault(part, []).append(value)
-        by_actor[g.actor_id] = by_actor.get(g.actor_id, 0) + 1
-        # completions that saw a weight swap between two of their tokens
-        spanning += sum(int(c.versions[0] != c.versions[-1]) for c in g.completions)
-        advantages, zero_var = algorithm.group_advantages(
-            torch.tensor(g.rewards)[None], algo.advantage, algo.adv_eps, algo.std_threshold
-        )
-        # with a KL or entropy term a zero-advantage token still has a gradient: skipping it
-        # would change the objective, so only dynamic sampling (DAPO's batch definition) drops it
-        skippable = algo.skip_zero_variance and algo.kl_coef == 0 and algo.entropy_coef == 0
-        if (skippable or algo.dynamic_sampling) and bool(zero_var[0]):
-            zero_variance += 1
-            if not algo.dynamic_sampling:
-                skipped += samples_from_group(g, advantages[0].tolist())
-            continue
-        samples += samples_from_group(g, advantages[0].tolist())
-        trained_versions += token_versions
-    versions = np.concatenate(trained_versions) if trained_versions else np.zeros(0, dtype=np.int64)
-    all_staleness = algorithm.token_staleness(version, versions)
+        tally.add(d.group, version, algo)
+    trained = tally.trained_versions
+    versions = np.concatenate(trained) if trained else np.zeros(0, dtype=np.int64)
+    staleness = algorithm.token_staleness(version, versions)
     stale_tokens = int(is_stale(version, versions, algo.max_staleness).sum())
-    m.DROPPED_STALE_TOKENS.inc(stale_tokens)
-    m.DROPPED_STALE_GROUPS.inc(dropped_stale)
-    m.ZERO_VARIANCE_GROUPS.inc(zero_variance)
-    m.observe_staleness(all_staleness)
+    adv_abs = float(np.mean([abs(s.advantage) for s in tally.samples])) if tally.samples else 0.0
+    _observe(tally, staleness, stale_tokens, adv_abs)
     failure_rates, reward_errors = reward_failures_of(deliveries, reward_names)
-    env = env_stats.summarize([(d.group.env, len(d.group.completions)) for d in deliveries])
-    adv_abs = float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0
-    m.ADVANTAGE_ABS_MEAN.set(adv_abs)
-    for r in rewards:
-        m.REWARD.observe(r)
+    log = {
+        "groups": len(deliveries),
+        "reward_mean": float(np.mean(tally.rewards)) if tally.rewards else math.nan,
+        # the mean of each named reward part the task reports (its reward functions' names)
+        "reward_parts": {name: float(np.mean(v)) for name, v in tally.parts.items()},
+        # per reward function: the fraction of the step's samples it failed on (scored 0)
+        "reward_failure_rate": failure_rates,
+        "staleness_mean": float(staleness.mean()) if staleness.size else 0.0,
+        "staleness_max": int(staleness.max()) if staleness.size else 0,
+        # masked out of the loss: older than max_staleness (wholly stale groups not included)
+        "stale_tokens": stale_tokens,
+        "dropped_stale_groups": tally.dropped_stale,
+        "zero_variance_groups": tally.zero_variance,
+        "advantage_abs_mean": adv_abs,
+        "wait_s": wait_s,
+        "groups_by_actor": tally.by_actor,
+        "version_spanning_completions": tally.spanning,
+    }
+    # multi-turn only: turns, tool calls and failures, step time, ends (broker.env_stats)
+    if env := env_stats.summarize([(d.group.env, len(d.group.completions)) for d in deliveries]):
+        log["env"] = env
     return Batch(
         version=version,
-        samples=samples,
+        samples=tally.samples,
         entries=[(d.entry_id, d.group.group_id) for d in deliveries],
-        log={
-            "groups": len(deliveries),
-            "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
-            # the mean of each named reward part the task reports (its reward functions' names)
-            "reward_parts": {name: float(np.mean(v)) for name, v in parts.items()},
-            # per reward function: the fraction of the step's samples it failed on (scored 0)
-            "reward_failure_rate": failure_rates,
-            "staleness_mean": float(all_staleness.mean()) if all_staleness.size else 0.0,
-            "staleness_max": int(all_staleness.max()) if all_staleness.size else 0,
-            # masked out of the loss: older than max_staleness (wholly stale groups not included)
-            "stale_tokens": stale_tokens,
-            "dropped_stale_groups": dropped_stale,
-            "zero_variance_groups": zero_variance,
-            "advantage_abs_mean": adv_abs,
-            "wait_s": wait_s,
-            "groups_by_actor": by_actor,
-            "version_spanning_completions": spanning,
-            # multi-turn only: turns, tool calls and failures, step time, ends (broker.env_stats)
-            **({"env": env} if env else {}),
-        },
+        log=log,
         reward_errors=reward_errors,
-        skipped=skipped,
+        skipped=tally.skipped,
     )
+
+
+def _observe(tally: _Tally, staleness: np.ndarray, stale_tokens: int, adv_abs: float) -> None:
+    """The step's figures on the metrics endpoint."""
+    m.DROPPED_STALE_TOKENS.inc(stale_tokens)
+    m.DROPPED_STALE_GROUPS.inc(tally.dropped_stale)
+    m.ZERO_VARIANCE_GROUPS.inc(tally.zero_variance)
+    m.observe_staleness(staleness)
+    m.ADVANTAGE_ABS_MEAN.set(adv_abs)
+    for r in tally.rewards:
+        m.REWARD.observe(r)

@@ -25,7 +25,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.broker import metrics as broker_metrics
@@ -40,12 +39,12 @@ from streamrl.configs.redact import redacted
 from streamrl.configs.schema import Config
 from streamrl.learner import lineage
 from streamrl.learner import metrics as m
-from streamrl.learner.commits import Commits
+from streamrl.learner.commits import Commits, Progress
 from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
 from streamrl.learner.step import UpdateStats, first_pass_tokens
 from streamrl.learner.tracking import Tracker
+from streamrl.policy.lora import published_tensors
 from streamrl.weightsync import transports
-from streamrl.weightsync.lora import published_tensors
 
 log = logging.getLogger(__name__)
 
@@ -53,32 +52,6 @@ log = logging.getLogger(__name__)
 ALIVE_EVERY_S = 2.0
 # other ranks wait in a collective meanwhile; keep it far from the process-group timeout
 IDLE_BROADCAST_S = 60.0
-
-
-@dataclass
-class Progress:
-    """What a checkpoint must restore besides weights and optimizer."""
-
-    step: int = 0
-    version: int = 0
-    samples: int = 0
-    tokens: int = 0
-    # the commit bookkeeping, written by learner.commits.Commits only:
-    # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
-    # entries held from before it (the wiped `accepted` no longer counts them)
-    consumed: int = 0
-    # admission.epoch of the Redis data set `consumed` counts in
-    redis_epoch: str = ""
-    # (entry id, group id) trained, not acked
-    unacked: list[tuple[str, str]] = field(default_factory=list)
-
-    @classmethod
-    def from_state(cls, state: dict | None) -> Progress:
-        if not state or "progress" not in state:
-            return cls()
-        p = {"consumed": 0, **state["progress"]}
-        p["unacked"] = [tuple(e) for e in p["unacked"]]
-        return cls(**p)
 
 
 class NoBatch(enum.Enum):
@@ -104,22 +77,34 @@ class RolloutIO:
         )
         self._thread.start()
         self.redis = connect_async(cfg.broker, cfg.run.dir)
-        self.keys = Keys.from_config(cfg)
+        self.keys = Keys.from_config(cfg.run, cfg.broker)
         self.consumer = RolloutConsumer(
-            self.redis, self.keys, cfg.broker, Limits.from_config(cfg), "learner-0", vocab_size
+            self.redis,
+            self.keys,
+            cfg.broker,
+            Limits.from_config(cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit),
+            "learner-0",
+            vocab_size,
         )
         self.admission = Admission(
-            self.redis, self.keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s
+            self.redis, self.keys, Bounds.from_config(cfg.algo, cfg.learner), cfg.broker.lease_ttl_s
         )
         # the live-actor count reads heartbeats with the tools' sync helper, on this thread
         self._heartbeats = connect_sync(cfg.broker, cfg.run.dir)
         self.alive_checked = 0.0
         self.publisher = None
         if transports.get(cfg.weightsync.transport).publishes:
-            from streamrl.weightsync.publisher import Publisher
+            from streamrl.weightsync.publisher import Publisher, transfer_dtype
 
-            self.publisher = Publisher.from_config(cfg)
-        self.metrics_endpoint = broker_metrics.Endpoint.from_config(cfg)
+            self.publisher = Publisher.from_config(
+                cfg.weightsync,
+                cfg.broker,
+                cfg.run,
+                transfer_dtype(cfg.weightsync, cfg.model, cfg.actor),
+            )
+        self.metrics_endpoint = broker_metrics.Endpoint.from_config(
+            cfg.metrics, cfg.broker, cfg.run
+        )
         self.metrics_port = broker_metrics.serve(
             self.metrics_endpoint, "learner", "0", cfg.learner.metrics_port
         )

@@ -117,7 +117,7 @@ class Tracker:
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from streamrl.weightsync.policy import load_tokenizer
+            from streamrl.policy.load import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.tokenizer_path)
         return self._tokenizer

@@ -6,6 +6,7 @@ import zlib
 
 import numpy as np
 
+from streamrl.broker.semantics import Limits
 from streamrl.broker.wire import Completion, RolloutGroup
 
 VOCAB = 50
@@ -25,3 +26,8 @@ def make_group(
         for _ in range(n_completions)
     ]
     return RolloutGroup(group_id, f"p-{group_id}", "a0", 0, np.array([1, 2, 3], np.int32), comps)
+
+
+def limits_of(cfg) -> Limits:
+    """The consumer's limits for a run of ``cfg``, as the learner takes them."""
+    return Limits.from_config(cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit)

@@ -90,7 +90,7 @@ def sample_groups(
 def xadd_groups(cfg, groups: list[RolloutGroup]) -> None:
     """Append groups to the run's stream the way an actor does (payload in field ``g``, accepted counted)."""
     client = redis.Redis.from_url(cfg.broker.redis_url)
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     try:
         for group in groups:
             client.xadd(keys.stream, {"g": encode_group(group)})

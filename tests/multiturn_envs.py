@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from streamrl.actors.environment import Step
-from streamrl.actors.loop import assistant_turn
-from streamrl.actors.trajectory import Renderer, Rollouts
+from streamrl.actors.sources.base import assistant_turn
+from streamrl.actors.sources.environment import Rollouts
+from streamrl.actors.trajectory import Renderer
 from streamrl.configs.schema import EnvConfig
 from streamrl.examples.multiturn import SecondAttempt, build_policy
 from streamrl.examples.reverse_digits import assets
-from streamrl.weightsync.policy import load_tokenizer
+from streamrl.policy.load import load_tokenizer
 
 # the tests need the policy's chat template and some of its format, not the demo's learning: the
 # single-turn demo's warm start, half the multi-turn demo's and half its build time

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +13,7 @@ from rounding import assert_within_rounding
 from streamrl.actors.engines.base import Request, SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.actors.engines.sampling import processed_logprobs
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "abcdefgh>", "70>"]
 
@@ -108,7 +111,9 @@ def test_refill_keeps_the_batch_full_across_calls_worth_and_reports_each_request
     waves = [_requests(tokenizer, 7)[4:], _requests(tokenizer, 9)[7:]]
     refills, finished = [], {}
 
-    def refill():
+    def refill(room: int):
+        # asked for no more than the free slots beyond what already waits
+        assert 0 < room <= 4
         refills.append(len(finished))
         return waves.pop(0) if waves else []
 
@@ -225,3 +230,49 @@ def test_top_k_and_top_p_keep_exactly_the_tokens_they_should():
     assert kept(processed_logprobs(logits, 1.0, top_p=0.76)) == [0, 1, 2]
     renormalised = processed_logprobs(logits, 1.0, top_k=2)[0, :2].exp()
     torch.testing.assert_close(renormalised, torch.tensor([2 / 3, 1 / 3]))
+
+
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_built_from_its_sections_the_engine_takes_each_published_version_from_its_feed(
+    demo_policy, redis_cfg, sync
+):
+    """``HFEngine.from_config`` reads ``model`` and ``actor`` only, and subscribes through the
+    feed: full weights into the policy, or with ``model.lora.sync: adapter`` the adapters into a
+    peft-wrapped copy of it."""
+    from streamrl.actors.engines import EngineParts
+    from streamrl.configs.schema import ActorConfig, LoraConfig, ModelConfig
+    from streamrl.policy import lora
+    from streamrl.weightsync.feed import WeightFeed
+    from streamrl.weightsync.publisher import Publisher
+
+    lora_cfg = LoraConfig(rank=4, target_modules=["q_proj", "v_proj"], sync=sync)
+    model = ModelConfig(path=demo_policy, lora=lora_cfg)
+    ws = redis_cfg.weightsync.model_copy(update={"transport": "shm"})
+    feed = WeightFeed.from_config(ws, redis_cfg.broker, redis_cfg.run, "a0")
+    parts = EngineParts(feed, load_tokenizer(demo_policy), seed=0)
+    engine = HFEngine.from_config(parts, model=model, actor=ActorConfig(batch_slots=4))
+    learner = lora.wrap(load_policy(demo_policy), lora_cfg)
+    with torch.no_grad():
+        for name, p in learner.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.01)
+    publisher = Publisher.from_config(ws, redis_cfg.broker, redis_cfg.run)
+    try:
+        publisher.publish(1, lora.published_tensors(learner, lora_cfg))
+        deadline = time.monotonic() + 60
+        while engine.version != 1:
+            assert time.monotonic() < deadline, "the engine never took version 1"
+            engine.maybe_swap_weights()
+            time.sleep(0.01)
+        ids = torch.tensor([load_tokenizer(demo_policy)("314>")["input_ids"]])
+        exact = copy.deepcopy(learner).double()
+        with torch.no_grad():
+            served = engine.model(input_ids=ids).logits
+            trained, trained64 = learner(input_ids=ids).logits, exact(input_ids=ids).logits
+            before = load_policy(demo_policy)(input_ids=ids).logits
+        assert_within_rounding(served, trained, trained64)
+        # the version moved the policy well past rounding: the engine serves it, not the base
+        assert (trained - before).abs().max() > 100 * (trained - trained64).abs().max()
+    finally:
+        engine.close()
+        publisher.close()

@@ -9,9 +9,11 @@ import pytest
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.evaluation import EVAL_LOG, Evaluator, summarize
+from streamrl.actors.prompts import PromptDataset
 from streamrl.actors.rewards import RewardPool
+from streamrl.actors.sources import Generation
 from streamrl.configs import Config
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 
 def test_pass_at_1_counts_samples_that_reach_the_full_reward():
@@ -38,15 +40,21 @@ def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
     tokenizer = load_tokenizer(demo_policy)
     engine = HFEngine(load_policy(demo_policy), tokenizer, 16, seed=0)
     params = SamplingParams.from_config(cfg.rollout, [tokenizer.eos_token_id])
-
-    def decode(output) -> dict:
-        text = tokenizer.decode(output.token_ids.tolist(), skip_special_tokens=True)
-        return {"role": "assistant", "content": text, "finish_reason": output.finish_reason}
-
-    evaluator = Evaluator(cfg.data, cfg.run, tokenizer, params, decode)
+    gen = Generation(engine, "a0", params, tokenizer, cfg.rollout.group_size)
     with RewardPool(cfg.reward) as rewards:
-        first = evaluator.run(engine, rewards, version=3)
-        second = evaluator.run(engine, rewards, version=4)
+        # run, not maybe_run: no Redis claims which actor evaluates
+        evaluator = Evaluator(
+            PromptDataset.from_config(cfg.data, tokenizer, held_out=True),
+            size=cfg.data.eval_size,
+            every=cfg.data.eval_every,
+            run_dir=cfg.run.dir,
+            tensorboard="tensorboard" in cfg.run.report_to,
+            gen=gen,
+            rewards=rewards,
+            claims=None,
+        )
+        first = evaluator.run(version=3)
+        second = evaluator.run(version=4)
     evaluator.close()
     assert first["prompts"] == 12
     for row in (first, second):

@@ -11,7 +11,7 @@ from streamrl.actors.prompts import PromptDataError, PromptDataset
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.schema import DataConfig, ModelConfig
 from streamrl.examples.reverse_digits.task import build_tokenizer
-from streamrl.weightsync.policy import load_tokenizer
+from streamrl.policy.load import load_tokenizer
 
 HOOKS = """
 import json, pathlib

@@ -78,7 +78,7 @@ def _running_version(client: redis.Redis, keys: Keys, *actor_ids: str) -> list[i
 
 
 def _perturbed(policy_path: str, seed: int) -> dict[str, torch.Tensor]:
-    from streamrl.weightsync.policy import load_policy
+    from streamrl.policy.load import load_policy
 
     model = load_policy(policy_path)
     generator = torch.Generator().manual_seed(seed)
@@ -129,11 +129,11 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
             "algo": {"max_staleness": 0},
         }
     )
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     client = redis.Redis.from_url(redis_server.url)
     procs = {}
     out = {"keys": keys, "client": client}
-    publisher = Publisher.from_config(cfg)
+    publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
 
     def admission(call):
         """Run one Admission call (the learner's side of admission) with a client of its own."""
@@ -143,7 +143,10 @@ def scenario(redis_server, demo_policy, tmp_path_factory):
             try:
                 return await call(
                     Admission(
-                        r, Keys.from_config(cfg), Bounds.from_config(cfg), cfg.broker.lease_ttl_s
+                        r,
+                        Keys.from_config(cfg.run, cfg.broker),
+                        Bounds.from_config(cfg.algo, cfg.learner),
+                        cfg.broker.lease_ttl_s,
                     )
                 )
             finally:

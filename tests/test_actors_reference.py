@@ -15,14 +15,13 @@ from rounding import assert_within_rounding
 from test_learner_sync import learner_config
 
 from streamrl.actors.reference import ReferenceScorer
-from streamrl.configs.schema import ModelConfig
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 TEMPERATURE = 0.7
 
 
 def _scorer(policy: str, token_budget: int, temperature: float = TEMPERATURE) -> ReferenceScorer:
-    return ReferenceScorer(ModelConfig(path=policy), "cpu", temperature, token_budget)
+    return ReferenceScorer(policy, "auto", "cpu", temperature, token_budget)
 
 
 @torch.no_grad()

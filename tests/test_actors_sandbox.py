@@ -124,7 +124,7 @@ def test_an_infinite_loop_is_killed_at_the_timeout():
 @pytest.mark.parametrize("audit_hook", HOOK)
 def test_a_connection_to_the_loopback_redis_is_blocked(who, audit_hook, redis_server):
     _kernel_or_skip(who, audit_hook, ("net",), ("landlock",))
-    host, port = redis_server.cfg.host, redis_server.port
+    host, port = redis_server.broker.host, redis_server.port
     code = (
         "import socket\n"
         f"s = socket.create_connection(({host!r}, {port}), timeout=2)\n"
@@ -203,7 +203,7 @@ TAMPERING = {
 @pytest.mark.parametrize("who", AS)
 @pytest.mark.parametrize("attack", sorted(TAMPERING))
 def test_tampering_with_the_hook_does_not_open_the_sandbox(who, attack, redis_server):
-    host, port = redis_server.cfg.host, redis_server.port
+    host, port = redis_server.broker.host, redis_server.port
     outside = Path(tempfile.mkdtemp(prefix="streamrl-outside-"))
     outside.chmod(0o777)
     target = outside / "escaped.txt"

@@ -34,8 +34,8 @@ from streamrl.actors.engines.vllm import (
     weight_transfer_backend,
 )
 from streamrl.configs.schema import ActorConfig, ModelConfig
+from streamrl.policy.load import load_policy, parameter_template
 from streamrl.weightsync.naming import canonical_tensors, map_to_template
-from streamrl.weightsync.policy import load_policy, parameter_template
 from streamrl.weightsync.publisher import Publisher
 from streamrl.weightsync.subscriber import Subscriber
 from streamrl.weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
@@ -338,8 +338,10 @@ def rig(redis_cfg, demo_policy):
         update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
     )
     params = dict(load_policy(demo_policy).named_parameters())
-    pub = Publisher.from_config(cfg)
-    sub = Subscriber.from_config(cfg, "vllm-actor", parameter_template(demo_policy)).start()
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+    sub = Subscriber.from_config(
+        cfg.weightsync, cfg.broker, cfg.run, "vllm-actor", parameter_template(demo_policy)
+    ).start()
     log: list = []
     state = {"engine": None}
 

@@ -30,15 +30,16 @@ from rounding import (  # noqa: E402
 )
 from waiting import until
 
-from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
+from streamrl.actors.engines.base import EngineParts, Output, Request, SamplingParams  # noqa: E402
 from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
 from streamrl.broker.client import connect_sync  # noqa: E402
 from streamrl.broker.keys import Keys  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
 from streamrl.learner.export import export_policy  # noqa: E402
+from streamrl.policy.load import load_policy, load_tokenizer  # noqa: E402
 from streamrl.weightsync.announce import read_announcement  # noqa: E402
-from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from streamrl.weightsync.feed import WeightFeed  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
 from streamrl.weightsync.vllm_adapter import EngineFailed  # noqa: E402
 
@@ -72,8 +73,10 @@ class Rig:
         self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
         self.models = (load_policy(policy), load_policy(policy, torch.float64))
         self.weights = {0: self.base}
-        self.publisher = Publisher.from_config(cfg)
-        self.engine = VLLMEngine.from_config(cfg, seed=0)
+        self.publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+        feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, "a0")
+        parts = EngineParts(feed, self.tokenizer, seed=0)
+        self.engine = VLLMEngine.from_config(parts, model=cfg.model, actor=cfg.actor)
 
     def versioned(self, version: int, only: str | None = None) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(version)
@@ -234,10 +237,12 @@ def test_a_push_failing_half_way_keeps_the_previous_version_and_the_next_push_su
     other = rig.cfg.model_copy(
         update={"run": rig.cfg.run.model_copy(update={"name": f"other-{uuid.uuid4().hex[:8]}"})}
     )
-    side = Publisher.from_config(other)
+    side = Publisher.from_config(other.weightsync, other.broker, other.run)
     try:
         side.publish(live + 1, {"module." + n: t for n, t in rig.versioned(live + 1).items()})
-        ann = read_announcement(connect_sync(other.broker, other.run.dir), Keys.from_config(other))
+        ann = read_announcement(
+            connect_sync(other.broker, other.run.dir), Keys.from_config(other.run, other.broker)
+        )
         layout = [list(spec) for spec in ann.meta["layout"]]
         names = [spec[0] for spec in layout]
         layout[names.index("model.layers.0.self_attn.v_proj.weight")][0] = "model.no_such.weight"
@@ -270,6 +275,29 @@ class _StopAtSecondPoll:
     def __call__(self) -> bool:
         self.polls += 1
         return self.polls >= 2
+
+
+def test_a_refill_keeps_the_engine_busy_and_each_request_is_reported_as_it_ends(rig):
+    first, later = rig.requests(8)[:4], rig.requests(8)[4:]
+    offered = [later]
+
+    def refill(room: int):
+        assert room > 0
+        return offered.pop() if offered else []
+
+    finished = {}
+    outputs = rig.engine.generate(
+        first,
+        SamplingParams(max_new_tokens=8),
+        refill=refill,
+        on_finished=lambda index, output: finished.setdefault(index, output),
+    )
+    # the refilled requests' outputs follow the given ones', each heard of as it ended
+    assert [o.request_id for o in outputs] == [r.request_id for r in first + later]
+    assert sorted(finished) == list(range(8))
+    for index, output in finished.items():
+        assert output.token_ids.tolist() == outputs[index].token_ids.tolist()
+    _assert_matches_learner(rig, first + later, outputs, 1.0)
 
 
 def test_a_stop_aborts_the_requests_in_flight_without_an_error(rig):

@@ -21,14 +21,14 @@ if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
 from rounding import assert_within_rounding, learner_logprobs_twice, rounding_tolerance  # noqa: E402
 from waiting import until
 
-from streamrl.actors.engines.base import Output, Request, SamplingParams  # noqa: E402
+from streamrl.actors.engines.base import EngineParts, Output, Request, SamplingParams  # noqa: E402
 from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
-from streamrl.weightsync import lora as L  # noqa: E402
-from streamrl.weightsync.policy import load_policy, load_tokenizer  # noqa: E402
+from streamrl.policy import lora as L  # noqa: E402
+from streamrl.policy.load import load_policy, load_tokenizer  # noqa: E402
+from streamrl.weightsync.feed import WeightFeed  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
-from streamrl.weightsync.subscriber import Subscriber  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -67,10 +67,10 @@ class Rig:
         learner = L.wrap(load_policy(policy), cfg.model.lora)
         self.adapters = {0: {n: t.clone() for n, t in L.adapter_tensors(learner).items()}}
         self.learners = (learner, L.wrap(load_policy(policy, torch.float64), cfg.model.lora))
-        self.publisher = Publisher.from_config(cfg)
-        template, _ = L.adapter_template(policy, cfg.model.lora, torch.float32)
-        self.subscriber = Subscriber.from_config(cfg, "a0", template).start()
-        self.engine = VLLMEngine.from_config(cfg, weight_source=self.subscriber, seed=0)
+        self.publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+        feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, "a0")
+        parts = EngineParts(feed, self.tokenizer, seed=0)
+        self.engine = VLLMEngine.from_config(parts, model=cfg.model, actor=cfg.actor)
 
     def publish(self, version: int, wait: bool = True) -> None:
         # a version = random adapters, large enough that the policy visibly moves off the base
@@ -114,7 +114,6 @@ class Rig:
 
     def close(self) -> None:
         self.engine.close()
-        self.subscriber.close()
         self.publisher.close()
 
 

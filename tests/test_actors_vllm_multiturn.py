@@ -34,19 +34,13 @@ from test_multiturn_actor import check_multiturn_actor  # noqa: E402
 from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams  # noqa: E402
-from streamrl.actors.engines.vllm import (  # noqa: E402
-    SHM_BACKEND,
-    ShmAnnouncements,
-    VLLMEngine,
-    engine_args,
-)
+from streamrl.actors.engines.vllm import SHM_BACKEND, VLLMEngine, engine_args  # noqa: E402
 from streamrl.actors.environment import Step  # noqa: E402
-from streamrl.broker.client import connect_sync  # noqa: E402
-from streamrl.broker.keys import Keys  # noqa: E402
 from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_group  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import collate, samples_from_group  # noqa: E402
-from streamrl.weightsync.policy import load_policy  # noqa: E402
+from streamrl.policy.load import load_policy  # noqa: E402
+from streamrl.weightsync.feed import WeightFeed  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -68,10 +62,9 @@ class Rig:
         self.base = {n: p.detach().clone() for n, p in load_policy(policy).named_parameters()}
         self.models = (load_policy(policy), load_policy(policy, torch.float64))
         self.weights = {0: self.base}
-        self.publisher = Publisher.from_config(cfg)
-        announcements = ShmAnnouncements(
-            connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg), "shm"
-        )
+        self.publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+        feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, "a0")
+        announcements = feed.announcements()
         args = engine_args(cfg.model, cfg.actor, SHM_BACKEND, gpu=False) | {"block_size": BLOCK}
         self.engine = VLLMEngine(args, announcements=announcements, timeout_s=60)
 

@@ -33,7 +33,7 @@ def test_entries_read_by_a_learner_that_died_before_counting_them_are_counted_on
     # The learner's first read got 3 entries off the stream (XREADGROUP) and it died there, or
     # redis-py retried that read after a lost reply: the entries sit in its pending list unnoticed.
     cfg = _config(redis_cfg, demo_policy, redis_cfg.run.name, tmp_path, run={"max_steps": 2})
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     xadd_groups(cfg, _stream_of(demo_policy, 2, seed=13))
     client = redis.Redis.from_url(cfg.broker.redis_url)
     try:
@@ -59,7 +59,7 @@ def test_a_learner_resumed_from_a_checkpoint_older_than_a_redis_wipe_counts_from
     groups = _stream_of(demo_policy, 3, seed=13)
     first = _config(redis_cfg, demo_policy, redis_cfg.run.name, tmp_path, run={"max_steps": 2})
     resumed = _config(redis_cfg, demo_policy, redis_cfg.run.name, tmp_path, run={"max_steps": 3})
-    keys = Keys.from_config(first)
+    keys = Keys.from_config(first.run, first.broker)
     client = redis.Redis.from_url(first.broker.redis_url)
     try:
         for cfg, batch in ((first, groups[:8]), (resumed, groups[8:])):
@@ -105,7 +105,9 @@ def _bound_violations(client, keys: Keys, cfg) -> list[str]:
     ahead, taken = accepted + len(live), consumed + discarded + trimmed
     out = []
     for lease in live:
-        bound = taken + slots(lease_version(lease), version, Bounds.from_config(cfg))
+        bound = taken + slots(
+            lease_version(lease), version, Bounds.from_config(cfg.algo, cfg.learner)
+        )
         if ahead > bound:
             out.append(f"{ahead} groups started, bound {bound} for lease {lease} at v{version}")
     return out
@@ -129,7 +131,7 @@ def test_a_running_system_starts_no_group_beyond_the_bound_and_trains_no_stale_t
     ]
     cfg = load_config(CONFIG, overrides, env={})
     assert cfg.learner.versions_per_batch == 1
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     run_dir = Path(cfg.run.dir)
     sup = Supervisor(cfg, actors=2)
     violations, snapshots, tokens = [], 0, (0.0, 0.0)

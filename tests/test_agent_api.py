@@ -23,17 +23,17 @@ import openai
 import pytest
 import redis
 import yaml
+from broker_helpers import limits_of
 from multiturn_envs import multiturn_policy
 
 from streamrl.actors.openai_server import load_token
 from streamrl.broker.keys import Keys
-from streamrl.broker.semantics import Limits
 from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
 from streamrl.configs.errors import ConfigError
 from streamrl.examples.multiturn import hint
 from streamrl.learner.batching import collate, samples_from_group
-from streamrl.weightsync.policy import load_tokenizer
+from streamrl.policy.load import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ class Actor:
         assert token_file.stat().st_mode & 0o077 == 0
         self.token = token_file.read_text().strip()
         cfg = Config.model_validate({"run": {"name": run_name}})
-        self.keys = Keys.from_config(cfg)
+        self.keys = Keys.from_config(cfg.run, cfg.broker)
         self.redis = redis.Redis.from_url(redis_url)
 
     def post(self, url: str, body=None) -> tuple[int, dict]:
@@ -417,6 +417,6 @@ def test_the_learner_bounds_an_agent_trajectory_by_agent_max_total_tokens():
     agent = Config.model_validate(
         {"rollout": {"max_new_tokens": 4}, "agent": {"enabled": True, "max_total_tokens": 40}}
     )
-    limits = Limits.from_config(agent)
+    limits = limits_of(agent)
     assert limits.max_completion_tokens == 40
     assert limits.completion_key == "agent.max_total_tokens"

@@ -28,7 +28,7 @@ import torch
 from streamrl.learner import algorithm
 from streamrl.learner.batching import Sample, collate
 from streamrl.learner.engine import token_logprobs
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 TEMPERATURE = 0.7
 CLIP_LOW, CLIP_HIGH, RHO, BETA = 0.2, 0.28, 1.4, 0.05

@@ -18,7 +18,7 @@ import pytest
 from streamrl.launch.status import read_steps
 
 ROOT = Path(__file__).resolve().parents[1]
-USER_PACKAGES = ("configs", "learner", "actors", "launch", "broker", "weightsync")
+USER_PACKAGES = ("configs", "learner", "actors", "launch", "broker", "weightsync", "policy")
 
 
 @pytest.mark.slow

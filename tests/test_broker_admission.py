@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from broker_helpers import VOCAB, make_group
+from broker_helpers import VOCAB, limits_of, make_group
 
 from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
-from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import RolloutConsumer, RolloutProducer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +31,12 @@ def _small(cfg, staleness: int = 1, groups_per_step: int = 3, ttl_s: float = 120
 
 
 def _admission(r, cfg) -> Admission:
-    return Admission(r, Keys.from_config(cfg), Bounds.from_config(cfg), cfg.broker.lease_ttl_s)
+    return Admission(
+        r,
+        Keys.from_config(cfg.run, cfg.broker),
+        Bounds.from_config(cfg.algo, cfg.learner),
+        cfg.broker.lease_ttl_s,
+    )
 
 
 def test_try_start_grants_exactly_the_capacity_then_refuses(redis_cfg):
@@ -62,10 +66,15 @@ def test_publish_counts_the_group_once_and_only_a_completed_step_reopens_slots(r
         r = connect_async(cfg.broker, cfg.run.dir)
         adm, producer = (
             _admission(r, cfg),
-            RolloutProducer(r, Keys.from_config(cfg), cfg.broker),
+            RolloutProducer(r, Keys.from_config(cfg.run, cfg.broker), cfg.broker),
         )
         consumer = RolloutConsumer(
-            r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "rank0", VOCAB
+            r,
+            Keys.from_config(cfg.run, cfg.broker),
+            cfg.broker,
+            limits_of(cfg),
+            "rank0",
+            VOCAB,
         )
         for i in range(2):
             await producer.publish(make_group(f"g{i}"), await adm.try_start("a0", 0))
@@ -149,8 +158,8 @@ async def worker(adm, producer, name, stop_at):
 
 async def main():
     r = connect_async(cfg.broker, cfg.run.dir)
-    keys = Keys.from_config(cfg)
-    adm = Admission(r, keys, Bounds.from_config(cfg), cfg.broker.lease_ttl_s)
+    keys = Keys.from_config(cfg.run, cfg.broker)
+    adm = Admission(r, keys, Bounds.from_config(cfg.algo, cfg.learner), cfg.broker.lease_ttl_s)
     producer = RolloutProducer(r, keys, cfg.broker)
     stop_at = time.monotonic() + float(sys.argv[2])
     await asyncio.gather(*(worker(adm, producer, f"{sys.argv[1]}.{t}", stop_at) for t in range(4)))
@@ -174,7 +183,12 @@ def test_concurrent_producers_never_exceed_the_bound_while_the_consumer_lags(red
         r = connect_async(cfg.broker, cfg.run.dir)
         adm = _admission(r, cfg)
         consumer = RolloutConsumer(
-            r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "rank0", VOCAB
+            r,
+            Keys.from_config(cfg.run, cfg.broker),
+            cfg.broker,
+            limits_of(cfg),
+            "rank0",
+            VOCAB,
         )
         samples, trained = [], 0
         deadline = time.monotonic() + 30
@@ -218,7 +232,7 @@ def test_a_clean_stop_check_counts_live_leases_not_expired_ones_awaiting_pruning
         finally:
             await r.aclose()
 
-    client, keys = connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg)
+    client, keys = connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg.run, cfg.broker)
     killed = asyncio.run(lease("killed"))
     assert ephemeral_leftovers(client, keys) == {"admission leases": [killed]}
     # expired; no try_start since, so it is still in the zset
@@ -241,7 +255,7 @@ def test_the_bound_follows_the_generating_engine_version_and_a_lagging_actors_le
         r = connect_async(cfg.broker, cfg.run.dir)
         adm, beats = (
             _admission(r, cfg),
-            Heartbeats(r, Keys.from_config(cfg), cfg.actor.heartbeat_s),
+            Heartbeats(r, Keys.from_config(cfg.run, cfg.broker), cfg.actor.heartbeat_s),
         )
         await r.set(adm.keys.accepted, 10)
         await adm.set_consumed(10)

@@ -20,7 +20,7 @@ BOUNDS = Bounds(max_staleness=1, versions_per_batch=1, groups_per_step=3)
 
 
 def _admission(r, cfg, ttl_s: float = 120.0) -> Admission:
-    return Admission(r, Keys.from_config(cfg), BOUNDS, ttl_s)
+    return Admission(r, Keys.from_config(cfg.run, cfg.broker), BOUNDS, ttl_s)
 
 
 @pytest.mark.parametrize(

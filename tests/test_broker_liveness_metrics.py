@@ -21,7 +21,7 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
-        hb = Heartbeats(r, Keys.from_config(cfg), cfg.actor.heartbeat_s)
+        hb = Heartbeats(r, Keys.from_config(cfg.run, cfg.broker), cfg.actor.heartbeat_s)
         await hb.beat("a0", version=3, tokens_per_s=120.5)
         await hb.beat("a1")
         alive = alive_actors(sync, hb.keys)
@@ -43,11 +43,11 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
 
 def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_cfg):
     cfg = redis_cfg
-    endpoint = metrics.Endpoint.from_config(cfg)
+    endpoint = metrics.Endpoint.from_config(cfg.metrics, cfg.broker, cfg.run)
     port = metrics.serve(endpoint, "learner", "0")
     try:
         target = connect_sync(cfg.broker, cfg.run.dir).hget(
-            Keys.from_config(cfg).metrics_targets, "learner:0"
+            Keys.from_config(cfg.run, cfg.broker).metrics_targets, "learner:0"
         )
         assert target == f"127.0.0.1:{port}".encode()
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -61,7 +61,7 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
         metrics.unregister(endpoint, "learner", "0", port)
     assert (
         connect_sync(cfg.broker, cfg.run.dir).hget(
-            Keys.from_config(cfg).metrics_targets, "learner:0"
+            Keys.from_config(cfg.run, cfg.broker).metrics_targets, "learner:0"
         )
         is None
     )

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from broker_helpers import VOCAB, make_group
+from broker_helpers import VOCAB, limits_of, make_group
 
 from streamrl.broker import metrics
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.broker.semantics import Limits
 from streamrl.broker.server import EmbeddedRedis
 from streamrl.broker.stream import RolloutConsumer, RolloutProducer
 from streamrl.broker.wire import encode_group
@@ -44,7 +43,7 @@ def run(coro):
 
 async def _publish(cfg, ids):
     r = connect_async(cfg.broker, cfg.run.dir)
-    producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
+    producer = RolloutProducer(r, Keys.from_config(cfg.run, cfg.broker), cfg.broker)
     out = [await producer.publish(make_group(i)) for i in ids]
     await r.aclose()
     return out
@@ -52,7 +51,12 @@ async def _publish(cfg, ids):
 
 def _consumer(r, cfg, name: str) -> RolloutConsumer:
     return RolloutConsumer(
-        r, Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), name, VOCAB
+        r,
+        Keys.from_config(cfg.run, cfg.broker),
+        cfg.broker,
+        limits_of(cfg),
+        name,
+        VOCAB,
     )
 
 
@@ -62,7 +66,7 @@ def _counter(metric) -> float:
 
 def test_published_groups_are_delivered_in_order_and_acked_entries_leave_the_stream(redis_cfg):
     cfg = redis_cfg
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     sync = connect_sync(cfg.broker, cfg.run.dir)
 
     async def main():
@@ -90,7 +94,7 @@ def test_published_groups_are_delivered_in_order_and_acked_entries_leave_the_str
 
 def test_unacked_entries_are_redelivered_first_to_a_restarted_consumer_and_counted_once(redis_cfg):
     cfg = redis_cfg
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
 
     async def main():
         await _publish(cfg, ["a", "b", "c", "d"])
@@ -115,7 +119,7 @@ def test_unacked_entries_are_redelivered_first_to_a_restarted_consumer_and_count
 
 def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
     cfg = redis_cfg
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     before = _counter(metrics.STREAM_DUPLICATES)
 
     async def main():
@@ -144,7 +148,7 @@ def test_duplicate_entries_of_a_group_are_acked_and_skipped(redis_cfg):
 
 def test_undecodable_entries_go_to_the_dead_letter_stream_with_their_reason(redis_cfg):
     cfg = redis_cfg
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     sync = connect_sync(cfg.broker, cfg.run.dir)
     out_of_vocab = make_group("bad-vocab")
     out_of_vocab.completions[0].token_ids[0] = VOCAB + 7
@@ -201,7 +205,7 @@ def test_held_entries_are_not_claimed_by_a_peer_but_idle_ones_are(redis_cfg):
 def test_maxlen_trims_are_counted_and_release_their_admission_slots(redis_cfg):
     cfg = redis_cfg
     cfg.broker.maxlen = 10
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     before = _counter(metrics.STREAM_TRIMMED)
     run(_publish(cfg, [f"t{i}" for i in range(250)]))
     sync = connect_sync(cfg.broker, cfg.run.dir)
@@ -215,7 +219,7 @@ def test_a_trim_counts_only_unread_entries_the_learner_counts_those_it_read(redi
     # counting it for the trim too would count it twice.
     cfg = redis_cfg
     cfg.broker.maxlen = 4
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
 
     async def main():
         await _publish(cfg, ["r0", "r1", "r2", "r3"])
@@ -234,7 +238,7 @@ def test_a_trim_counts_only_unread_entries_the_learner_counts_those_it_read(redi
 def test_discarding_an_entry_twice_dead_letters_and_counts_it_once(redis_cfg):
     # a retried discard (lost reply) or a restarted learner re-reading it must not count it again
     cfg = redis_cfg
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
 
     async def main():
         r = connect_async(cfg.broker, cfg.run.dir)
@@ -298,7 +302,7 @@ def test_redis_restart_without_persistence_recreates_the_group_and_consumes_on(t
 
         async def main():
             r = connect_async(cfg.broker, cfg.run.dir)
-            producer = RolloutProducer(r, Keys.from_config(cfg), cfg.broker)
+            producer = RolloutProducer(r, Keys.from_config(cfg.run, cfg.broker), cfg.broker)
             consumer = _consumer(r, cfg, "rank0")
             await producer.publish(make_group("before"))
             got = await consumer.read(5, block_ms=100)
@@ -329,7 +333,7 @@ from streamrl.configs import Config
 cfg = Config.model_validate(json.loads(os.environ["CFG"]))
 
 async def main():
-    consumer = RolloutConsumer(connect_async(cfg.broker, cfg.run.dir), Keys.from_config(cfg), cfg.broker, Limits.from_config(cfg), "doomed", 1000)
+    consumer = RolloutConsumer(connect_async(cfg.broker, cfg.run.dir), Keys.from_config(cfg.run, cfg.broker), cfg.broker, Limits.from_config(cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit), "doomed", 1000)
     got = await consumer.read(int(sys.argv[1]), block_ms=2000)
     print(json.dumps([d.group.group_id for d in got]), flush=True)
     # SIGKILLed here, before any ack
@@ -343,7 +347,7 @@ asyncio.run(main())
 def test_killed_consumer_entries_are_claimed_and_trained_once(redis_cfg):
     cfg = redis_cfg
     cfg.broker.claim_idle_ms = 300
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     ids = [f"k{i}" for i in range(20)]
     run(_publish(cfg, ids))
     env = {**os.environ, "CFG": cfg.model_dump_json(), "PYTHONPATH": str(ROOT)}
@@ -405,7 +409,7 @@ def test_acks_larger_than_one_script_call_are_split_and_complete(redis_cfg, monk
 
     monkeypatch.setattr(stream, "SCRIPT_CHUNK", 5)
     cfg = redis_cfg
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     ids = [f"c{i}" for i in range(12)]
 
     async def main():

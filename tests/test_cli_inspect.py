@@ -8,6 +8,7 @@ import json
 import numpy as np
 import redis
 import torch
+from broker_helpers import limits_of
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup, encode_group
@@ -31,11 +32,10 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     redis_cfg, capsys
 ):
     from streamrl.broker.client import connect_async
-    from streamrl.broker.semantics import Limits
     from streamrl.broker.stream import RolloutConsumer
     from streamrl.launch.cli import main
 
-    keys = Keys.from_config(redis_cfg)
+    keys = Keys.from_config(redis_cfg.run, redis_cfg.broker)
     client = redis.Redis.from_url(redis_cfg.broker.redis_url)
     client.xadd(keys.stream, {"g": encode_group(_group("g-1"))})
     client.xadd(keys.stream, {"g": b"\x93not msgpack of a group"})
@@ -50,7 +50,11 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
         r = connect_async(cfg.broker, cfg.run.dir)
         try:
             return await RolloutConsumer(
-                r, keys, cfg.broker, Limits.from_config(cfg), "learner-0"
+                r,
+                keys,
+                cfg.broker,
+                limits_of(cfg),
+                "learner-0",
             ).read(2, 100)
         finally:
             await r.aclose()
@@ -64,7 +68,7 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     shm_cfg = redis_cfg.model_copy(
         update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm"})}
     )
-    publisher = Publisher.from_config(shm_cfg)
+    publisher = Publisher.from_config(shm_cfg.weightsync, shm_cfg.broker, shm_cfg.run)
     try:
         publisher.publish(4, {"w": torch.ones(8)})
         assert main(["inspect", "--json", *overrides]) == 0

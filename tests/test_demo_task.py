@@ -15,8 +15,8 @@ import pytest
 
 from streamrl.actors import inputs
 from streamrl.actors.engines.base import Output
-from streamrl.actors.loop import assistant_turn
 from streamrl.actors.rewards import resolve, score_sample
+from streamrl.actors.sources.base import assistant_turn
 from streamrl.configs import load_config
 from streamrl.examples.reverse_digits import reverse_digits, reverse_digits_exact, write_dataset
 from streamrl.examples.reverse_digits.task import EOS, PAD, build_tokenizer, distinct_examples
@@ -100,7 +100,7 @@ def test_the_demo_preset_trains_with_the_values_it_had_when_they_were_the_defaul
 
 
 def test_the_demo_preset_builds_its_policy_and_dataset_where_they_are_missing(tmp_path):
-    from streamrl.weightsync.policy import load_policy, load_tokenizer
+    from streamrl.policy.load import load_policy, load_tokenizer
 
     policy, data = tmp_path / "policy", tmp_path / "data" / "train.jsonl"
     cfg = load_config(DEMO, [f"model.path={policy}", f"data.path={data}"], env={})

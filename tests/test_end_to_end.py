@@ -65,7 +65,7 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(
         "learner.commit_log=true",
     ]
     cfg = load_config(CONFIG, overrides, env={})
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     run_dir = Path(cfg.run.dir)
     sup = Supervisor(cfg, actors=2)
     pids: list[int] = []

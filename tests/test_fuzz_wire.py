@@ -15,13 +15,12 @@ import tracemalloc
 
 import msgpack
 import numpy as np
-from broker_helpers import VOCAB, make_group
+from broker_helpers import VOCAB, limits_of, make_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import RolloutConsumer
 from streamrl.broker.wire import FINISH_REASONS, RolloutGroup, WireError, decode_group, encode_group
 
@@ -195,7 +194,7 @@ def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_on
     # make_group's groups
     cfg.rollout.group_size = 2
     cfg.run.name = f"{cfg.run.name}-{time.monotonic_ns()}"
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     sync = connect_sync(cfg.broker, cfg.run.dir)
     good, dead_ids = [], []
     for i, payload in enumerate(bad):
@@ -206,7 +205,14 @@ def test_the_consumer_dead_letters_every_bad_entry_and_keeps_delivering_valid_on
 
     async def drain():
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, keys, cfg.broker, Limits.from_config(cfg), "rank0", VOCAB)
+        consumer = RolloutConsumer(
+            r,
+            keys,
+            cfg.broker,
+            limits_of(cfg),
+            "rank0",
+            VOCAB,
+        )
         got = []
         for _ in range(50):
             batch = await consumer.read(7, block_ms=50)

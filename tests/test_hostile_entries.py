@@ -10,7 +10,7 @@ import hashlib
 import numpy as np
 import pytest
 import redis
-from broker_helpers import VOCAB, make_group
+from broker_helpers import VOCAB, limits_of, make_group
 from learner_rollouts import xadd_groups
 from test_learner_processes import GROUPS_PER_STEP, _config, _steps_logged, _stream_of
 
@@ -126,7 +126,7 @@ def test_hostile_entries_are_dead_lettered_by_the_learner_which_keeps_stepping(
     logged = _steps_logged(cfg)
     assert [row["step"] for row in logged] == list(range(1, steps + 1))
     assert all(row["staleness_mean"] >= 0 for row in logged)
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     client = redis.Redis.from_url(cfg.broker.redis_url)
     try:
         dead = [fields for _, fields in client.xrange(keys.dead)]
@@ -143,7 +143,7 @@ def test_an_entry_delivered_max_deliveries_times_untrained_is_dead_lettered(redi
     cfg = redis_cfg.model_copy(deep=True)
     cfg.rollout.group_size = 2
     cfg.broker.max_deliveries = 3
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     payload = encode_group(make_group("poison"))
     sync = redis.Redis.from_url(cfg.broker.redis_url)
     sync.xadd(keys.stream, {"g": payload})
@@ -152,7 +152,12 @@ def test_an_entry_delivered_max_deliveries_times_untrained_is_dead_lettered(redi
         """A learner that reads, then dies before it trains (no ack): its restart re-reads."""
         r = connect_async(cfg.broker, cfg.run.dir)
         got = await RolloutConsumer(
-            r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB
+            r,
+            keys,
+            cfg.broker,
+            limits_of(cfg),
+            "learner-0",
+            VOCAB,
         ).read(1, block_ms=50)
         await r.aclose()
         return [d.group.group_id for d in got]
@@ -169,7 +174,7 @@ def test_an_entry_delivered_max_deliveries_times_untrained_is_dead_lettered(redi
 def test_dead_letters_keep_a_bounded_prefix_with_size_and_hash(redis_cfg):
     cfg = redis_cfg.model_copy(deep=True)
     cfg.broker.dead_letter_payload_bytes = 100
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     garbage = bytes(range(256)) * 400
     sync = redis.Redis.from_url(cfg.broker.redis_url)
     sync.xadd(keys.stream, {"g": garbage})
@@ -178,7 +183,12 @@ def test_dead_letters_keep_a_bounded_prefix_with_size_and_hash(redis_cfg):
         r = connect_async(cfg.broker, cfg.run.dir)
         assert (
             await RolloutConsumer(
-                r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB
+                r,
+                keys,
+                cfg.broker,
+                limits_of(cfg),
+                "learner-0",
+                VOCAB,
             ).read(1, block_ms=50)
             == []
         )

@@ -14,7 +14,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import torch
-    from streamrl.weightsync.policy import load_policy, load_tokenizer, model_folder
+    from streamrl.policy.load import load_policy, load_tokenizer, model_folder
     model = load_policy("org/tiny-demo")
     tokenizer = load_tokenizer("org/tiny-demo")
     ids = torch.tensor([tokenizer.encode("12>")])
@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
 def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path, demo_policy):
     from pathlib import Path
 
-    from streamrl.weightsync.policy import load_policy
+    from streamrl.policy.load import load_policy
 
     snapshot = add_to_cache(tmp_path, "org/tiny-demo", Path(demo_policy))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
@@ -66,7 +66,7 @@ def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path, demo_policy):
 def test_a_missing_local_path_that_is_no_hub_id_is_a_clear_error(tmp_path):
     import pytest
 
-    from streamrl.weightsync.policy import model_folder
+    from streamrl.policy.load import model_folder
 
     with pytest.raises(FileNotFoundError, match="not a local folder nor a hub id"):
         model_folder(str(tmp_path / "no" / "such" / "folder"))

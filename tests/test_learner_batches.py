@@ -208,7 +208,7 @@ def test_groups_read_past_the_step_and_never_trained_are_redelivered_to_the_next
     assert [g for _, g in first.entries] == [g.group_id for g in groups[:4]]
     assert [d.group.group_id for d in io.buffer] == [u[3].group_id, u[4].group_id]
     io.ack(first.entries, consumed=4, step=1)
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     client = redis.Redis.from_url(cfg.broker.redis_url)
     assert client.xpending(keys.stream, cfg.broker.consumer_group)["pending"] == 2
     # the learner dies here; its successor (same consumer name) re-reads its pending list first

@@ -11,8 +11,8 @@ import redis
 from broker_helpers import make_group
 
 from streamrl.broker.keys import Keys
-from streamrl.learner.commits import Commits
-from streamrl.learner.rollout_io import Progress, RolloutIO
+from streamrl.learner.commits import Commits, Progress
+from streamrl.learner.rollout_io import RolloutIO
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -55,7 +55,7 @@ class _Redis:
     """What the run's Redis holds: entries pending on the learner, admission's consumed count."""
 
     def __init__(self, cfg):
-        self.cfg, self.keys = cfg, Keys.from_config(cfg)
+        self.cfg, self.keys = cfg, Keys.from_config(cfg.run, cfg.broker)
         self.client = redis.Redis.from_url(cfg.broker.redis_url)
 
     def pending(self) -> int:

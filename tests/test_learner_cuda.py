@@ -15,7 +15,7 @@ import torch
 from learner_rollouts import xadd_groups
 from test_learner_processes import ROOT, _config, _env, _overrides, _stream_of
 
-from streamrl.weightsync.policy import load_policy
+from streamrl.policy.load import load_policy
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

@@ -14,7 +14,7 @@ import torch
 
 from streamrl.examples.reverse_digits.assets import build_policy
 from streamrl.learner import init_optimizer
-from streamrl.weightsync.policy import load_policy
+from streamrl.policy.load import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 LR, BETAS, WARM_STEPS = 3e-4, (0.9, 0.99), 3
@@ -30,7 +30,7 @@ from deepspeed.utils import safe_get_full_optimizer_state
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner import init_optimizer
 from streamrl.learner.engine import build_engine, init_distributed, mark_micro_batch, set_micro_batches
-from streamrl.weightsync.policy import load_policy
+from streamrl.policy.load import load_policy
 policy, out, learner = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 rank, world = init_distributed()
 engine = build_engine(LearnerConfig(**learner), load_policy(policy), world)

@@ -15,7 +15,7 @@ import pytest
 from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
-from streamrl.weightsync.policy import load_tokenizer
+from streamrl.policy.load import load_tokenizer
 
 MAX_STEPS = 40
 WINDOW = 5

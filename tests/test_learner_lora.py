@@ -13,7 +13,7 @@ from learner_rollouts import sample_groups, xadd_groups
 from rounding import assert_within_rounding
 
 from streamrl.configs import Config
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 STEPS = 2
 
@@ -50,8 +50,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(trained, demo_pol
     from transformers import AutoModelForCausalLM
 
     from streamrl.learner import export
-    from streamrl.learner.lora import ADAPTER_DIR, AdaptersDisabled
-    from streamrl.weightsync.lora import merged_tensors
+    from streamrl.policy.lora import ADAPTER_DIR, AdaptersDisabled, merged_tensors
 
     cfg, learner = trained
     base = load_policy(demo_policy)
@@ -109,7 +108,7 @@ def test_adapters_train_under_gradient_checkpointing_and_optimizer_offload(demo_
     their gradients, and ZeRO-2's offloaded optimizer steps them."""
     from streamrl.learner.batching import Sample, collate
     from streamrl.learner.engine import build_engine, init_distributed, token_logprobs
-    from streamrl.learner.lora import training_policy
+    from streamrl.policy.lora import training_policy
 
     _, world = init_distributed()
     cfg = Config.model_validate(

@@ -11,7 +11,7 @@ from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import ADAM_ROUNDING, BETAS, CLIP, EPS, GRAD_CLIP, LR, learner_config
 
 from streamrl.learner.step import minibatch_indices, minibatch_seed
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 GROUPS, GROUP_SIZE, MINIBATCHES = 4, 8, 2
 

@@ -29,7 +29,7 @@ from test_learner_processes import ROOT, _env, two_rank_command
 from test_learner_sync import learner_config
 
 from streamrl.configs import Config
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 STEPS, GROUPS, GROUP_SIZE, UPDATES = 3, 4, 4, 2
 TIMEOUT_S = 480

@@ -26,7 +26,8 @@ from streamrl.learner.batching import (
 )
 from streamrl.learner.engine import token_logprobs
 from streamrl.learner.step import _loss, _policy_logprobs, _rank_micro_batches, loss_normalizer
-from streamrl.weightsync.policy import load_policy, sequence_logprobs
+from streamrl.policy.load import load_policy
+from streamrl.policy.scoring import sequence_logprobs
 
 PAD = 0
 VERSION = 3

@@ -19,7 +19,7 @@ from test_learner_sync import learner_config
 
 from streamrl.broker.keys import Keys
 from streamrl.configs import Config
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS_PER_STEP = 4
@@ -189,7 +189,7 @@ def test_sigkilled_learner_resumes_from_checkpoint_with_nothing_lost_or_trained_
     time.sleep(0.5)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
-    keys = Keys.from_config(killed)
+    keys = Keys.from_config(killed.run, killed.broker)
     client = redis.Redis.from_url(killed.broker.redis_url)
     try:
         # only the checkpointed steps are acked

@@ -12,7 +12,7 @@ from learner_rollouts import sample_groups, xadd_groups
 from test_learner_sync import learner_config
 
 from streamrl.broker.keys import Keys
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 
 @pytest.mark.timeout(180)
@@ -55,6 +55,6 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
     assert rows[1]["tokens_per_s"] == pytest.approx(real / rows[1]["step_s"])
     client = redis.Redis.from_url(cfg.broker.redis_url)
     try:
-        assert int(client.get(Keys.from_config(cfg).consumed)) == 8
+        assert int(client.get(Keys.from_config(cfg.run, cfg.broker).consumed)) == 8
     finally:
         client.close()

@@ -79,7 +79,7 @@ def test_a_sigterm_between_the_two_publishes_of_a_step_stops_after_that_step(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [r["step"] for r in _steps_logged(stopped)] == [1, 2]
-    keys = Keys.from_config(stopped)
+    keys = Keys.from_config(stopped.run, stopped.broker)
     client = redis.Redis.from_url(stopped.broker.redis_url)
     try:
         assert int(client.get(keys.version)) == 4

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from learner_rollouts import DEMO_REWARD, sample_groups, xadd_groups
 
 from streamrl.configs import Config
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 STEPS = 4
 GROUPS = 4

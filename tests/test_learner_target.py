@@ -10,7 +10,7 @@ from test_learner_sync import GROUPS, learner_config
 
 from streamrl.configs import load_config
 from streamrl.learner.target import bars, describe, first_reached, measures, window_reached
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 WINDOW, BATCHES = 3, 6
 

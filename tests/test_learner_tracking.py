@@ -10,7 +10,7 @@ from streamrl.configs.schema import RunConfig
 from streamrl.learner.batching import Sample
 from streamrl.learner.prepare import Batch
 from streamrl.learner.tracking import TENSORBOARD_DIR, Tracker
-from streamrl.weightsync.policy import load_tokenizer
+from streamrl.policy.load import load_tokenizer
 
 
 def _batch(tokenizer, count: int) -> Batch:

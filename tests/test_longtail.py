@@ -69,7 +69,7 @@ def tiny_policy(tmp_path_factory):
 
 
 def test_left_padded_prompts_give_the_log_probs_of_unpadded_ones(tiny_policy):
-    from streamrl.weightsync.policy import load_policy, load_tokenizer
+    from streamrl.policy.load import load_policy, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_policy)
     # float64: padded and unpadded rows take different kernels, so compare without float32 noise

@@ -1,4 +1,4 @@
-"""LoRA through peft (``weightsync.lora``): what a version publishes in merged and adapter mode,
+"""LoRA through peft (``policy.lora``): what a version publishes in merged and adapter mode,
 checked against the obvious W + (alpha / r) B A, and how an actor applies adapter versions."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamrl.configs.schema import LoraConfig
-from streamrl.weightsync import lora as L
+from streamrl.policy import lora as L
 from streamrl.weightsync.subscriber import swap_into_model
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]

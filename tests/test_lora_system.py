@@ -46,7 +46,7 @@ def _scrape(port: int) -> dict[str, float]:
 
 
 def _full_weight_bytes(policy: str) -> int:
-    from streamrl.weightsync.policy import load_policy
+    from streamrl.policy.load import load_policy
 
     return sum(p.numel() * p.element_size() for p in load_policy(policy).parameters())
 

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from broker_helpers import limits_of
 from multiturn_envs import ROW, Feedback, env_rollouts, lookup, terse_tokenizer
 
 from streamrl.actors.engines.base import SamplingParams
@@ -18,7 +19,7 @@ from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_gro
 from streamrl.configs.schema import AlgoConfig
 from streamrl.learner.batching import collate, samples_from_group
 from streamrl.learner.step import _loss, counted_tokens, token_logprobs
-from streamrl.weightsync.policy import load_policy, load_tokenizer
+from streamrl.policy.load import load_policy, load_tokenizer
 
 
 class _Recording(HFEngine):
@@ -306,7 +307,7 @@ def test_wire_rejects_a_loss_mask_of_the_wrong_length():
 
 
 def test_the_consumer_bounds_a_trajectory_by_env_max_total_tokens():
-    from streamrl.broker.semantics import Limits, check_group
+    from streamrl.broker.semantics import check_group
     from streamrl.configs import Config
 
     single = Config.model_validate({"rollout": {"max_new_tokens": 4}})
@@ -316,8 +317,8 @@ def test_the_consumer_bounds_a_trajectory_by_env_max_total_tokens():
             "env": {"name": "m:E", "max_total_tokens": 6},
         }
     )
-    assert Limits.from_config(single).max_completion_tokens == 4
-    limits = Limits.from_config(multi)
+    assert limits_of(single).max_completion_tokens == 4
+    limits = limits_of(multi)
     check_group(_group([1, 0, 0, 1, 1, 1]), limits)
     with pytest.raises(WireError, match="env.max_total_tokens=6"):
         check_group(_group([1, 0, 0, 1, 1, 1, 1]), limits)

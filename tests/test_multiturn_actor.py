@@ -25,7 +25,7 @@ from streamrl.broker.wire import decode_group
 from streamrl.configs import Config
 from streamrl.examples.multiturn import feedback
 from streamrl.examples.reverse_digits.task import EOS
-from streamrl.weightsync.policy import load_tokenizer
+from streamrl.policy.load import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,7 @@ def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
             "algo": {"max_staleness": 0},
         }
     )
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     client = redis.Redis.from_url(redis_server.url)
     try:
         deadline = time.monotonic() + 300

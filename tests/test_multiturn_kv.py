@@ -14,7 +14,7 @@ from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf import HFEngine
 from streamrl.learner.batching import Sample, collate
 from streamrl.learner.engine import token_logprobs
-from streamrl.weightsync.policy import load_policy
+from streamrl.policy.load import load_policy
 
 # sampling runs in float32 (sampling.processed_logprobs): float64 logits that agree to ~1e-12
 # round to float32 values at most one ulp apart, 2**-23 * |logit| < 4e-6 for |logit| < 32, and a

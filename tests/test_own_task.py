@@ -21,9 +21,7 @@ def test_the_copy_task_config_loads_its_data_and_scores_with_both_reward_forms()
     prompt = dataset.get(0)
     assert prompt.messages[0]["content"] == prompt.answer + ">"
     assert prompt.columns["length"] == len(prompt.answer)
-    from streamrl.actors.evaluation import eval_dataset
-
-    held_out = eval_dataset(cfg.data, build_tokenizer())
+    held_out = PromptDataset.from_config(cfg.data, build_tokenizer(), held_out=True)
     assert len(held_out) == 50 and held_out.prompt_key == "question"
     right = RewardInput(
         prompt.messages + [_answer(prompt.answer)], prompt.answer, prompt.columns, False

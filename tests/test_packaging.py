@@ -18,6 +18,7 @@ PACKAGES = (
     "actors",
     "broker",
     "weightsync",
+    "policy",
     "configs",
     "launch",
     "examples",
@@ -39,6 +40,22 @@ for ref in [cfg.model.build, cfg.data.build, *(spec.fn for spec in cfg.reward.fu
     assert Path(sys.modules[fn.__module__].__file__).is_relative_to(Path(sys.argv[1])), ref
 print(panels.DASHBOARD)
 """
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """A folder with an __init__.py under a mapped package is a subpackage the wheel must carry:
+    setuptools takes only the packages pyproject lists."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(["streamrl", *init.parent.relative_to(ROOT).parts])
+        for package in PACKAGES[1:]
+        for init in (ROOT / package).rglob("__init__.py")
+    }
+    assert found - listed == set()
 
 
 @pytest.mark.timeout(240)
@@ -64,8 +81,10 @@ def test_a_wheel_installs_one_package_that_ships_the_dashboard_and_the_live_view
         "streamrl/launch/dashboards/live.html",
     } <= names
     assert "streamrl/configs/demo_cpu.yaml" in names
-    # the demo is a package of its own; the other example tasks are folders loaded by path
+    # the presets' example tasks are packages of their own; the others are folders loaded by path
     assert "streamrl/examples/reverse_digits/assets.py" in names
+    assert "streamrl/examples/longtail_copy/__init__.py" in names
+    assert {"streamrl/actors/sources/prompts.py", "streamrl/weightsync/transports/shm.py"} <= names
     assert not any(name.startswith("streamrl/examples/copy_task") for name in names)
     entry_points = zipfile.ZipFile(wheel).read("streamrl-0.1.0.dist-info/entry_points.txt").decode()
     assert "streamrl = streamrl.launch.cli:main" in entry_points

@@ -59,7 +59,7 @@ def redis_client(redis_cfg):
 
 
 def register(cfg, client, field: str, address: str) -> None:
-    client.hset(Keys.from_config(cfg).metrics_targets, field, address)
+    client.hset(Keys.from_config(cfg.run, cfg.broker).metrics_targets, field, address)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2):
@@ -82,7 +82,7 @@ def test_sync_targets_lists_live_endpoints_with_identity_labels_and_drops_dead_o
     register(redis_cfg, redis_client, "no-ident", f"127.0.0.1:{actor.port}")
     register(redis_cfg, redis_client, "actor:badport", "127.0.0.1:notaport")
 
-    groups = sync_targets(Keys.from_config(redis_cfg), redis_client, tmp_path)
+    groups = sync_targets(Keys.from_config(redis_cfg.run, redis_cfg.broker), redis_client, tmp_path)
 
     run = redis_cfg.run.name
     assert groups == [
@@ -100,7 +100,7 @@ def test_sync_targets_lists_live_endpoints_with_identity_labels_and_drops_dead_o
         "temp files of the atomic write are left behind"
     )
     # Dead targets are only left out of the file: a restarting process keeps its registration.
-    assert redis_client.hlen(Keys.from_config(redis_cfg).metrics_targets) == 5
+    assert redis_client.hlen(Keys.from_config(redis_cfg.run, redis_cfg.broker).metrics_targets) == 5
 
 
 def test_prometheus_config_points_file_sd_at_the_targets_file_and_scrapes_every_2s(tmp_path):
@@ -126,7 +126,7 @@ def test_prometheus_scrapes_synced_targets_with_their_labels_and_forgets_removed
     register(redis_cfg, redis_client, "actor:a1", f"127.0.0.1:{second.port}")
     out = tmp_path / "prometheus"
     config = write_prometheus_config(out)
-    sync_targets(Keys.from_config(redis_cfg), redis_client, out)
+    sync_targets(Keys.from_config(redis_cfg.run, redis_cfg.broker), redis_client, out)
 
     with PrometheusServer(config, out) as prom:
 
@@ -148,7 +148,7 @@ def test_prometheus_scrapes_synced_targets_with_their_labels_and_forgets_removed
         )
 
         second.close()
-        groups = sync_targets(Keys.from_config(redis_cfg), redis_client, out)
+        groups = sync_targets(Keys.from_config(redis_cfg.run, redis_cfg.broker), redis_client, out)
         assert [g["labels"]["actor"] for g in groups] == ["a0"]
         assert wait_for(
             lambda: [t["labels"]["actor"] for t in prom.targets()] == ["a0"], timeout=15

@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 import redis
-from broker_helpers import VOCAB, make_group
+from broker_helpers import VOCAB, limits_of, make_group
 
 from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
@@ -111,7 +111,7 @@ def test_a_part_named_reward_cannot_stand_in_for_the_mean_reward():
 def test_the_consumer_dead_letters_each_with_its_reason_and_delivers_the_valid(redis_cfg):
     cfg = redis_cfg.model_copy(deep=True)
     cfg.rollout.group_size = 2
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     hostile = _hostile(make_group("hostile"))
     sync = redis.Redis.from_url(cfg.broker.redis_url)
     for payload, _ in hostile.values():
@@ -120,7 +120,14 @@ def test_the_consumer_dead_letters_each_with_its_reason_and_delivers_the_valid(r
 
     async def drain() -> list[str]:
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB)
+        consumer = RolloutConsumer(
+            r,
+            keys,
+            cfg.broker,
+            limits_of(cfg),
+            "learner-0",
+            VOCAB,
+        )
         got = await consumer.read(len(hostile) + 1, block_ms=50)
         await r.aclose()
         return [d.group.group_id for d in got]
@@ -143,14 +150,21 @@ def test_a_forged_entry_reusing_a_group_id_cannot_suppress_the_real_group(redis_
     one is trained under a qualified id, and its own redelivery is still a duplicate."""
     cfg = redis_cfg.model_copy(deep=True)
     cfg.rollout.group_size = 2
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     real = make_group("actor-1-7-0badcafe")
     forged = dataclasses.replace(make_group("forged"), group_id=real.group_id)
     sync = redis.Redis.from_url(cfg.broker.redis_url)
 
     async def main() -> list[list[str]]:
         r = connect_async(cfg.broker, cfg.run.dir)
-        consumer = RolloutConsumer(r, keys, cfg.broker, Limits.from_config(cfg), "learner-0", VOCAB)
+        consumer = RolloutConsumer(
+            r,
+            keys,
+            cfg.broker,
+            limits_of(cfg),
+            "learner-0",
+            VOCAB,
+        )
         seen = []
 
         async def read_and_ack() -> None:

@@ -145,7 +145,7 @@ def _non_loopback_address() -> str | None:
 
 def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
     assert redis_cfg.metrics.host == "127.0.0.1"
-    endpoint = metrics.Endpoint.from_config(redis_cfg)
+    endpoint = metrics.Endpoint.from_config(redis_cfg.metrics, redis_cfg.broker, redis_cfg.run)
     port = metrics.serve(endpoint, "test", "exposure")
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2):

@@ -67,7 +67,7 @@ def test_a_vllm_actor_and_an_hf_actor_both_train_the_policy(tmp_path, demo_polic
         "actor.engines=[vllm, hf]",
     ]
     cfg = load_config(CONFIG, overrides, env={})
-    keys = Keys.from_config(cfg)
+    keys = Keys.from_config(cfg.run, cfg.broker)
     run_dir = Path(cfg.run.dir)
     versions: dict[str, set[int]] = {VLLM: set(), HF: set()}
     # the steps as last seen by `shown`: the checks below judge that same evidence, not the

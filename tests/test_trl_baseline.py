@@ -1,4 +1,4 @@
-"""The TRL baseline's scoring and time-to-target arithmetic (the TRL run itself is a benchmark)."""
+"""The TRL baseline's scoring, time-to-target arithmetic and GRPOConfig (its runs are bench.system's and bench.longtail's)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
     cfg = _cfg(redis_cfg)
     subs = [Proc("subscriber", cfg, id=f"p{i}", until=30) for i in range(2)]
     procs.extend(subs)
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     _wait_members(pub, 2)
     late = None
     try:
@@ -67,7 +67,7 @@ def test_versions_broadcast_in_buckets_arrive_whole_and_late_joiners_join_betwee
 
 def test_tensors_larger_than_a_bucket_are_split_and_reassembled(redis_cfg):
     cfg = _cfg(redis_cfg, bucket_bytes=1 << 16)
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     # 256x256 fp32 = 256 KiB per tensor: each spans 4+ buckets
     actor = InProcessActor(cfg, "solo", 256, 2)
     try:
@@ -87,7 +87,7 @@ def test_killed_or_frozen_actor_is_dropped_and_the_others_keep_receiving(redis_c
     timeout_s = cfg.weightsync.timeout_s
     victim = Proc("subscriber", cfg, id="victim", until=10**6, duration=60)
     procs.append(victim)
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     witness = InProcessActor(cfg, "witness", 64, 2)
     try:
         _wait_members(pub, 2)
@@ -138,7 +138,7 @@ def test_the_rendezvous_store_and_the_group_listen_on_dist_host_only(redis_cfg, 
     sub = Proc("subscriber", cfg, id="bind", until=3)
     procs.append(sub)
     before = _listening(os.getpid())
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     _wait_members(pub, 1)
     try:
         pub.publish(0, learner_tensors(0, 64, 2))

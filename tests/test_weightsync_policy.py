@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamrl.weightsync.policy import load_policy, load_tokenizer, resolve_dtype
+from streamrl.policy.load import load_policy, load_tokenizer, resolve_dtype
 
 
 def test_load_policy_gives_an_eval_model_in_the_requested_dtype(tmp_path):

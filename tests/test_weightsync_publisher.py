@@ -45,7 +45,7 @@ def _read(pub: Publisher, version: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def publisher(redis_cfg):
-    pub = Publisher.from_config(redis_cfg)
+    pub = Publisher.from_config(redis_cfg.weightsync, redis_cfg.broker, redis_cfg.run)
     yield pub
     pub.close()
 
@@ -166,7 +166,7 @@ def test_from_a_gpu_the_staging_copy_is_converted_and_summed_there(redis_cfg, tr
 def pub_keys(cfg):
     from streamrl.broker.keys import Keys
 
-    return Keys.from_config(cfg)
+    return Keys.from_config(cfg.run, cfg.broker)
 
 
 def pub_client(cfg):

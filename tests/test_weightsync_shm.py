@@ -34,7 +34,7 @@ def test_many_versions_reach_several_subscriber_processes_whole(redis_cfg, procs
     procs.extend(subs)
     for sub in subs:
         sub.wait_event("started")
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     for version in range(41):
         stats = pub.publish(version, learner_tensors(version, 64, 2))
         assert stats.bytes > 0 and stats.seconds < 5
@@ -93,7 +93,7 @@ def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(
     procs.append(victim)
     witness = InProcessActor(cfg, "witness", 512, 6)
     victim.wait_event("started")
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     pub.publish(0, learner_tensors(0, 512, 6))
     version = _publish_until_leased(pub, victim.pid, lambda: pub._sender.writer.name, 1)
     victim.signal(signum)
@@ -118,7 +118,7 @@ def test_killed_or_frozen_reader_mid_copy_never_blocks_the_publisher(
 
 def test_late_joiner_gets_the_newest_version_only(redis_cfg, procs):
     cfg = _cfg(redis_cfg)
-    pub = Publisher.from_config(cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     for version in range(6):
         pub.publish(version, learner_tensors(version, 64, 2))
     late = InProcessActor(cfg, "late", 64, 2)
@@ -136,7 +136,7 @@ def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_clea
     publisher = Proc("publisher", cfg, until=3, duration=60)
     procs.append(publisher)
     template = engine_template(64, 2)
-    sub = Subscriber.from_config(cfg, "in-test", template).start()
+    sub = Subscriber.from_config(cfg.weightsync, cfg.broker, cfg.run, "in-test", template).start()
     try:
         publisher.wait_event("published", version=3)
         # under load the subscriber may first stage an older version: apply until it runs the newest
@@ -159,7 +159,9 @@ def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_clea
         start = time.monotonic()
         sub.close()
         assert time.monotonic() - start < 5
-    late = Subscriber.from_config(cfg, "late", engine_template(64, 2)).start()
+    late = Subscriber.from_config(
+        cfg.weightsync, cfg.broker, cfg.run, "late", engine_template(64, 2)
+    ).start()
     try:
         assert not wait_staged(late, 1.5)
         assert late.version == 0 and late.lag == 3 and late.failures.get("segment_gone", 0) >= 1
@@ -168,7 +170,8 @@ def test_dead_publisher_leaves_subscribers_their_weights_and_its_segment_is_clea
 
 
 def test_versions_must_strictly_increase_and_the_layout_stay_fixed(redis_cfg):
-    pub = Publisher.from_config(_cfg(redis_cfg))
+    cfg = _cfg(redis_cfg)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     try:
         pub.publish(3, learner_tensors(3, 8, 1))
         with pytest.raises(ValueError, match="strictly increase"):
@@ -186,8 +189,10 @@ def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis
     torch.manual_seed(1)
     engine = build_model(vocab_size=40, eos_id=1, pad_id=0).eval()
     cfg = _cfg(redis_cfg)
-    pub = Publisher.from_config(cfg)
-    sub = Subscriber.from_config(cfg, "engine", dict(engine.named_parameters())).start()
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+    sub = Subscriber.from_config(
+        cfg.weightsync, cfg.broker, cfg.run, "engine", dict(engine.named_parameters())
+    ).start()
     published = {}
     try:
         for version in (1, 2, 3):
@@ -212,8 +217,10 @@ def test_swapped_in_weights_stay_intact_while_the_next_version_is_received(redis
 
 def test_engine_whose_names_do_not_match_reports_it_and_keeps_its_weights(redis_cfg):
     cfg = _cfg(redis_cfg)
-    pub = Publisher.from_config(cfg)
-    sub = Subscriber.from_config(cfg, "wrong-model", engine_template(16, 2)).start()
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
+    sub = Subscriber.from_config(
+        cfg.weightsync, cfg.broker, cfg.run, "wrong-model", engine_template(16, 2)
+    ).start()
     try:
         pub.publish(1, learner_tensors(1, 8, 2))
         assert not wait_staged(sub, 1.5)

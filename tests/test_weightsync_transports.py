@@ -65,7 +65,7 @@ def test_the_capabilities_say_who_publishes_reads_shared_memory_and_writes_in_th
 
 def test_over_none_a_version_is_announced_without_moving_a_byte(redis_cfg):
     ws = redis_cfg.weightsync.model_copy(update={"transport": "none"})
-    pub = Publisher.from_config(redis_cfg.model_copy(update={"weightsync": ws}))
+    pub = Publisher.from_config(ws, redis_cfg.broker, redis_cfg.run)
     try:
         stats = pub.publish(3, learner_tensors(3, 16, 1))
         announced = read_announcement(pub.client, pub.keys)
@@ -81,11 +81,13 @@ def test_a_broadcast_that_never_comes_is_counted_as_a_timeout(redis_cfg):
         update={"transport": "dist", "backend": "gloo", "timeout_s": 1.0, "bucket_bytes": 1 << 16}
     )
     cfg = redis_cfg.model_copy(update={"weightsync": ws})
-    client, keys = connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg)
+    client, keys = connect_sync(cfg.broker, cfg.run.dir), Keys.from_config(cfg.run, cfg.broker)
     tensors, aliases = canonical_tensors(learner_tensors(1, 64, 2))
     layout = Layout.build([TensorSpec.of(name, t) for name, t in tensors.items()])
     sender = transports.get("dist").sender(ws, client, keys, layout)
-    sub = Subscriber.from_config(cfg, "member", engine_template(64, 2)).start()
+    sub = Subscriber.from_config(
+        cfg.weightsync, cfg.broker, cfg.run, "member", engine_template(64, 2)
+    ).start()
     try:
         deadline = time.monotonic() + 20
         while sender.live_members() != ["member"]:

@@ -89,7 +89,9 @@ class InProcessActor:
         from streamrl.weightsync.subscriber import Subscriber
 
         self.template = engine_template(hidden, layers)
-        self.sub = Subscriber.from_config(cfg, actor_id, self.template).start()
+        self.sub = Subscriber.from_config(
+            cfg.weightsync, cfg.broker, cfg.run, actor_id, self.template
+        ).start()
         self.applied: list[tuple[int, bool]] = []
         self._check = lambda v, t: check(v, t, hidden, layers)
         self._stop = threading.Event()

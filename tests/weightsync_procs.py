@@ -73,7 +73,8 @@ def subscriber(args) -> None:
     from streamrl.weightsync.subscriber import Subscriber
 
     template = engine_template(args.hidden, args.layers)
-    sub = Subscriber.from_config(config(args), args.id, template).start()
+    cfg = config(args)
+    sub = Subscriber.from_config(cfg.weightsync, cfg.broker, cfg.run, args.id, template).start()
     print(json.dumps({"event": "started", "pid": os.getpid()}), flush=True)
     deadline = time.monotonic() + args.duration
     seen = []
@@ -101,7 +102,8 @@ def subscriber(args) -> None:
 def publisher(args) -> None:
     from streamrl.weightsync.publisher import Publisher
 
-    pub = Publisher.from_config(config(args))
+    cfg = config(args)
+    pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     for version in range(args.until + 1):
         pub.publish(version, learner_tensors(version, args.hidden, args.layers))
         print(json.dumps({"event": "published", "version": version}), flush=True)

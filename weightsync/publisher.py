@@ -27,12 +27,19 @@ import torch
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs.errors import StreamRLError
-from streamrl.configs.schema import ActorConfig, Config, ModelConfig, WeightSyncConfig
+from streamrl.configs.schema import (
+    ENGINE_PLACEMENT,
+    ActorConfig,
+    BrokerConfig,
+    ModelConfig,
+    RunConfig,
+    WeightSyncConfig,
+)
+from streamrl.policy.load import resolve_dtype
 from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import announce
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.naming import canonical_tensors
-from streamrl.weightsync.policy import resolve_dtype
 from streamrl.weightsync.transports import Sender
 
 
@@ -49,12 +56,12 @@ class PublishStats:
 
 
 def engine_dtype(model: ModelConfig, actor: ActorConfig, engine: str) -> torch.dtype:
-    """The dtype one actor engine computes in: vLLM on this host's GPU if it has one (its CPU build
-    in float32), the hf engine on ``actor.device``."""
-    if engine == "vllm":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
+    """The dtype one actor engine computes in: on ``actor.device``, or on this host's GPU if it has
+    one (``configs.schema.ENGINE_PLACEMENT``; the vLLM CPU build computes in float32)."""
+    if ENGINE_PLACEMENT[engine] == "device":
         device = actor.device
+    else:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     return resolve_dtype(model.dtype, device)
 
 
@@ -123,7 +130,9 @@ class _Job:
 
 
 class Publisher:
-    def __init__(self, ws: WeightSyncConfig, keys: Keys, client: redis.Redis, dtype: torch.dtype):
+    def __init__(
+        self, ws: WeightSyncConfig, keys: Keys, client: redis.Redis, dtype: torch.dtype | None
+    ):
         self.ws = ws
         self.keys = keys
         self.client = client
@@ -140,13 +149,16 @@ class Publisher:
         self._failure: BaseException | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Publisher:
-        return cls(
-            cfg.weightsync,
-            Keys.from_config(cfg),
-            connect_sync(cfg.broker, cfg.run.dir),
-            transfer_dtype(cfg.weightsync, cfg.model, cfg.actor),
-        )
+    def from_config(
+        cls,
+        ws: WeightSyncConfig,
+        broker: BrokerConfig,
+        run: RunConfig,
+        dtype: torch.dtype | None = None,
+    ) -> Publisher:
+        """``dtype``: what floating-point tensors travel in (``transfer_dtype``); None = the
+        dtype they are submitted in."""
+        return cls(ws, Keys.from_config(run, broker), connect_sync(broker, run.dir), dtype)
 
     def _spec(self, name: str, tensor: torch.Tensor) -> TensorSpec:
         # integer/bool tensors (rare in a policy) keep their dtype; floats travel in the engines' dtype

@@ -27,7 +27,7 @@ import torch
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.configs.schema import Config, WeightSyncConfig
+from streamrl.configs.schema import BrokerConfig, RunConfig, WeightSyncConfig
 from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import Announcement, Watcher, read_announcement
 from streamrl.weightsync.layout import Layout
@@ -59,7 +59,7 @@ def swap_into_model(
     """Make the staged tensors the model's parameters; returns (seconds, the replaced tensors).
 
     ``targets`` names the parameters by staged name when those are not the model's own names (a
-    LoRA adapter's, ``weightsync.lora.adapter_targets``); None = the model's parameters and buffers.
+    LoRA adapter's, ``policy.lora.adapter_targets``); None = the model's parameters and buffers.
 
     Hand the replaced tensors back with ``applied(version, recycled=...)``: they
     become the next staging copy, so the actor still holds exactly one copy
@@ -118,14 +118,15 @@ class Subscriber:
 
     @classmethod
     def from_config(
-        cls, cfg: Config, actor_id: str, template: dict[str, torch.Tensor]
+        cls,
+        ws: WeightSyncConfig,
+        broker: BrokerConfig,
+        run: RunConfig,
+        actor_id: str,
+        template: dict[str, torch.Tensor],
     ) -> Subscriber:
         return cls(
-            cfg.weightsync,
-            Keys.from_config(cfg),
-            connect_sync(cfg.broker, cfg.run.dir),
-            actor_id,
-            template,
+            ws, Keys.from_config(run, broker), connect_sync(broker, run.dir), actor_id, template
         )
 
     # engine-facing, non-blocking

@@ -11,11 +11,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
 from streamrl.actors import metrics
+
+if TYPE_CHECKING:
+    from streamrl.weightsync.feed import WeightFeed
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,34 @@ class WeightSource(Protocol):
     def rejected(self, version: int) -> None: ...
 
 
+@dataclass(frozen=True)
+class EngineParts:
+    """What an engine is built with besides its config sections."""
+
+    # the actor's way to the learner's weights (``weightsync.feed``)
+    feed: WeightFeed | None
+    tokenizer: object
+    # the engine's sampling seed (``actors.loop.sampling_seed``)
+    seed: int = 0
+
+
 class Engine(ABC):
+    """One generation engine, registered by ``name`` in ``actors.engines``.
+
+    ``from_config`` builds it from the config sections it names as keyword-only parameters
+    (``model``, ``actor``, ...: the actor passes exactly those) and ``EngineParts``; it takes the
+    weights the way it needs them (a subscriber, or the announcements its workers follow) and
+    starts receiving once it stands.
+    """
+
+    name: ClassVar[str]
+    # the engine places its own threads on cores (vLLM): the launcher leaves it unpinned
+    places_own_threads: ClassVar[bool] = False
     version: int
+
+    @classmethod  # noqa: B027 - the hf engine needs nothing optional
+    def check_installed(cls) -> None:
+        """Raise, naming the install, when what the engine needs is missing from this interpreter."""
 
     @abstractmethod
     def generate(
@@ -94,9 +123,16 @@ class Engine(ABC):
         requests: Sequence[Request],
         params: SamplingParams,
         should_abort: Callable[[], bool] | None = None,
+        refill: Callable[[int], Sequence[Request]] | None = None,
+        on_finished: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
         """Complete every request (in request order). ``should_abort`` is polled between steps;
-        once it returns True the unfinished requests end with finish reason ``abort``."""
+        once it returns True the unfinished requests end with finish reason ``abort``.
+
+        ``refill(room)`` is asked for up to ``room`` more requests while the engine has room for
+        them (their outputs follow the given requests'), so finished slots never wait for the
+        longest completion; ``on_finished(index, output)`` hears of each request as it stops or reaches
+        its length (not on abort). Both are called from the thread that runs ``generate``."""
 
     @abstractmethod
     def maybe_swap_weights(self) -> None:

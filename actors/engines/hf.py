@@ -7,8 +7,8 @@ prompt is prefilled on its own and spliced into the row), so up to
 ``batch_slots`` sequences decode together while requests keep arriving. Rows
 with nothing left to do are dropped from the batch.
 
-A caller can keep the batch full across groups: ``refill`` is asked for more
-requests whenever a slot is free and none waits, and ``on_finished`` hears of each
+A caller can keep the batch full across groups: ``refill(room)`` is asked for up to ``room``
+more requests whenever a slot is free and none waits, and ``on_finished`` hears of each
 request as it ends, so a long completion never holds finished slots idle while the
 caller publishes what is done (the long-tail task: ``actor.refill``).
 
@@ -42,9 +42,19 @@ import torch
 from transformers import DynamicCache
 
 from streamrl.actors import metrics
-from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from streamrl.actors.engines.base import (
+    Engine,
+    EngineParts,
+    Output,
+    Request,
+    SamplingParams,
+    WeightSource,
+)
 from streamrl.actors.engines.kv_sessions import Saved, Sessions
 from streamrl.actors.engines.sampling import sample
+from streamrl.configs.schema import ActorConfig, ModelConfig
+from streamrl.policy.load import load_policy, parameter_template, resolve_dtype
+from streamrl.policy.lora import adapter_targets, adapter_template, wrap
 from streamrl.weightsync.subscriber import swap_into_model
 
 # after ``refill`` gave nothing, it is asked again no sooner than this: it may ask Redis
@@ -67,6 +77,8 @@ class _Row:
 
 
 class HFEngine(Engine):
+    name = "hf"
+
     def __init__(
         self,
         model,
@@ -84,6 +96,8 @@ class HFEngine(Engine):
         self.tokenizer = tokenizer
         self.batch_slots = batch_slots
         self.weight_source = weight_source
+        # a weight source this engine started and closes (``from_config``'s subscriber)
+        self.owned = None
         self.version = version
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -98,6 +112,32 @@ class HFEngine(Engine):
             raise ValueError(
                 f"hf engine: sliding-window attention (window {window}) is not supported by the decode loop; use the vllm engine"
             )
+
+    @classmethod
+    def from_config(cls, parts: EngineParts, *, model: ModelConfig, actor: ActorConfig) -> HFEngine:
+        """The policy of ``model.path`` on ``actor.device``; with adapter versions
+        (``model.lora.sync: adapter``) wrapped with peft, each version swapped into its adapters."""
+        policy = load_policy(model.path, model.dtype, actor.device)
+        targets = None
+        if model.lora.adapter_versions:
+            dtype = resolve_dtype(model.dtype, actor.device)
+            template = adapter_template(model.path, model.lora, dtype, actor.device)[0]
+            # peft injects the adapters into ``policy`` itself, which the engine keeps calling
+            targets = adapter_targets(wrap(policy, model.lora))
+        else:
+            template = parameter_template(model.path, model.dtype, actor.device)
+        subscriber = parts.feed.subscriber(template) if parts.feed is not None else None
+        engine = cls(
+            policy,
+            parts.tokenizer,
+            actor.batch_slots,
+            weight_source=subscriber,
+            seed=parts.seed,
+            weight_targets=targets,
+        )
+        if subscriber is not None:
+            engine.owned = subscriber.start()
+        return engine
 
     def maybe_swap_weights(self) -> None:
         """Apply the newest staged weights, if any: between batches and between decode steps."""
@@ -117,6 +157,10 @@ class HFEngine(Engine):
     def end_sessions(self, sessions: Iterable[str]) -> None:
         self.sessions.drop(sessions)
 
+    def close(self) -> None:
+        if self.owned is not None:
+            self.owned.close()
+
     # -- generation ----------------------------------------------------------------------------
 
     def generate(
@@ -124,101 +168,30 @@ class HFEngine(Engine):
         requests: Sequence[Request],
         params: SamplingParams,
         should_abort: Callable[[], bool] | None = None,
-        refill: Callable[[], Sequence[Request]] | None = None,
+        refill: Callable[[int], Sequence[Request]] | None = None,
         on_finished: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
-        """As ``Engine.generate``; also ``refill()``, asked for more requests while a slot is free
-        and none waits (their outputs follow the given requests'), and ``on_finished(index,
-        output)``, called as each request stops or reaches its length (not on abort)."""
-        requests = list(requests)
-        limits = [self._token_limit(r, params) for r in requests]
-        stop_ids = torch.tensor(sorted(set(params.stop_token_ids)) or [-1], device=self.device)
-        stop_window = (
-            max(
-                (len(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop),
-                default=0,
-            )
-            + 2
-        )
-        pending = deque(range(len(requests)))
-        rows: list[_Row] = []
-        done: dict[int, _Row] = {}
-        state = _Batch(self)
-        refused_at = -REFILL_RETRY_S
-
-        def finish(row: _Row) -> None:
-            done[row.index] = row
-            if on_finished is not None:
-                on_finished(row.index, self._output(requests[row.index], row))
-
+        """As ``Engine.generate``: rows decode together; a freed slot takes the next waiting request,
+        or one ``refill`` gives when none waits."""
+        run = _Run(self, requests, params, on_finished)
         with torch.inference_mode():
             while True:
                 if should_abort is not None and should_abort():
-                    # rows that just finished keep their reason
-                    for row in rows:
-                        row.finish = row.finish or "abort"
-                        done[row.index] = row
-                    for index in pending:
-                        done[index] = _Row(index, 0)
-                        done[index].finish = "abort"
+                    run.abort()
                     break
                 self.maybe_swap_weights()
-                # refill: finished rows are replaced, the batch grows up to batch_slots
-                free = [i for i, row in enumerate(rows) if row.finish is not None]
-                for i in free:
-                    self._keep_cache(requests[rows[i].index], rows[i], state, i)
-                    finish(rows[i])
-                capacity = len(free) + max(0, self.batch_slots - len(rows))
-                if (
-                    refill is not None
-                    and capacity > len(pending)
-                    and time.monotonic() - refused_at >= REFILL_RETRY_S
-                ):
-                    more = list(refill())
-                    if not more:
-                        refused_at = time.monotonic()
-                    for request in more:
-                        limits.append(self._token_limit(request, params))
-                        requests.append(request)
-                        pending.append(len(requests) - 1)
-                if not (pending or rows):
+                free = run.retire_finished()
+                capacity = len(free) + max(0, self.batch_slots - len(run.rows))
+                if refill is not None and capacity > len(run.pending):
+                    run.ask(refill, capacity - len(run.pending), last_chance=run.idle)
+                if not (run.pending or run.rows):
                     break
-                admitted = [pending.popleft() for _ in range(min(capacity, len(pending)))]
-                if admitted:
-                    reused = free[: len(admitted)]
-                    targets = reused + list(
-                        range(len(rows), len(rows) + len(admitted) - len(reused))
-                    )
-                    new_rows = [_Row(index, limits[index], self.swaps) for index in admitted]
-                    for target, row in zip(targets, new_rows, strict=True):
-                        if target < len(rows):
-                            rows[target] = row
-                        else:
-                            rows.append(row)
-                    prompts = [requests[i].prompt_token_ids for i in admitted]
-                    cached = [
-                        self.sessions.take(requests[i].session, prompt)
-                        for i, prompt in zip(admitted, prompts, strict=True)
-                    ]
-                    logits = state.prefill(prompts, targets, cached)
-                    self._record(new_rows, logits, params, state, targets, stop_ids, stop_window)
-                keep = [i for i, row in enumerate(rows) if row.finish is None]
-                if len(keep) < len(rows):
-                    for i, row in enumerate(rows):
-                        # a freed slot that no new request took was reported above
-                        if row.finish is not None and row.index not in done:
-                            self._keep_cache(requests[row.index], row, state, i)
-                            finish(row)
-                    rows = [rows[i] for i in keep]
-                    state.keep_rows(keep)
-                if not rows:
-                    continue
-                logits = state.decode()
-                self._record(
-                    rows, logits, params, state, list(range(len(rows))), stop_ids, stop_window
-                )
-        metrics.TOKENS_GENERATED.inc(sum(len(row.tokens) for row in done.values()))
-        return [self._output(requests[i], done[i]) for i in range(len(requests))]
+                run.admit(free, capacity)
+                run.drop_finished()
+                if run.rows:
+                    run.decode()
+        metrics.TOKENS_GENERATED.inc(sum(len(row.tokens) for row in run.done.values()))
+        return [self._output(run.requests[i], run.done[i]) for i in range(len(run.requests))]
 
     def _keep_cache(self, request: Request, row: _Row, state: _Batch, slot: int) -> None:
         """Keep a finished row's KV cache for its session's next turn, if it is of one version."""
@@ -239,31 +212,6 @@ class HFEngine(Engine):
             )
         return min(params.max_new_tokens, room)
 
-    def _record(self, rows, logits, params, state, targets, stop_ids, stop_window) -> None:
-        """Sample one token for each of ``rows`` from ``logits`` and check their stop conditions."""
-        tokens, logprobs = sample(
-            logits, params.temperature, params.top_k, params.top_p, self.generator
-        )
-        state.set_next_tokens(targets, tokens)
-        stopped = torch.isin(tokens, stop_ids).tolist()
-        version = self.version
-        for row, token, logprob, is_stop in zip(
-            rows, tokens.tolist(), logprobs.tolist(), stopped, strict=True
-        ):
-            row.tokens.append(token)
-            row.logprobs.append(logprob)
-            row.versions.append(version)
-            if is_stop:
-                row.finish = "stop"
-            elif params.stop and self._hits_stop_string(row.tokens, params.stop, stop_window):
-                row.finish = "stop"
-            elif len(row.tokens) >= row.limit:
-                row.finish = "length"
-
-    def _hits_stop_string(self, tokens: list[int], stops: tuple[str, ...], window: int) -> bool:
-        tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=False)
-        return any(s in tail for s in stops)
-
     @staticmethod
     def _output(request: Request, row: _Row) -> Output:
         return Output(
@@ -273,6 +221,131 @@ class HFEngine(Engine):
             versions=np.asarray(row.versions, dtype=np.int32),
             finish_reason=row.finish or "abort",
         )
+
+
+class _Run:
+    """One ``generate`` call's rows, waiting requests and finished ones."""
+
+    def __init__(self, engine: HFEngine, requests, params: SamplingParams, on_finished) -> None:
+        self.engine = engine
+        self.params = params
+        self.on_finished = on_finished
+        self.requests = list(requests)
+        self.limits = [engine._token_limit(r, params) for r in self.requests]
+        self.stop_ids = torch.tensor(
+            sorted(set(params.stop_token_ids)) or [-1], device=engine.device
+        )
+        encode = engine.tokenizer.encode
+        longest_stop = max(
+            (len(encode(s, add_special_tokens=False)) for s in params.stop), default=0
+        )
+        self.stop_window = longest_stop + 2
+        self.pending = deque(range(len(self.requests)))
+        self.rows: list[_Row] = []
+        self.done: dict[int, _Row] = {}
+        self.state = _Batch(engine)
+        self.refused_at = -REFILL_RETRY_S
+
+    def finish(self, row: _Row, slot: int) -> None:
+        self.engine._keep_cache(self.requests[row.index], row, self.state, slot)
+        self.done[row.index] = row
+        if self.on_finished is not None:
+            self.on_finished(row.index, self.engine._output(self.requests[row.index], row))
+
+    def abort(self) -> None:
+        # rows that just finished keep their reason
+        for row in self.rows:
+            row.finish = row.finish or "abort"
+            self.done[row.index] = row
+        for index in self.pending:
+            self.done[index] = _Row(index, 0)
+            self.done[index].finish = "abort"
+
+    def retire_finished(self) -> list[int]:
+        """Report the rows that finished; their slots are free for new requests."""
+        free = [i for i, row in enumerate(self.rows) if row.finish is not None]
+        for i in free:
+            self.finish(self.rows[i], i)
+        return free
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and every row has finished: the call ends unless ``refill`` gives more."""
+        return not self.pending and all(row.finish is not None for row in self.rows)
+
+    def ask(self, refill: Callable[[int], Sequence[Request]], room: int, last_chance: bool) -> None:
+        """Up to ``room`` more requests from ``refill``: no sooner than REFILL_RETRY_S after it
+        last gave none, unless this is the ``last_chance`` before the call ends."""
+        if not last_chance and time.monotonic() - self.refused_at < REFILL_RETRY_S:
+            return
+        more = list(refill(room))
+        if not more:
+            self.refused_at = time.monotonic()
+        for request in more:
+            self.limits.append(self.engine._token_limit(request, self.params))
+            self.requests.append(request)
+            self.pending.append(len(self.requests) - 1)
+
+    def admit(self, free: list[int], capacity: int) -> None:
+        """Prefill waiting requests into the free slots, then new ones up to ``capacity``."""
+        admitted = [self.pending.popleft() for _ in range(min(capacity, len(self.pending)))]
+        if not admitted:
+            return
+        reused = free[: len(admitted)]
+        targets = reused + list(range(len(self.rows), len(self.rows) + len(admitted) - len(reused)))
+        new_rows = [_Row(index, self.limits[index], self.engine.swaps) for index in admitted]
+        for target, row in zip(targets, new_rows, strict=True):
+            if target < len(self.rows):
+                self.rows[target] = row
+            else:
+                self.rows.append(row)
+        prompts = [self.requests[i].prompt_token_ids for i in admitted]
+        cached = [
+            self.engine.sessions.take(self.requests[i].session, prompt)
+            for i, prompt in zip(admitted, prompts, strict=True)
+        ]
+        logits = self.state.prefill(prompts, targets, cached)
+        self.record(new_rows, logits, targets)
+
+    def drop_finished(self) -> None:
+        """Drop the rows that finished and no new request took (reported here)."""
+        keep = [i for i, row in enumerate(self.rows) if row.finish is None]
+        if len(keep) == len(self.rows):
+            return
+        for i, row in enumerate(self.rows):
+            if row.finish is not None and row.index not in self.done:
+                self.finish(row, i)
+        self.rows = [self.rows[i] for i in keep]
+        self.state.keep_rows(keep)
+
+    def decode(self) -> None:
+        self.record(self.rows, self.state.decode(), list(range(len(self.rows))))
+
+    def record(self, rows: list[_Row], logits: torch.Tensor, targets: list[int]) -> None:
+        """Sample one token for each of ``rows`` from ``logits`` and check their stop conditions."""
+        params = self.params
+        tokens, logprobs = sample(
+            logits, params.temperature, params.top_k, params.top_p, self.engine.generator
+        )
+        self.state.set_next_tokens(targets, tokens)
+        stopped = torch.isin(tokens, self.stop_ids).tolist()
+        version = self.engine.version
+        for row, token, logprob, is_stop in zip(
+            rows, tokens.tolist(), logprobs.tolist(), stopped, strict=True
+        ):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            row.versions.append(version)
+            if is_stop:
+                row.finish = "stop"
+            elif params.stop and self._hits_stop_string(row.tokens):
+                row.finish = "stop"
+            elif len(row.tokens) >= row.limit:
+                row.finish = "length"
+
+    def _hits_stop_string(self, tokens: list[int]) -> bool:
+        tail = self.engine.tokenizer.decode(tokens[-self.stop_window :], skip_special_tokens=False)
+        return any(s in tail for s in self.params.stop)
 
 
 def cache_kwarg(model) -> str:

@@ -24,7 +24,7 @@ across a swap:
 
 With LoRA adapters travelling alone (``model.lora.sync: adapter``) there is no weight transfer:
 the actor's subscriber stages each version's adapters (over any transport) and the engine loads
-them as a new LoRA adapter of the running engine (``weightsync.vllm_lora``); a request keeps the
+them as a new LoRA adapter of the running engine (``policy.lora.AdapterVersions``); a request keeps the
 adapter it started with, so its tokens carry that version.
 
 A push that fails restores a complete version before generation resumes
@@ -46,8 +46,11 @@ recomputes its whole sequence under the new weights, as the hf engine does.
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -58,11 +61,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from streamrl.actors import metrics
-from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams, WeightSource
+from streamrl.actors.engines.base import (
+    Engine,
+    EngineParts,
+    Output,
+    Request,
+    SamplingParams,
+    WeightSource,
+)
 from streamrl.configs.errors import StreamRLError
+from streamrl.policy.load import parameter_template
+from streamrl.policy.lora import MAX_LORAS, AdapterVersions, adapter_template, vllm_max_rank
 from streamrl.weightsync import metrics as weight_metrics
 from streamrl.weightsync import transports
-from streamrl.weightsync.lora import vllm_max_rank
 from streamrl.weightsync.vllm_adapter import (
     BucketSender,
     EngineFailed,
@@ -77,15 +88,15 @@ from streamrl.weightsync.vllm_adapter import (
     staged_buckets,
     token_versions,
 )
-from streamrl.weightsync.vllm_lora import MAX_LORAS, AdapterVersions
 
 if TYPE_CHECKING:
-    from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import ActorConfig, Config, ModelConfig
+    from streamrl.configs.schema import ActorConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
 ABORT_POLL_S = 0.05
+# after ``refill`` gave nothing, it is asked again no sooner than this: it may ask Redis
+REFILL_RETRY_S = 0.02
 # how often the weight task looks for a new version
 WEIGHT_POLL_S = 0.05
 SHM_BACKEND = "streamrl_shm"
@@ -120,6 +131,18 @@ def _import_vllm() -> SimpleNamespace:
     )
 
 
+def _cpu_build_defaults() -> None:
+    """Settings the vLLM CPU build needs on a host it shares with the learner and other actors."""
+    # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the host's
+    # RAM and refuses to start when that much is not free.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vLLM's default ("auto") gives its worker its own OpenMP thread count and pins the threads to
+    # cores it picks (one core of two held back for the engine core), whatever OMP_NUM_THREADS
+    # says: every vLLM actor would be pinned to the same core. nobind keeps the process's threads
+    # and leaves placement to the OS.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
 def on_gpu() -> bool:
     import torch
 
@@ -143,7 +166,7 @@ def weight_transfer_backend(transport: str, tensor_parallel_size: int) -> str:
 
 def torch_dtype(model: ModelConfig, gpu: bool):
     """The dtype the engine computes in: ``model.dtype`` on a GPU or on the CPU build."""
-    from streamrl.weightsync.policy import resolve_dtype
+    from streamrl.policy.load import resolve_dtype
 
     return resolve_dtype(model.dtype, "cuda" if gpu else "cpu")
 
@@ -157,7 +180,7 @@ def engine_args(
     learner loads too (``model_folder``): vLLM has no ``@revision`` form (it takes ``revision``
     apart) and would look up a repository named ``name@revision``; a folder also keeps learner and
     actors on the same files, offline included."""
-    from streamrl.weightsync.policy import model_folder
+    from streamrl.policy.load import model_folder
 
     dtype = str(torch_dtype(model, gpu)).removeprefix("torch.")
     args = {
@@ -175,7 +198,7 @@ def engine_args(
         # a WeightTransferConfig(**this) when the engine is built
         args["weight_transfer_config"] = {"backend": backend}
     if model.lora.enabled and model.lora.sync == "adapter":
-        # each version is a LoRA adapter (weightsync.vllm_lora)
+        # each version is a LoRA adapter (policy.lora.AdapterVersions)
         args.update(
             enable_lora=True,
             max_lora_rank=vllm_max_rank(model.lora.rank),
@@ -240,25 +263,6 @@ def to_output(request_id: str, completion, version_at_start: int) -> Output:
     return Output(request_id, tokens, logprobs, versions, finish)
 
 
-class ShmAnnouncements:
-    """The learner's newest shm announcement, read from Redis (the ``streamrl_shm`` path's weight source)."""
-
-    def __init__(self, client, keys: Keys, transport: str) -> None:
-        """``client``: a sync Redis client, closed with this; ``transport``: the announcements to follow."""
-        self.client = client
-        self.keys = keys
-        self.transport = transport
-
-    def __call__(self):
-        from streamrl.weightsync.announce import read_announcement
-
-        ann = read_announcement(self.client, self.keys)
-        return ann if ann is not None and ann.transport == self.transport else None
-
-    def close(self) -> None:
-        self.client.close()
-
-
 class VLLMEngine(Engine):
     """Sync facade: AsyncLLM runs on a private event loop thread; ``generate`` blocks on it.
 
@@ -270,17 +274,13 @@ class VLLMEngine(Engine):
     A failed version is not tried again; a newer one is.
     """
 
-    def __init__(
-        self,
-        args: dict,
-        seed: int = 0,
-        weight_source: WeightSource | None = None,
-        sender: BucketSender | None = None,
-        announcements: Callable[[], object] | None = None,
-        bucket_bytes: int = 64 << 20,
-        timeout_s: float = 30.0,
-        adapters: AdapterVersions | None = None,
-    ) -> None:
+    name = "vllm"
+    places_own_threads = True
+
+    def __init__(self, args: dict, seed: int = 0, **weights) -> None:
+        """A new AsyncLLM of engine arguments ``args`` (``engine_args``); ``weights``: where its
+        weights come from, as ``with_llm`` takes them (``weight_source``, ``sender``,
+        ``announcements``, ``bucket_bytes``, ``timeout_s``, ``adapters``)."""
         api = _import_vllm()
         self._start_loop()
         try:
@@ -297,87 +297,98 @@ class VLLMEngine(Engine):
         self._setup(
             llm,
             seed=seed,
-            weight_source=weight_source,
-            sender=sender,
-            announcements=announcements,
             sampling_params=api.vllm.SamplingParams,
             init_request=lambda info: api.InitRequest(init_info=info),
             update_request=lambda info: api.UpdateRequest(update_info=info),
-            bucket_bytes=bucket_bytes,
-            timeout_s=timeout_s,
             poll_s=WEIGHT_POLL_S,
-            adapters=adapters,
+            slots=args.get("max_num_seqs"),
+            **weights,
         )
 
     @classmethod
-    def from_config(cls, cfg: Config, weight_source=None, seed: int = 0) -> VLLMEngine:
-        gpu = on_gpu()
-        transport = transports.get(cfg.weightsync.transport)
-        if cfg.model.lora.enabled and cfg.model.lora.sync == "adapter":
-            return cls._with_adapters(cfg, weight_source, seed, gpu)
-        if not gpu:
-            # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the
-            # host's RAM and refuses to start when that much is not free: never on a host that
-            # also runs the learner and other actors.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            # vLLM's default ("auto") gives its worker its own OpenMP thread count and pins the
-            # threads to cores it picks (one core of two held back for the engine core), whatever
-            # OMP_NUM_THREADS says: on a host shared with the learner and other actors every vLLM
-            # actor would be pinned to the same core. nobind keeps the process's threads and
-            # leaves placement to the OS.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            if transport.publishes and not transport.shared_memory:
-                raise ValueError(
-                    f"weightsync.transport={cfg.weightsync.transport}: the vLLM CPU build takes weights "
-                    "over shm only (its ipc and nccl backends need CUDA)"
-                )
-        backend = weight_transfer_backend(cfg.weightsync.transport, cfg.actor.tensor_parallel_size)
-        announcements = None
-        sender = None
-        if transport.shared_memory:
-            from streamrl.broker.client import connect_sync
-            from streamrl.broker.keys import Keys
-
-            announcements = ShmAnnouncements(
-                connect_sync(cfg.broker, cfg.run.dir),
-                Keys.from_config(cfg),
-                cfg.weightsync.transport,
+    def check_installed(cls) -> None:
+        # find_spec, not an import: importing vLLM takes ~10 s
+        if importlib.util.find_spec("vllm") is None:
+            raise VLLMUnavailable(
+                f"a vLLM actor needs vLLM in this interpreter ({sys.executable}): `make run` "
+                "switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
             )
-            weight_source = None
-        elif weight_source is not None:
-            sender = make_sender(backend, cfg.actor)
+
+    @classmethod
+    def from_config(
+        cls, parts: EngineParts, *, model: ModelConfig, actor: ActorConfig
+    ) -> VLLMEngine:
+        """The engine of ``model.path`` taking weights the way the transport allows: its workers read
+        each announced shm slot themselves; over ``dist`` a subscriber stages each version on
+        ``actor.device`` and it is pushed in; adapter versions are loaded as new LoRA adapters."""
+        gpu = on_gpu()
+        feed = parts.feed
+        transport = feed.transport if feed is not None else None
+        if not gpu:
+            _cpu_build_defaults()
+        if model.lora.adapter_versions:
+            return cls._with_adapters(parts, model, actor, gpu)
+        if (
+            not gpu
+            and transport is not None
+            and transport.publishes
+            and not transport.shared_memory
+        ):
+            raise ValueError(
+                f"weightsync.transport={transport.name}: the vLLM CPU build takes weights "
+                "over shm only (its ipc and nccl backends need CUDA)"
+            )
+        backend = None
+        announcements = sender = subscriber = None
+        if transport is not None and transport.publishes:
+            backend = weight_transfer_backend(transport.name, actor.tensor_parallel_size)
+            if transport.shared_memory:
+                announcements = feed.announcements()
+            else:
+                subscriber = feed.subscriber(
+                    parameter_template(model.path, model.dtype, actor.device)
+                )
+                sender = make_sender(backend, actor)
         if isinstance(sender, IPCSender):
             # vLLM's workers (children of this process) unpickle the CUDA IPC handles of our own staged
             # tensors only with this set (docs.vllm.ai/en/latest/training/weight_transfer/ipc/)
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        return cls(
-            engine_args(cfg.model, cfg.actor, backend, seed, gpu=gpu),
-            seed,
-            weight_source=weight_source,
+        engine = cls(
+            engine_args(model, actor, backend, parts.seed, gpu=gpu),
+            parts.seed,
+            weight_source=subscriber,
             sender=sender,
             announcements=announcements,
-            bucket_bytes=cfg.weightsync.bucket_bytes,
-            timeout_s=cfg.weightsync.timeout_s,
+            **_transfer_limits(feed),
         )
+        engine.start_receiving(subscriber)
+        return engine
 
     @classmethod
-    def _with_adapters(cls, cfg: Config, weight_source, seed: int, gpu: bool) -> VLLMEngine:
-        """``model.lora.sync: adapter``: the actor's subscriber stages each version's adapters (over
-        any transport) and the engine loads them as a new LoRA adapter (``weightsync.vllm_lora``)."""
-        from streamrl.weightsync.lora import adapter_template
-
-        if not gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        _, config = adapter_template(cfg.model.path, cfg.model.lora, torch_dtype(cfg.model, gpu))
+    def _with_adapters(
+        cls, parts: EngineParts, model: ModelConfig, actor: ActorConfig, gpu: bool
+    ) -> VLLMEngine:
+        """``model.lora.sync: adapter``: a subscriber stages each version's adapters (over any
+        transport) and the engine loads them as a new LoRA adapter (``policy.lora.AdapterVersions``)."""
+        dtype = torch_dtype(model, gpu)
+        template, config = adapter_template(model.path, model.lora, dtype, actor.device)
+        subscriber = parts.feed.subscriber(template) if parts.feed is not None else None
         api = _import_vllm()
-        return cls(
-            engine_args(cfg.model, cfg.actor, None, seed, gpu=gpu),
-            seed,
-            weight_source=weight_source,
+        engine = cls(
+            engine_args(model, actor, None, parts.seed, gpu=gpu),
+            parts.seed,
+            weight_source=subscriber,
             adapters=AdapterVersions(config, api.LoRARequest),
-            timeout_s=cfg.weightsync.timeout_s,
+            **_transfer_limits(parts.feed),
         )
+        engine.start_receiving(subscriber)
+        return engine
+
+    def start_receiving(self, subscriber) -> None:
+        """Start the subscriber this engine owns: only once the engine stands, since vLLM sizes its
+        KV cache from the GPU memory free when it starts."""
+        if subscriber is not None:
+            self.owned = subscriber.start()
 
     @classmethod
     def with_llm(
@@ -395,6 +406,7 @@ class VLLMEngine(Engine):
         init_request: Callable[[dict], object] | None = None,
         update_request: Callable[[dict], object] | None = None,
         adapters: AdapterVersions | None = None,
+        slots: int | None = None,
     ) -> VLLMEngine:
         """An engine around an already built AsyncLLM (one engine shared by several tests).
 
@@ -421,6 +433,7 @@ class VLLMEngine(Engine):
             timeout_s=timeout_s,
             poll_s=poll_s,
             adapters=adapters,
+            slots=slots,
         )
         return self
 
@@ -440,19 +453,24 @@ class VLLMEngine(Engine):
         llm,
         *,
         seed,
-        weight_source,
-        sender,
-        announcements,
         sampling_params,
         init_request,
         update_request,
-        bucket_bytes,
-        timeout_s,
         poll_s,
+        weight_source=None,
+        sender=None,
+        announcements=None,
+        bucket_bytes=64 << 20,
+        timeout_s=30.0,
         adapters=None,
+        slots=None,
     ) -> None:
         self.llm = llm
+        # requests in flight a refill keeps up (vLLM's max_num_seqs: more would only queue)
+        self.slots = slots or _max_num_seqs(llm)
         self.adapters = adapters
+        # the subscriber this engine started and closes (``from_config``)
+        self.owned = None
         self.version = 0
         self.seed = seed
         self.weight_source = weight_source
@@ -568,8 +586,8 @@ class VLLMEngine(Engine):
                 self._live_meta, self._live_publisher = restored["meta"], restored["publisher"]
         return ok
 
-    async def _follow_staged(self) -> None:
-        """Between requests and while they run: push every version the subscriber stages."""
+    async def _next_staged(self) -> tuple[int, dict]:
+        """The next version the subscriber stages (lent until ``applied`` or ``rejected``)."""
         while True:
             try:
                 staged = self.weight_source.take_staged()
@@ -577,10 +595,19 @@ class VLLMEngine(Engine):
                 # a broken source must not end the task; the actor keeps its weights
                 log.exception("vLLM engine: taking staged weights failed")
                 staged = None
-            if staged is None:
-                await asyncio.sleep(self.poll_s)
-                continue
-            version, tensors = staged
+            if staged is not None:
+                return staged
+            if self.adapters is not None:
+                try:
+                    await self.adapters.drop_unused(self.llm)
+                except Exception as exc:
+                    log.warning("vLLM engine: removing unused adapters failed: %r", exc)
+            await asyncio.sleep(self.poll_s)
+
+    async def _follow_staged(self) -> None:
+        """Between requests and while they run: push every version the subscriber stages."""
+        while True:
+            version, tensors = await self._next_staged()
             plan = sender_plan(staged_buckets(tensors, self.bucket_bytes), tensors, self.sender)
 
             async def fallback(version=version, plan=plan) -> tuple[int, Plan]:
@@ -593,37 +620,27 @@ class VLLMEngine(Engine):
                 self.weight_source.rejected(version)
 
     async def _follow_adapters(self) -> None:
-        """Load every version the subscriber stages as a new LoRA adapter; drop adapters no request uses."""
+        """Load every version the subscriber stages as a new LoRA adapter; drop adapters no request
+        uses while waiting for the next."""
         while True:
+            version, tensors = await self._next_staged()
+            start = time.perf_counter()
             try:
-                staged = self.weight_source.take_staged()
-            except Exception:
-                log.exception("vLLM engine: taking staged adapters failed")
-                staged = None
-            if staged is not None:
-                version, tensors = staged
-                start = time.perf_counter()
-                try:
-                    await asyncio.wait_for(
-                        self.adapters.load(self.llm, version, tensors), self.timeout_s
-                    )
-                except Exception as exc:
-                    # vLLM refused it (or the engine is gone: the next generate says so)
-                    self.push_failures += 1
-                    weight_metrics.TRANSFER_FAILURES.labels(reason="engine_push").inc()
-                    log.warning(
-                        "vLLM engine: loading the adapter of version %d failed: %r", version, exc
-                    )
-                    self.weight_source.rejected(version)
-                else:
-                    metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
-                    self._serve(version)
-                    self.weight_source.applied(version)
-            try:
-                await self.adapters.drop_unused(self.llm)
+                await asyncio.wait_for(
+                    self.adapters.load(self.llm, version, tensors), self.timeout_s
+                )
             except Exception as exc:
-                log.warning("vLLM engine: removing unused adapters failed: %r", exc)
-            await asyncio.sleep(self.poll_s)
+                # vLLM refused it (or the engine is gone: the next generate says so)
+                self.push_failures += 1
+                weight_metrics.TRANSFER_FAILURES.labels(reason="engine_push").inc()
+                log.warning(
+                    "vLLM engine: loading the adapter of version %d failed: %r", version, exc
+                )
+                self.weight_source.rejected(version)
+            else:
+                metrics.WEIGHT_SWAP_SECONDS.observe(time.perf_counter() - start)
+                self._serve(version)
+                self.weight_source.applied(version)
 
     async def _push(
         self, version: int, plan: Plan, fallback: Callable[[], Awaitable[tuple[int, Plan] | None]]
@@ -669,35 +686,17 @@ class VLLMEngine(Engine):
         requests: Sequence[Request],
         params: SamplingParams,
         should_abort: Callable[[], bool] | None = None,
+        refill: Callable[[int], Sequence[Request]] | None = None,
+        on_finished: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
+        """As ``Engine.generate``: every request is submitted at once and vLLM's scheduler batches
+        them; ``refill`` is asked for more while fewer than ``slots`` run."""
         if self.failed is not None:
             raise self.failed
-        outputs = self._call(self._generate_all(requests, params, should_abort))
+        run = _Requests(self, params, on_finished)
+        outputs = self._call(run.complete(requests, should_abort, refill))
         metrics.TOKENS_GENERATED.inc(sum(len(o.token_ids) for o in outputs))
         return outputs
-
-    async def _generate_all(self, requests, params, should_abort) -> list[Output]:
-        sampling = self._sampling_params(**sampling_kwargs(params))
-        ids = {r.request_id: f"{r.request_id}-{uuid.uuid4().hex[:8]}" for r in requests}
-        tasks = [asyncio.create_task(self._one(r, ids[r.request_id], sampling)) for r in requests]
-        aborted = False
-        while not all(t.done() for t in tasks):
-            if self.failed is not None or (should_abort is not None and should_abort()):
-                await self.llm.abort(list(ids.values()))
-                aborted = True
-                break
-            await asyncio.wait(tasks, timeout=ABORT_POLL_S)
-        done = await asyncio.gather(*tasks, return_exceptions=True)
-        if self.failed is not None:
-            raise self.failed
-        errors = [d for d in done if isinstance(d, BaseException)]
-        if errors and not aborted:
-            # a dead engine answers every request with an error: never turn that into empty output
-            raise EngineFailed(f"vLLM engine failed while generating: {errors[0]!r}") from errors[0]
-        return [
-            d if isinstance(d, Output) else Output(r.request_id, *_empty(), finish_reason="abort")
-            for r, d in zip(requests, done, strict=True)
-        ]
 
     async def _one(self, request: Request, vllm_id: str, sampling) -> Output:
         start_version = self.version
@@ -737,10 +736,90 @@ class VLLMEngine(Engine):
                 log.warning("vLLM engine: stopping the weight task: %r", exc)
             self._weights = None
         self.llm.shutdown()
-        for part in (self.sender, self.announcements, self.adapters):
+        for part in (self.sender, self.announcements, self.adapters, self.owned):
             if part is not None and hasattr(part, "close"):
                 part.close()
         self._stop_loop()
+
+
+class _Requests:
+    """One ``generate`` call's requests, each a task on the engine's loop."""
+
+    def __init__(self, engine: VLLMEngine, params: SamplingParams, on_finished) -> None:
+        self.engine = engine
+        self.sampling = engine._sampling_params(**sampling_kwargs(params))
+        self.on_finished = on_finished
+        # (request, vLLM request id, task), in the order the caller gave them
+        self.started: list[tuple[Request, str, asyncio.Task]] = []
+
+    def start(self, request: Request) -> None:
+        vllm_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
+        task = asyncio.create_task(self.engine._one(request, vllm_id, self.sampling))
+        if self.on_finished is not None:
+            task.add_done_callback(functools.partial(self._finished, len(self.started)))
+        self.started.append((request, vllm_id, task))
+
+    def _finished(self, index: int, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        output = task.result()
+        if output.finish_reason != "abort":
+            self.on_finished(index, output)
+
+    async def complete(self, requests, should_abort, refill) -> list[Output]:
+        for request in requests:
+            self.start(request)
+        engine = self.engine
+        refused_at = -REFILL_RETRY_S
+        aborted = False
+        while True:
+            if engine.failed is not None or (should_abort is not None and should_abort()):
+                await engine.llm.abort([vid for _, vid, task in self.started if not task.done()])
+                aborted = True
+                break
+            running = [task for _, _, task in self.started if not task.done()]
+            room = engine.slots - len(running)
+            # asked again no sooner than REFILL_RETRY_S after it gave none, unless nothing runs:
+            # then it is the last chance before the call ends
+            due = not running or time.monotonic() - refused_at >= REFILL_RETRY_S
+            if refill is not None and room > 0 and due:
+                # refill may wait on the actor's event loop (admission asks Redis): off this one
+                more = list(await asyncio.to_thread(refill, room))
+                if not more:
+                    refused_at = time.monotonic()
+                for request in more:
+                    self.start(request)
+                running += [task for _, _, task in self.started[len(self.started) - len(more) :]]
+            if not running:
+                break
+            await asyncio.wait(running, timeout=ABORT_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+        return await self._outputs(aborted)
+
+    async def _outputs(self, aborted: bool) -> list[Output]:
+        done = await asyncio.gather(*(task for _, _, task in self.started), return_exceptions=True)
+        if self.engine.failed is not None:
+            raise self.engine.failed
+        errors = [d for d in done if isinstance(d, BaseException)]
+        if errors and not aborted:
+            # a dead engine answers every request with an error: never turn that into empty output
+            raise EngineFailed(f"vLLM engine failed while generating: {errors[0]!r}") from errors[0]
+        return [
+            d if isinstance(d, Output) else Output(r.request_id, *_empty(), finish_reason="abort")
+            for (r, _, _), d in zip(self.started, done, strict=True)
+        ]
+
+
+def _transfer_limits(feed) -> dict:
+    """``weightsync.bucket_bytes`` and ``timeout_s`` of the feed (none: the engine's defaults)."""
+    if feed is None:
+        return {}
+    return {"bucket_bytes": feed.ws.bucket_bytes, "timeout_s": feed.ws.timeout_s}
+
+
+def _max_num_seqs(llm) -> int:
+    """The engine's ``max_num_seqs`` (its scheduler's batch), or vLLM's default where it has none."""
+    scheduler = getattr(getattr(llm, "vllm_config", None), "scheduler_config", None)
+    return int(getattr(scheduler, "max_num_seqs", None) or 256)
 
 
 def _slot_holds(meta: dict, version: int) -> bool:

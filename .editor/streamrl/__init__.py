@@ -1,0 +1,1 @@
+../../streamrl/__init__.py

@@ -1,0 +1,1 @@
+../../streamrl/__main__.py

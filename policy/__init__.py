@@ -1,0 +1,11 @@
+"""policy: the model learner and actors both run, and what they must agree on about it.
+
+Owns loading a policy folder or hub id and its tokenizer (``load``: the one loader, so both
+sides see the same module names and dtype), scoring tokens under a policy (``scoring``: the
+learner's loss, its KL reference and the actors' reference pass use the same arithmetic) and
+LoRA (``lora``: peft wrapping, what a version publishes, the adapters-off reference, the merged
+export, a vLLM actor's adapter versions).
+
+Talks to: nothing at run time (files and the Hugging Face hub cache only).
+May import: ``configs``. Must not import ``actors``, ``broker``, ``learner`` or ``weightsync``.
+"""

@@ -1,0 +1,171 @@
+"""The code's shape, held: where the config goes, who may take all of it, who knows engine names,
+and which subsystem may import which.
+
+These read the source (``ast``), never run it: they guard the structure a newcomer relies on to
+change one part without reading the rest.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+import textwrap
+import typing
+from pathlib import Path
+
+import pytest
+from config_walk import PACKAGES, ROOT, Walk
+
+from streamrl.actors import engines, sources
+from streamrl.configs.schema import ENGINE_PLACEMENT, ActorConfig, Config
+
+# The functions that may take the whole Config: each process's composition root, where the
+# config is read once and each part gets the sections it reads.
+PROCESS_ROOTS = {
+    "actors/__main__.py": {"_run_here"},
+    "actors/loop.py": {"build_actor", "run_actor"},
+    "learner/loop.py": {"Learner.__init__"},
+    # rank 0's Redis side of the learner's root: stream, admission, publisher, tracking
+    "learner/rollout_io.py": {"RolloutIO.__init__"},
+    "learner/__main__.py": {"main"},
+    "broker/__main__.py": {"main"},
+}
+# the config package itself, and the launcher, which composes every process's command line
+CONFIG_HOLDERS = ("configs", "launch")
+MAX_ACTOR_CONFIG_FILES = 15
+
+
+def _modules(packages=PACKAGES):
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield path, ast.parse(path.read_text())
+
+
+def _functions(tree: ast.Module):
+    """(qualified name, node) of every function, methods as ``Class.method``."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}.{item.name}", item
+
+
+def _takes_config(fn: ast.FunctionDef) -> bool:
+    args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+    for arg in args:
+        annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+        if re.fullmatch(r"(\w+\.)*Config( \| None)?", annotation) or arg.arg == "cfg":
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("engine", "source"), itertools.product(engines.ENGINES.values(), sources.SOURCES.values())
+)
+def test_one_actors_config_reaches_at_most_15_files_from_run_actor(engine, source):
+    chosen = {
+        "actors/engines/__init__.py": engine.__name__,
+        "actors/sources/__init__.py": source.__name__,
+    }
+    walk = Walk(chosen=chosen).start(ROOT / "actors/loop.py", "run_actor", {"cfg": Config})
+    files = walk.relative_files()
+    assert len(files) <= MAX_ACTOR_CONFIG_FILES, "\n".join(files)
+    # the walk does reach the chosen parts: it is not blind
+    assert {f"actors/engines/{engine.name}.py", f"actors/sources/{source.name}.py"} <= set(files)
+
+
+def test_no_signature_outside_the_process_roots_takes_the_whole_config():
+    offenders = []
+    for path, tree in _modules():
+        rel = str(path.relative_to(ROOT))
+        if rel.split("/")[0] in CONFIG_HOLDERS:
+            continue
+        for name, fn in _functions(tree):
+            if _takes_config(fn) and name not in PROCESS_ROOTS.get(rel, set()):
+                offenders.append(f"{rel}: {name}")
+    assert not offenders, "take the sections they read instead:\n" + "\n".join(offenders)
+
+
+def test_only_the_engine_registry_knows_engine_names():
+    names = "|".join(engines.ENGINES)
+    compares = re.compile(
+        rf"engine\w*(\(\w*\))?\s*[!=]=\s*['\"]|['\"]({names})['\"]\s+(not\s+)?in\s|"
+        rf"[!=]=\s*['\"]({names})['\"]"
+    )
+    found = []
+    for path, _ in _modules():
+        rel = path.relative_to(ROOT)
+        if rel.parts[:2] == ("actors", "engines"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if compares.search(line):
+                found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "ask the engine's capabilities instead:\n" + "\n".join(found)
+
+
+def test_the_registered_engines_are_the_schemas_choices():
+    choices = set(typing.get_args(ActorConfig.model_fields["engine"].annotation))
+    assert set(engines.ENGINES) == choices == set(ENGINE_PLACEMENT)
+    assert all(engines.get(name).name == name for name in choices)
+    with pytest.raises(engines.UnknownEngine, match="hf, vllm"):
+        engines.get("pigeon")
+
+
+def test_every_source_the_config_can_choose_is_registered():
+    chosen = {
+        Config.model_validate(overrides).rollout_source
+        for overrides in (
+            {},
+            {"env": {"name": "my_envs:Maze"}},
+            {"agent": {"enabled": True}},
+        )
+    }
+    assert chosen == set(sources.SOURCES)
+
+
+@pytest.mark.parametrize(
+    "built", [*engines.ENGINES.values(), *sources.SOURCES.values()], ids=lambda c: c.__name__
+)
+def test_engines_and_sources_take_only_the_sections_they_name(built):
+    """``from_config``'s keyword-only parameters are config sections, each passed by name
+    (``Config.sections_for``); nothing else it takes is config."""
+    import inspect
+
+    params = inspect.signature(built.from_config).parameters.values()
+    named = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    assert named and set(named) <= set(Config.model_fields)
+    assert set(Config().sections_for(built.from_config)) == set(named)
+    fn = ast.parse(textwrap.dedent(inspect.getsource(built.from_config))).body[0]
+    assert not _takes_config(fn)
+
+
+def _allowed_imports() -> dict[str, set[str]]:
+    """Each package's "May import:" line of its docstring."""
+    allowed = {}
+    for package in PACKAGES:
+        doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+        match = re.search(r"May import:(.*?)\.(\s|$)", doc, re.S)
+        allowed[package] = set(re.findall(r"``(\w+)``", match.group(1))) if match else None
+    return allowed
+
+
+def test_each_subsystem_imports_only_what_its_docstring_allows():
+    allowed = _allowed_imports()
+    found = []
+    for path, tree in _modules([p for p, may in allowed.items() if may is not None]):
+        package = path.relative_to(ROOT).parts[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamrl."):
+                other = node.module.split(".")[1]
+                if other != package and other not in allowed[package]:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {other}")
+    assert not found, "\n".join(found)
+
+
+def test_every_subsystem_says_what_it_owns_and_what_it_may_import():
+    for package in ("actors", "broker", "learner", "policy", "weightsync"):
+        doc = ast.get_docstring(ast.parse(Path(ROOT, package, "__init__.py").read_text()))
+        assert doc and "Owns" in doc and "May import:" in doc, package
