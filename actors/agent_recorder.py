@@ -25,7 +25,7 @@ import numpy as np
 
 from streamrl.actors import environment
 from streamrl.actors.engines.base import Output
-from streamrl.actors.trajectory import Renderer, RenderError, Trajectory
+from streamrl.actors.trajectory import Renderer, RenderError, Trajectory, assistant_turn
 
 
 class BadCall(ValueError):
@@ -348,13 +348,7 @@ class Recorder:
         else:
             t.text = plan.text + returned
         t.stopped = output.finish_reason == "stop"
-        ids = output.token_ids.tolist()
-        t.last_turn = {
-            "role": "assistant",
-            "content": self.tokenizer.decode(ids, skip_special_tokens=True),
-            "raw_content": self.tokenizer.decode(ids, skip_special_tokens=False),
-            "finish_reason": output.finish_reason,
-        }
+        t.last_turn = assistant_turn(self.tokenizer, output)
 
     @staticmethod
     def conversation(t: AgentTrajectory, first: list[dict]) -> list[dict]:

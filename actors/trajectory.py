@@ -37,6 +37,18 @@ log = logging.getLogger(__name__)
 _PROBE = "streamrl probe turn"
 
 
+def assistant_turn(tokenizer, output: Output) -> dict:
+    """The completion as rewards and environments see it (``actors.rewards``): clean text and raw text."""
+    ids = output.token_ids.tolist()
+    return {
+        "role": "assistant",
+        "content": tokenizer.decode(ids, skip_special_tokens=True),
+        # a sampled pad or chat token is part of what the model wrote; a verifier may need to see it
+        "raw_content": tokenizer.decode(ids, skip_special_tokens=False),
+        "finish_reason": output.finish_reason,
+    }
+
+
 class RenderError(ValueError):
     """The tokenizer's chat template cannot render an observation as an appendable suffix."""
 

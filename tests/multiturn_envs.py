@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from streamrl.actors.environment import Step
-from streamrl.actors.sources.base import assistant_turn
 from streamrl.actors.sources.environment import Rollouts
-from streamrl.actors.trajectory import Renderer
+from streamrl.actors.trajectory import Renderer, assistant_turn
 from streamrl.configs.schema import EnvConfig
 from streamrl.examples.multiturn import SecondAttempt, build_policy
 from streamrl.examples.reverse_digits import assets

@@ -16,7 +16,7 @@ import pytest
 from streamrl.actors import inputs
 from streamrl.actors.engines.base import Output
 from streamrl.actors.rewards import resolve, score_sample
-from streamrl.actors.sources.base import assistant_turn
+from streamrl.actors.trajectory import assistant_turn
 from streamrl.configs import load_config
 from streamrl.examples.reverse_digits import reverse_digits, reverse_digits_exact, write_dataset
 from streamrl.examples.reverse_digits.task import EOS, PAD, build_tokenizer, distinct_examples

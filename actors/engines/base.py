@@ -8,6 +8,7 @@ two tokens of one completion.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,26 @@ class WeightSource(Protocol):
     def applied(self, version: int, recycled: dict | None = None) -> None: ...
 
     def rejected(self, version: int) -> None: ...
+
+
+# after ``refill`` gave nothing it is asked again no sooner than this (it may ask Redis)
+REFILL_RETRY_S = 0.02
+
+
+class RefillPacer:
+    """When an engine asks ``refill`` again after it gave nothing: no sooner than REFILL_RETRY_S
+    later, unless the engine is idle, when asking is the last chance before its call ends (so a
+    call ends because ``refill`` has nothing, never because of the timer)."""
+
+    def __init__(self) -> None:
+        self.refused_at = -REFILL_RETRY_S
+
+    def due(self, idle: bool) -> bool:
+        return idle or time.monotonic() - self.refused_at >= REFILL_RETRY_S
+
+    def gave(self, requests: Sequence[Request]) -> None:
+        if not requests:
+            self.refused_at = time.monotonic()
 
 
 @dataclass(frozen=True)

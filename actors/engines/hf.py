@@ -33,7 +33,6 @@ version replaces the previous adapters, the base weights stay as loaded.
 from __future__ import annotations
 
 import inspect
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
@@ -46,6 +45,7 @@ from streamrl.actors.engines.base import (
     Engine,
     EngineParts,
     Output,
+    RefillPacer,
     Request,
     SamplingParams,
     WeightSource,
@@ -56,9 +56,6 @@ from streamrl.configs.schema import ActorConfig, ModelConfig
 from streamrl.policy.load import load_policy, parameter_template, resolve_dtype
 from streamrl.policy.lora import adapter_targets, adapter_template, wrap
 from streamrl.weightsync.subscriber import swap_into_model
-
-# after ``refill`` gave nothing, it is asked again no sooner than this: it may ask Redis
-REFILL_RETRY_S = 0.02
 
 
 class _Row:
@@ -244,7 +241,7 @@ class _Run:
         self.rows: list[_Row] = []
         self.done: dict[int, _Row] = {}
         self.state = _Batch(engine)
-        self.refused_at = -REFILL_RETRY_S
+        self.pacer = RefillPacer()
 
     def finish(self, row: _Row, slot: int) -> None:
         self.engine._keep_cache(self.requests[row.index], row, self.state, slot)
@@ -274,13 +271,12 @@ class _Run:
         return not self.pending and all(row.finish is not None for row in self.rows)
 
     def ask(self, refill: Callable[[int], Sequence[Request]], room: int, last_chance: bool) -> None:
-        """Up to ``room`` more requests from ``refill``: no sooner than REFILL_RETRY_S after it
-        last gave none, unless this is the ``last_chance`` before the call ends."""
-        if not last_chance and time.monotonic() - self.refused_at < REFILL_RETRY_S:
+        """Up to ``room`` more requests from ``refill``, when ``RefillPacer`` says it is due
+        (``last_chance``: nothing would decode without them)."""
+        if not self.pacer.due(last_chance):
             return
         more = list(refill(room))
-        if not more:
-            self.refused_at = time.monotonic()
+        self.pacer.gave(more)
         for request in more:
             self.limits.append(self.engine._token_limit(request, self.params))
             self.requests.append(request)

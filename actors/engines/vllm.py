@@ -65,6 +65,7 @@ from streamrl.actors.engines.base import (
     Engine,
     EngineParts,
     Output,
+    RefillPacer,
     Request,
     SamplingParams,
     WeightSource,
@@ -95,8 +96,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ABORT_POLL_S = 0.05
-# after ``refill`` gave nothing, it is asked again no sooner than this: it may ask Redis
-REFILL_RETRY_S = 0.02
 # how often the weight task looks for a new version
 WEIGHT_POLL_S = 0.05
 SHM_BACKEND = "streamrl_shm"
@@ -752,12 +751,13 @@ class _Requests:
         # (request, vLLM request id, task), in the order the caller gave them
         self.started: list[tuple[Request, str, asyncio.Task]] = []
 
-    def start(self, request: Request) -> None:
+    def start(self, request: Request) -> asyncio.Task:
         vllm_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
         task = asyncio.create_task(self.engine._one(request, vllm_id, self.sampling))
         if self.on_finished is not None:
             task.add_done_callback(functools.partial(self._finished, len(self.started)))
         self.started.append((request, vllm_id, task))
+        return task
 
     def _finished(self, index: int, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -770,7 +770,7 @@ class _Requests:
         for request in requests:
             self.start(request)
         engine = self.engine
-        refused_at = -REFILL_RETRY_S
+        pacer = RefillPacer()
         aborted = False
         while True:
             if engine.failed is not None or (should_abort is not None and should_abort()):
@@ -779,17 +779,11 @@ class _Requests:
                 break
             running = [task for _, _, task in self.started if not task.done()]
             room = engine.slots - len(running)
-            # asked again no sooner than REFILL_RETRY_S after it gave none, unless nothing runs:
-            # then it is the last chance before the call ends
-            due = not running or time.monotonic() - refused_at >= REFILL_RETRY_S
-            if refill is not None and room > 0 and due:
+            if refill is not None and room > 0 and pacer.due(idle=not running):
                 # refill may wait on the actor's event loop (admission asks Redis): off this one
                 more = list(await asyncio.to_thread(refill, room))
-                if not more:
-                    refused_at = time.monotonic()
-                for request in more:
-                    self.start(request)
-                running += [task for _, _, task in self.started[len(self.started) - len(more) :]]
+                pacer.gave(more)
+                running += [self.start(request) for request in more]
             if not running:
                 break
             await asyncio.wait(running, timeout=ABORT_POLL_S, return_when=asyncio.FIRST_COMPLETED)

@@ -20,6 +20,7 @@ from streamrl.actors.engines import Engine, Output, SamplingParams
 from streamrl.actors.group import Group
 from streamrl.actors.prompts import Prompt
 from streamrl.actors.rewards import RewardInput
+from streamrl.actors.trajectory import assistant_turn
 
 
 @dataclass
@@ -54,18 +55,6 @@ class Generation:
         elapsed = time.monotonic() - started
         metrics.GENERATE_SECONDS.inc(elapsed)
         self.tokens_per_s = tokens / max(elapsed, 1e-9)
-
-
-def assistant_turn(tokenizer, output: Output) -> dict:
-    """The completion as rewards and environments see it (``actors.rewards``): clean text and raw text."""
-    ids = output.token_ids.tolist()
-    return {
-        "role": "assistant",
-        "content": tokenizer.decode(ids, skip_special_tokens=True),
-        # a sampled pad or chat token is part of what the model wrote; a verifier may need to see it
-        "raw_content": tokenizer.decode(ids, skip_special_tokens=False),
-        "finish_reason": output.finish_reason,
-    }
 
 
 class Source(ABC):
