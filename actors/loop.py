@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import threading
 import zlib
 
@@ -52,13 +50,10 @@ from streamrl.broker.startup import Phases, pin_assigned
 from streamrl.broker.stream import RolloutProducer
 from streamrl.configs.schema import Config
 from streamrl.policy.load import load_tokenizer, stop_token_ids
+from streamrl.policy.scoring import Sampling
 from streamrl.weightsync.feed import WeightFeed
 
 log = logging.getLogger(__name__)
-
-
-def default_actor_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def sampling_seed(run_seed: int, actor_id: str) -> int:
@@ -149,7 +144,8 @@ def build_actor(cfg: Config, actor_id: str, stop: threading.Event) -> Actor:
     torch.set_num_threads(cfg.run.torch_threads)
     inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
     tokenizer = load_tokenizer(cfg.model.path)
-    dataset = PromptDataset.from_config(cfg.data, tokenizer)
+    template_kwargs = cfg.rollout.chat_template_kwargs
+    dataset = PromptDataset.from_config(cfg.data, tokenizer, template_kwargs=template_kwargs)
     phases.done("task")
     rewards = RewardPool(cfg.reward)
     reference = None
@@ -158,7 +154,7 @@ def build_actor(cfg: Config, actor_id: str, stop: threading.Event) -> Actor:
             cfg.model.path,
             cfg.model.dtype,
             cfg.actor.device,
-            cfg.rollout.temperature,
+            Sampling(cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p),
             cfg.learner.micro_batch_tokens,
         )
     phases.done("rewards")
@@ -172,13 +168,15 @@ def build_actor(cfg: Config, actor_id: str, stop: threading.Event) -> Actor:
     phases.done("engine")
 
     params = SamplingParams.from_config(cfg.rollout, stop_token_ids(tokenizer, cfg.model.path))
-    gen = Generation(engine, actor_id, params, tokenizer, cfg.rollout.group_size)
+    gen = Generation(engine, actor_id, params, tokenizer, cfg.rollout.group_size, template_kwargs)
     source_type = sources.get(cfg.rollout_source)
     source = source_type.from_config(gen, **cfg.sections_for(source_type.from_config))
     evaluator = None
     if cfg.data.eval_path and cfg.data.eval_every:
         evaluator = Evaluator(
-            PromptDataset.from_config(cfg.data, tokenizer, held_out=True),
+            PromptDataset.from_config(
+                cfg.data, tokenizer, held_out=True, template_kwargs=template_kwargs
+            ),
             size=cfg.data.eval_size,
             every=cfg.data.eval_every,
             run_dir=cfg.run.dir,
@@ -205,7 +203,7 @@ def build_actor(cfg: Config, actor_id: str, stop: threading.Event) -> Actor:
     if cfg.actor.publish_log:
         publish_log = JsonlLog(published_path(cfg.run.dir, actor_id))
     outbox = Outbox(RolloutProducer(redis, keys, cfg.broker), actor_id, publish_log)
-    heartbeats = Heartbeats(redis, keys, cfg.actor.heartbeat_s)
+    heartbeats = Heartbeats(redis, keys, cfg.actor.heartbeat_s, cfg.run.host_id)
     phases.done("connect")
     scorer = Scorer(rewards, reference)
     return Actor(gen, source, admit, scorer, outbox, heartbeats, phases, evaluator)

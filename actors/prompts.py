@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,14 @@ def _looks_local(path: Path) -> bool:
         or path.suffix.lower() in _FILE_BUILDERS
         or text.count("/") != 1
     )
+
+
+def check_dataset_path(path: str | os.PathLike) -> None:
+    """PromptDataError naming ``data.path`` when it is a local path with nothing there (a hub
+    dataset id resolves only when loaded)."""
+    path = Path(path)
+    if not path.exists() and _looks_local(path):
+        raise PromptDataError(f"data.path: {path}: dataset does not exist")
 
 
 def _load_table(path: Path, split: str, config: str | None = None):
@@ -239,7 +248,11 @@ def _messages(row: dict, fmt: str, key: str, where: str) -> list[dict[str, str]]
 
 
 def _render(
-    messages: list[dict[str, str]], fmt: str, tokenizer, chat_template: bool | None
+    messages: list[dict[str, str]],
+    fmt: str,
+    tokenizer,
+    chat_template: bool | None,
+    template_kwargs: Mapping[str, Any],
 ) -> list[int]:
     """Prompt token ids; ``chat_template`` None = the template for messages rows only."""
     if chat_template is None:
@@ -247,7 +260,9 @@ def _render(
     if chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise PromptDataError("rendering messages needs a tokenizer with a chat template")
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **template_kwargs
+        )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     # without a template the turns' texts are the prompt, one after the other
     text = "\n".join(turn["content"] for turn in messages)
@@ -267,6 +282,7 @@ class PromptDataset:
         prompt_key: str | None = None,
         answer_key: str | None = "answer",
         config: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ):
         path = Path(path)
         table = _load_table(path, split, config)
@@ -284,7 +300,7 @@ class PromptDataset:
             answer = row[answer_key] if answer_key else None
             if answer_key and answer is None:
                 raise PromptDataError(f"{where}, column {answer_key!r}: missing value")
-            ids = _render(messages, self.format, tokenizer, chat_template)
+            ids = _render(messages, self.format, tokenizer, chat_template, template_kwargs or {})
             if not ids:
                 raise PromptDataError(f"{where}: the prompt renders to no tokens")
             self.messages.append(messages)
@@ -293,10 +309,16 @@ class PromptDataset:
             self.token_ids.append(list(ids))
 
     @classmethod
-    def from_config(cls, data_cfg, tokenizer, held_out: bool = False) -> PromptDataset:
+    def from_config(
+        cls,
+        data_cfg,
+        tokenizer,
+        held_out: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> PromptDataset:
         """The dataset at ``data.path``, or with ``held_out`` the evaluation prompts at
         ``data.eval_path`` (read alike, from ``data.eval_split`` or ``data.split``); its errors
-        name that key."""
+        name that key. ``template_kwargs``: ``rollout.chat_template_kwargs``."""
         key, path = (
             ("data.eval_path", data_cfg.eval_path) if held_out else ("data.path", data_cfg.path)
         )
@@ -311,6 +333,7 @@ class PromptDataset:
                 data_cfg.prompt_key,
                 data_cfg.answer_key,
                 data_cfg.config,
+                template_kwargs,
             )
         except PromptDataError as exc:
             raise PromptDataError(f"{key}: {exc}") from None

@@ -5,7 +5,8 @@ group (``broker.wire``'s ``rlp`` column), so the learner's step has no reference
 learner is what actors wait for (they generate one batch ahead, then wait for admission),
 so the pass costs the actor time it would otherwise spend waiting. The log-probs are those
 the learner's pass would give: the same function (``policy.scoring.sequence_logprobs``)
-on the same folder at the sampling temperature.
+on the same folder under the same sampling distribution (temperature, top-k, top-p; the KL is
+the one between the truncated distributions the run samples from, docs/guarantees.md "What mu is").
 """
 
 from __future__ import annotations
@@ -16,21 +17,21 @@ import numpy as np
 import torch
 
 from streamrl.policy.load import load_policy
-from streamrl.policy.scoring import sequence_logprobs
+from streamrl.policy.scoring import Sampling, sequence_logprobs
 
 
 class ReferenceScorer:
     def __init__(
-        self, path: str, dtype: str, device: str, temperature: float, token_budget: int
+        self, path: str, dtype: str, device: str, sampling: Sampling | float, token_budget: int
     ) -> None:
         """The policy of ``path`` (``model.path``, ``model.dtype``) on ``device``;
-        ``temperature``: the sampling temperature (``rollout.temperature``); ``token_budget``:
+        ``sampling``: the run's (``rollout.temperature``, ``top_k``, ``top_p``); ``token_budget``:
         rows x padded length per forward pass, as the learner's micro-batches
         (``learner.micro_batch_tokens``): the logits ([rows, length, vocabulary] floats) are
         what grows."""
         self.model = load_policy(path, dtype, device)
         self.model.requires_grad_(False)
-        self.temperature = temperature
+        self.sampling = sampling
         self.token_budget = token_budget
 
     @torch.no_grad()
@@ -59,7 +60,7 @@ class ReferenceScorer:
             sequence = prompt + completion
             input_ids[i, : len(sequence)] = torch.tensor(sequence)
             attention_mask[i, : len(sequence)] = 1
-        scores = sequence_logprobs(self.model, input_ids, attention_mask, self.temperature)
+        scores = sequence_logprobs(self.model, input_ids, attention_mask, self.sampling)
         scores = scores.float().cpu().numpy()
         # completion token k sits at input position p + k, so its score is at position p + k - 1
         return [scores[i, len(p) - 1 : len(p) - 1 + len(c)].copy() for i, (p, c) in enumerate(rows)]

@@ -47,6 +47,7 @@ from streamrl.actors import metrics, plugins
 from streamrl.actors.sandbox import run_python
 from streamrl.broker import reward_failures
 from streamrl.configs.errors import ConfigError
+from streamrl.configs.schema import BUILTIN_REWARD_RANGES
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ def gsm8k(messages, answer, **_) -> float:
     return float(bool(gold) and bool(predicted) and verify(gold, predicted))
 
 
+# their declared ranges are configs.schema.BUILTIN_REWARD_RANGES (the learner checks entries by them)
 BUILTINS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "gsm8k": gsm8k,
@@ -246,8 +248,9 @@ def failure_meta(scores: Sequence[Score]) -> dict[str, int | str]:
     )
 
 
-def _as_parts(name: str, value) -> dict[str, float]:
-    """A reward's return value as named finite parts; ValueError for anything else."""
+def _as_parts(name: str, value, bounds=None) -> dict[str, float]:
+    """A reward's return value as named finite parts, each and their sum within ``bounds`` (the
+    function's declared range, when it has one); ValueError for anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
         raise ValueError(f"returned {type(value).__name__}, expected a number or a dict of numbers")
     items = value.items() if isinstance(value, dict) else [(None, value)]
@@ -256,6 +259,14 @@ def _as_parts(name: str, value) -> dict[str, float]:
         if isinstance(part, bool) or not isinstance(part, (int, float)) or not math.isfinite(part):
             raise ValueError(f"part {key!r} is {part!r}, expected a finite number")
         parts[name if key is None else f"{name}/{key}"] = float(part)
+    if bounds is not None:
+        low, high = bounds
+        # the learner dead-letters a group with a value outside its range: it fails here alone
+        for part in [*parts.values(), sum(parts.values())]:
+            if not low <= part <= high:
+                raise ValueError(
+                    f"{part!r} is outside the declared range, expected [{low}, {high}]"
+                )
     return parts
 
 
@@ -298,7 +309,7 @@ def score_sample(
             allowed = accepted_columns(fn) if columns else None
             try:
                 value = fn(messages, answer, **_call_kwargs(spec, allowed, columns or {}))
-                parts = _as_parts(part_name(spec), value)
+                parts = _as_parts(part_name(spec), value, spec.get("range"))
             # a plug-in may raise anything (MemoryError included)
             except Exception as exc:
                 score.failures[part_name(spec)] = _failure(part_name(spec), exc)
@@ -340,7 +351,9 @@ def score_batched(spec: dict, fn: RewardFn, inputs: list[RewardInput]) -> list:
         if not isinstance(values, (list, tuple)) or len(values) != len(inputs):
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise ValueError(f"returned {got}, expected a list of {len(inputs)} numbers")
-        return [{} if v is None else _as_parts(part_name(spec), v) for v in values]
+        return [
+            {} if v is None else _as_parts(part_name(spec), v, spec.get("range")) for v in values
+        ]
     # a plug-in may raise anything; the chunk scores 0 for it
     except Exception as exc:
         return [_failure(part_name(spec), exc)] * len(inputs)
@@ -409,6 +422,7 @@ class RewardPool:
     def __init__(self, reward_cfg) -> None:
         self.specs = [spec.model_dump() for spec in reward_cfg.functions]
         for spec in self.specs:
+            spec["range"] = spec["range"] or BUILTIN_REWARD_RANGES.get(spec["fn"])
             # the sandbox limits come from cfg.reward unless a spec overrides them
             if spec["fn"] == "code":
                 spec["kwargs"] = {

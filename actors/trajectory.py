@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -56,11 +57,18 @@ class RenderError(ValueError):
 class Renderer:
     """Token ids of a trajectory's first messages and of each observation, through the chat template."""
 
-    def __init__(self, tokenizer, tools: Sequence[Callable] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        tools: Sequence[Callable] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise RenderError("multi-turn environments need a tokenizer with a chat template")
         self.tokenizer = tokenizer
         self.tools = list(tools) or None
+        # rollout.chat_template_kwargs
+        self.template_kwargs = dict(template_kwargs or {})
         base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
         self._base = self._text(base, generation_prompt=False)
         if _PROBE not in self._base:
@@ -71,7 +79,11 @@ class Renderer:
 
     def _text(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+            messages,
+            tools=self.tools,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:

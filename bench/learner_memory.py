@@ -103,6 +103,8 @@ class Knobs:
     completion_len: int = 512
     # the output layer at every position, as before completion-only logits (``OLD_STEP``)
     all_positions: bool = False
+    # learner.logprob_chunk_tokens; None = the whole micro-batch's logits at once (``OLD_STEP``)
+    logprob_chunk_tokens: int | None = 1024
 
     @property
     def row_width(self) -> int:
@@ -118,7 +120,7 @@ class Knobs:
 
 # the learner step the H200 measurements of docs/gpu.md were taken on (before packing): logits at
 # every position and the entropy with its gradients whatever algo.entropy_coef
-OLD_STEP = {"all_positions": True, "entropy_grad": True}
+OLD_STEP = {"all_positions": True, "entropy_grad": True, "logprob_chunk_tokens": None}
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,23 @@ def head_bytes_per_token(s: Shape, entropy_grad: bool) -> tuple[int, int]:
     return saved, saved + s.vocab * (12 if entropy_grad else 8)
 
 
+def chunked_head_saved_per_token(s: Shape) -> int:
+    """What the chunked log-prob head (``learner.logprob_chunk_tokens``) keeps for the backward per
+    token it scores: the output layer's bf16 input (2h) and two int64 indices (the position the
+    token is scored at and the token). Each chunk's logits are recomputed in the backward pass."""
+    return 2 * s.hidden + 16
+
+
+def head_bytes(s: Shape, k: Knobs) -> int:
+    """Peak bytes of the log-prob head over one micro-batch: unchunked, every scored token's
+    ``head_bytes_per_token`` peak; chunked, every token's hidden state and one chunk's logits."""
+    saved, peak = head_bytes_per_token(s, k.entropy_grad)
+    if k.logprob_chunk_tokens is None:
+        return k.head_tokens * peak
+    one_chunk = min(k.head_tokens, k.logprob_chunk_tokens) * (peak - 2 * s.hidden)
+    return k.head_tokens * chunked_head_saved_per_token(s) + one_chunk
+
+
 def estimate(s: Shape, k: Knobs) -> Estimate:
     total = parameters(s)
     trainable = lora_parameters(s, k.lora_rank) if k.lora_rank else total
@@ -188,7 +207,7 @@ def estimate(s: Shape, k: Knobs) -> Estimate:
         bucket=2 * REDUCE_BUCKET,
         activations=k.micro_batch_tokens
         * activation_bytes_per_token(s, k.gradient_checkpointing, k.row_width),
-        logits=k.head_tokens * head_bytes_per_token(s, k.entropy_grad)[1],
+        logits=head_bytes(s, k),
         host=16 * trainable // k.ranks if k.offload_optimizer else 0,
     )
 
@@ -214,6 +233,7 @@ def config_knobs(cfg) -> Knobs:
         lora_rank=cfg.model.lora.rank,
         ranks=lc.ranks,
         completion_len=cfg.rollout.max_new_tokens,
+        logprob_chunk_tokens=lc.logprob_chunk_tokens,
     )
 
 

@@ -1,5 +1,7 @@
 """Weight publishing: shm publish -> applied in a subscriber process vs a plain copy of the same bytes,
-dist (gloo) broadcast time per GB, and peak RSS of publisher and subscriber.
+dist (gloo) broadcast time per GB, peak RSS of publisher and subscriber, and across hosts (the
+host relay against a raw gloo broadcast, bytes per version on an actor host's link:
+``bench.weightsync_hosts``).
 
     python -m bench --only weightsync            (part of `make bench`: synthetic fp32 tensors)
     python -m bench.weightsync --shape qwen05b --device cuda [--actor-device cuda]
@@ -353,7 +355,10 @@ def run(quick: bool = False) -> str:
         "memory (and the reader's host-to-device copy from a registered mapping) is what an e2e "
         "of 2x a pinned copy needs. The machine is shared (2 cores), so rows vary run to run.",
     ]
-    return "\n".join(lines) + "\n"
+    from bench import weightsync_hosts
+
+    hosts = weightsync_hosts.run(5_000_000 if quick else 25_000_000)
+    return "\n".join(lines) + "\n\n" + hosts
 
 
 def model_run(shape: str, device: str, actor_devices: list[str]) -> str:

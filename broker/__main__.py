@@ -1,14 +1,18 @@
-"""``python -m streamrl.broker --config X [key=value ...]``: run the embedded Redis until SIGINT/SIGTERM.
+"""``streamrl broker --config X [key=value ...]``: serve the run's Redis until SIGINT/SIGTERM.
 
-Prints the URL (password masked) and writes it to ``<run.dir>/redis.url`` so
-the learner and actors of the run find it. With ``REDIS_URL`` (or
-``broker.redis_url``) set it starts nothing: it checks that Redis answers and exits.
+The broker role of a run on several hosts, and what ``python -m streamrl.broker`` runs on one.
+``broker.host`` picks the interface (loopback by default); any other address needs a
+password, which comes from ``STREAMRL_REDIS_PASSWORD`` or ``broker.password_file`` (mode 0600),
+never the command line. With ``broker.tls_cert_file`` and ``broker.tls_key_file`` it serves TLS
+only. Prints the URL (password masked) and the ``--join`` URL other hosts pass to ``streamrl
+actors``, and writes the URL to ``<run.dir>/redis.url`` so processes of this host find it. With
+``REDIS_URL`` (or ``broker.redis_url``) set it starts nothing: it checks that Redis answers and
+exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import threading
@@ -17,19 +21,24 @@ from pathlib import Path
 import redis
 
 from streamrl.broker.client import connect_sync, url_file
+from streamrl.broker.password import PasswordError, refuse_on_command_line, with_password
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import config_from_cli
-
-
-def masked(url: str) -> str:
-    return re.sub(r"//([^@/]*):[^@/]*@", r"//\1:***@", url)
+from streamrl.configs.redact import redact_url, strip_url
+from streamrl.configs.runfiles import restrict_umask
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m streamrl.broker", description=__doc__.splitlines()[0]
-    )
-    _args, cfg = config_from_cli(parser, argv)
+    parser = argparse.ArgumentParser(prog="streamrl broker", description=__doc__.splitlines()[0])
+    args, cfg = config_from_cli(parser, argv)
+    # Redis's files (data, log) and the URL file are this user's only
+    restrict_umask(cfg.run.shared_read)
+    try:
+        refuse_on_command_line(args.overrides)
+        broker = with_password(cfg.broker)
+    except PasswordError as exc:
+        print(f"streamrl broker: {exc}", file=sys.stderr)
+        return 2
 
     if cfg.broker.redis_url:
         client = connect_sync(cfg.broker, cfg.run.dir)
@@ -37,27 +46,30 @@ def main(argv: list[str] | None = None) -> int:
             client.ping()
         except redis.RedisError as exc:
             print(
-                f"broker: external Redis at {masked(cfg.broker.redis_url)}: {exc}", file=sys.stderr
+                f"broker: external Redis at {redact_url(cfg.broker.redis_url)}: {exc}",
+                file=sys.stderr,
             )
             return 1
         finally:
             client.close()
         print(
-            f"external Redis at {masked(cfg.broker.redis_url)} answers; starting none", flush=True
+            f"external Redis at {redact_url(cfg.broker.redis_url)} answers; starting none",
+            flush=True,
         )
         return 0
 
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
-        server = EmbeddedRedis(
-            cfg.broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg.run.dir)
-        ).start()
+        # refuses an unsafe bind before anything, signal handlers included, is set up
+        server = EmbeddedRedis(broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg.run.dir))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        server.start()
     except RedisServerError as exc:
         print(f"broker: {exc}", file=sys.stderr)
         return 1
-    print(f"redis ready at {masked(server.url)} (url in {url_file(cfg.run.dir)})", flush=True)
+    print(f"redis ready at {redact_url(server.url)} (url in {url_file(cfg.run.dir)})", flush=True)
+    print(f"other hosts: streamrl actors --join {strip_url(server.url)} --count N", flush=True)
     try:
         while not stop.wait(0.5):
             if server.proc.poll() is not None:

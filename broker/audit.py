@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from streamrl.configs.runfiles import open_append
+
 PUBLISHED_DIR = "published"
 COMMITS_FILE = "learner_commits.jsonl"
 
@@ -31,7 +33,8 @@ class JsonlLog:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a")  # noqa: SIM115 (closed in close())
+        # closed in close()
+        self._file = open_append(self.path)
 
     def write(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")

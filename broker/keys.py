@@ -46,6 +46,8 @@ class Keys:
         self.weights_dist_group = p + "weights:dist:group"
         self.weights_dist_epoch = p + "weights:dist:group:epoch"
         self.metrics_targets = p + "metrics:targets"
+        # the same fields -> the run.host_id of the process serving them (a scrape target label)
+        self.metrics_hosts = p + "metrics:hosts"
         # `make scale` -> the supervisor of `make run`
         self.launch_control = p + "launch:control"
 

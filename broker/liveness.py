@@ -17,8 +17,16 @@ from streamrl.broker.keys import Keys
 
 
 class Heartbeats:
-    def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys, heartbeat_s: float):
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        keys: Keys,
+        heartbeat_s: float,
+        host_id: str | None = None,
+    ):
         self.redis = redis_client
+        # the run's name for this host (run.host_id), which inspect and the live view group by
+        self.host_id = host_id or socket.gethostname()
         self.keys = keys
         self.heartbeat_s = heartbeat_s
         self.ttl_ms = max(1, int(3 * heartbeat_s * 1000))
@@ -28,7 +36,7 @@ class Heartbeats:
     ) -> None:
         """Announce that ``actor_id`` lives; call every ``actor.heartbeat_s``."""
         fields = {
-            "host": socket.gethostname(),
+            "host": self.host_id,
             "pid": os.getpid(),
             "version": version,
             "tokens_per_s": tokens_per_s,

@@ -1,20 +1,43 @@
 """Prometheus endpoint of a process, and the stream metrics (defined once, here).
 
 ``serve`` starts prometheus-client's HTTP server and registers ``role:ident``
--> ``host:port`` in the run's ``metrics:targets`` hash, which ``launch`` turns
-into a file-SD scrape config. Identity travels as scrape-target labels, not
-metric labels.
+-> ``host:port`` in the run's ``metrics:targets`` hash, and the process's ``run.host_id`` in
+``metrics:hosts``, which ``launch`` turns into a file-SD scrape config. Identity (host
+included) travels as scrape-target labels, not metric labels. An endpoint bound to every
+interface (``metrics.host: 0.0.0.0``, for a Prometheus on another host) registers the address
+its route to Redis leaves from.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge, Info, start_http_server
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
+from streamrl.broker.netaddr import advertised
 from streamrl.configs.schema import BrokerConfig, MetricsConfig, RunConfig
+
+BUILD = Info("streamrl_build", "What this process runs: streamrl, Python and torch versions.")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+BUILD.info(
+    {
+        "version": _version("streamrl"),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+    }
+)
 
 STREAM_LENGTH = Gauge(
     "streamrl_stream_length", "Entries in the rollout stream (produced, not yet acked)."
@@ -58,15 +81,21 @@ class Endpoint:
     broker: BrokerConfig
     run_dir: str
     targets_key: str
+    # run.host_id: the target's host label
+    host_id: str = ""
+    hosts_key: str = ""
 
     @classmethod
     def from_config(cls, metrics: MetricsConfig, broker: BrokerConfig, run: RunConfig) -> Endpoint:
+        keys = Keys.from_config(run, broker)
         return cls(
             enabled=metrics.enabled,
             host=metrics.host,
             broker=broker,
             run_dir=run.dir,
-            targets_key=Keys.from_config(run, broker).metrics_targets,
+            targets_key=keys.metrics_targets,
+            host_id=run.host_id,
+            hosts_key=keys.metrics_hosts,
         )
 
 
@@ -78,8 +107,17 @@ def serve(endpoint: Endpoint, role: str, ident: str, port: int = 0) -> int:
     bound = server.server_address[1]
     _servers[bound] = server
     client = connect_sync(endpoint.broker, endpoint.run_dir)
+    field = f"{role}:{ident}"
     try:
-        client.hset(endpoint.targets_key, f"{role}:{ident}", f"{endpoint.host}:{bound}")
+        # bound to every interface: registered at the address Prometheus, beside Redis, reaches
+        address = advertised(
+            endpoint.host, client.connection_pool.connection_kwargs.get("host", "127.0.0.1")
+        )
+        pipe = client.pipeline(transaction=True)
+        pipe.hset(endpoint.targets_key, field, f"{address}:{bound}")
+        if endpoint.hosts_key:
+            pipe.hset(endpoint.hosts_key, field, endpoint.host_id)
+        pipe.execute()
     finally:
         client.close()
     return bound
@@ -94,5 +132,7 @@ def unregister(endpoint: Endpoint, role: str, ident: str, port: int) -> None:
     client = connect_sync(endpoint.broker, endpoint.run_dir)
     try:
         client.hdel(endpoint.targets_key, f"{role}:{ident}")
+        if endpoint.hosts_key:
+            client.hdel(endpoint.hosts_key, f"{role}:{ident}")
     finally:
         client.close()

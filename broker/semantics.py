@@ -12,7 +12,8 @@ reason. Pure: no Redis, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from streamrl.broker.wire import RolloutGroup, WireError
 from streamrl.configs.schema import AlgoConfig, BrokerConfig, RolloutConfig
@@ -29,6 +30,9 @@ class Limits:
     # the knob max_completion_tokens comes from: a multi-turn trajectory's limit is
     # env.max_total_tokens, an agent's agent.max_total_tokens
     completion_key: str = "rollout.max_new_tokens"
+    # measure -> [low, high] (``Config.reward_ranges``): "reward" bounds the total, a function's
+    # part name its parts (``name`` and ``name/key``); a part named in none keeps max_abs_reward
+    ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_config(
@@ -37,9 +41,10 @@ class Limits:
         broker: BrokerConfig,
         algo: AlgoConfig,
         completion_limit: tuple[str, int],
+        ranges: Mapping[str, tuple[float, float]] | None = None,
     ) -> Limits:
         """``completion_limit``: the knob that bounds one completion and its value
-        (``Config.completion_limit``)."""
+        (``Config.completion_limit``); ``ranges``: ``Config.reward_ranges``."""
         key, tokens = completion_limit
         return cls(
             group_size=rollout.group_size,
@@ -48,7 +53,13 @@ class Limits:
             max_abs_reward=broker.max_abs_reward,
             needs_ref_logprobs=algo.actors_score_reference,
             completion_key=key,
+            ranges=dict(ranges or {}),
         )
+
+    def range_of(self, measure: str) -> tuple[float, float]:
+        """The range of the total (``reward``) or of a reward part, by its name."""
+        found = self.ranges.get(measure) or self.ranges.get(measure.partition("/")[0])
+        return found or (-self.max_abs_reward, self.max_abs_reward)
 
 
 def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = None) -> None:
@@ -68,17 +79,9 @@ def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = N
                 f"completion[{i}]: {len(completion)} tokens exceeds "
                 f"{limits.completion_key}={limits.max_completion_tokens}"
             )
-        if abs(completion.reward) > limits.max_abs_reward:
-            raise WireError(
-                f"completion[{i}].r: reward {completion.reward!r} exceeds "
-                f"broker.max_abs_reward={limits.max_abs_reward}"
-            )
+        _check_range(completion.reward, limits.range_of("reward"), f"completion[{i}].r: reward")
         for name, value in completion.reward_parts.items():
-            if abs(value) > limits.max_abs_reward:
-                raise WireError(
-                    f"completion[{i}].rp[{name!r}]: {value!r} exceeds "
-                    f"broker.max_abs_reward={limits.max_abs_reward}"
-                )
+            _check_range(value, limits.range_of(name), f"completion[{i}].rp[{name!r}]:")
         if limits.needs_ref_logprobs and completion.ref_logprobs is None:
             raise WireError(
                 f"completion[{i}]: no reference log-probs (rlp), which algo.reference_on=actors "
@@ -89,6 +92,17 @@ def check_group(group: RolloutGroup, limits: Limits, max_version: int | None = N
                 f"completion[{i}].ver: policy version {int(completion.versions.max())} was never "
                 f"announced (the learner is at {max_version})"
             )
+
+
+def _check_range(value: float, bounds: tuple[float, float], what: str) -> None:
+    low, high = bounds
+    # the actor sums weighted parts in float64: a total at its bound may round past it
+    slack = 1e-9 * max(1.0, abs(low), abs(high))
+    if not low - slack <= value <= high + slack:
+        raise WireError(
+            f"{what} {value!r} outside its range [{low:g}, {high:g}] (reward.functions[].range, "
+            f"broker.max_abs_reward)"
+        )
 
 
 def is_stale(learner_version, token_version, max_staleness):

@@ -28,11 +28,13 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import redis
 
+from streamrl.broker.netaddr import wildcard
 from streamrl.configs.errors import StreamRLError
+from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import BrokerConfig
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,10 @@ class EmbeddedRedis:
                 f"refusing to bind Redis to non-loopback address {broker.host!r} without a password: "
                 "set broker.password (or bind 127.0.0.1)"
             )
+        if bool(broker.tls_cert_file) != bool(broker.tls_key_file):
+            raise RedisServerError(
+                "broker.tls_cert_file and broker.tls_key_file come together: set both or neither"
+            )
         self.broker = broker
         # redis-server chdirs to --dir: relative paths would break
         self.data_dir = Path(data_dir).resolve()
@@ -119,9 +125,29 @@ class EmbeddedRedis:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def tls(self) -> bool:
+        return self.broker.tls_cert_file is not None
+
+    @property
     def url(self) -> str:
-        host = f"[{self.broker.host}]" if ":" in self.broker.host else self.broker.host
-        return f"redis://:{quote(self.password, safe='')}@{host}:{self.port}/0"
+        """The URL at the bind address; bound to every interface, at this host's name, which other
+        hosts resolve (the bind address would send them to their own loopback)."""
+        return self.url_for(
+            socket.gethostname() if wildcard(self.broker.host) else self.broker.host
+        )
+
+    def url_for(self, host: str) -> str:
+        """The URL of this server as reached at ``host`` (the bind address, or the routable
+        address other hosts use when it binds every interface)."""
+        host = f"[{host}]" if ":" in host else host
+        scheme, query = "redis", ""
+        if self.tls:
+            scheme = "rediss"
+            if self.broker.tls_ca_file:
+                query = "?" + urlencode(
+                    {"ssl_ca_certs": str(Path(self.broker.tls_ca_file).resolve())}
+                )
+        return f"{scheme}://:{quote(self.password, safe='')}@{host}:{self.port}/0{query}"
 
     def _command(self) -> list[str]:
         cmd = [
@@ -130,7 +156,7 @@ class EmbeddedRedis:
             # the rest of the config (password, renames) comes on stdin, never in `ps` output
             "-",
             "--port",
-            str(self.port),
+            "0" if self.tls else str(self.port),
             "--bind",
             self.broker.host,
             "--dir",
@@ -146,6 +172,20 @@ class EmbeddedRedis:
             "--logfile",
             str(self.data_dir / "redis.log"),
         ]
+        if self.tls:
+            # TLS only: no plain port; clients are told apart by the password, not certificates
+            cmd += [
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(Path(self.broker.tls_cert_file).resolve()),
+                "--tls-key-file",
+                str(Path(self.broker.tls_key_file).resolve()),
+                "--tls-auth-clients",
+                "no",
+            ]
+            if self.broker.tls_ca_file:
+                cmd += ["--tls-ca-cert-file", str(Path(self.broker.tls_ca_file).resolve())]
         return cmd
 
     def _stdin_config(self) -> bytes:
@@ -228,11 +268,8 @@ class EmbeddedRedis:
         """Write the URL (it may hold the password) readable by the owner only, atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.url + "\n")
-        os.replace(tmp, path)
+        # an exclusive temp name: a predictable one could be a planted link
+        write_new(path, self.url + "\n")
 
     def stop(self) -> None:
         """SHUTDOWN NOSAVE (AOF, if on, is flushed), then terminate, then kill; each step bounded."""

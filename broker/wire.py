@@ -24,6 +24,7 @@ stream consumer turns that into a dead-letter entry.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import msgpack
@@ -44,6 +45,10 @@ REWARD_DTYPE = np.dtype("<f8")
 # Bounds that keep a hostile entry from bloating what the learner keeps (ids live in the
 # `trained` set for the run's life) or from reaching the loss with values no sampler produces.
 MAX_ID_CHARS = 256
+# what ids are made of: printable ASCII without spaces (actor ids, ``row<i>`` prompt ids,
+# ``<actor>-<seq>-<hex>`` group ids). An empty id would be trained and enter the dedup set; a
+# control character, a space or a newline would reach logs, metric labels and Redis keys
+ID_PATTERN = re.compile(r"[!-~]+")
 MAX_REWARD_PARTS = 32
 MAX_PART_NAME_CHARS = 64
 MAX_META_KEYS = 16
@@ -174,6 +179,10 @@ def _id(obj: dict, key: str) -> str:
     value = _field(obj, key, str, "group")
     if len(value) > MAX_ID_CHARS:
         raise WireError(f"group.{key}: {len(value)} characters (at most {MAX_ID_CHARS})")
+    if not ID_PATTERN.fullmatch(value):
+        raise WireError(
+            f"group.{key}: {value[:64]!r} is not a non-empty id of printable ASCII without spaces"
+        )
     return value
 
 
@@ -231,6 +240,9 @@ def decode_group(
         isinstance(v, (int, float, str)) for v in meta.values()
     ):
         raise WireError("group.meta: expected a map of scalars")
+    for key, value in meta.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise WireError(f"group.meta[{str(key)[:64]!r}]: non-finite value {value!r}")
     if len(meta) > MAX_META_KEYS or any(
         len(k) > MAX_META_CHARS or isinstance(v, str) and len(v) > MAX_META_CHARS
         for k, v in meta.items()

@@ -1,15 +1,53 @@
-"""``streamrl config show --config C [key=value ...]``: the resolved config as YAML, secrets redacted.
+"""``streamrl config show|convert``: print a resolved config; translate a TRL or verl one.
 
-``C`` is a preset, a YAML file or a run directory (its saved ``config.yaml``: what that
-run ran with). Every default is spelled out, so the output is a complete config file.
+``show --config C [key=value ...]``: the resolved config as YAML, secrets redacted. ``C`` is
+a preset, a YAML file or a run directory (its saved ``config.yaml``: what that run ran
+with). Every default is spelled out, so the output is a complete config file.
+
+``convert --from trl|verl FILE [--base C] [--out OUT]``: FILE (a TRL ``GRPOConfig`` or a
+verl config as YAML) as a streamrl config, on top of ``C``'s file when given, plus a table
+of each field: mapped, approximated (and how), refused (and why) or unset.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+import yaml
+
+from streamrl.configs import convert
+from streamrl.configs.errors import ConfigError
 from streamrl.configs.load import config_from_cli, config_text
+
+
+def _convert(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="streamrl config convert", description="a TRL or verl config as a streamrl config"
+    )
+    parser.add_argument("--from", dest="dialect", choices=["trl", "verl"], required=True)
+    parser.add_argument("file", help="the TRL GRPOConfig or verl config, as YAML")
+    parser.add_argument("--base", help="a preset or YAML file the converted settings go on top of")
+    parser.add_argument("--out", help="write the YAML here (default: stdout; the table to stderr)")
+    args = parser.parse_args(argv)
+    try:
+        tree = yaml.safe_load(Path(args.file).read_text()) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{args.file}: top level must be a mapping")
+        settings, rows = convert.convert(tree, args.dialect, args.base)
+        text = convert.yaml_text(settings, args.base, args.file, args.dialect)
+    except (OSError, yaml.YAMLError, ConfigError) as exc:
+        print(f"streamrl config convert: {exc}", file=sys.stderr)
+        return 2
+    report = convert.table(rows)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"{report}\n\nwrote {args.out}")
+    else:
+        sys.stdout.write(text)
+        print(report, file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     top = argparse.ArgumentParser(prog="streamrl config", description=__doc__.splitlines()[0])
     actions = top.add_subparsers(dest="action", metavar="<action>", required=True)
     show = actions.add_parser("show", help="print the resolved config, secrets redacted")
-    if not argv or argv[0] != "show":
+    actions.add_parser("convert", help="a TRL or verl config as a streamrl one", add_help=False)
+    if not argv or argv[0] not in ("show", "convert"):
         # --help, or an error naming the missing or unknown action
         top.parse_args(argv)
+    if argv[0] == "convert":
+        return _convert(argv[1:])
     show.prog = "streamrl config show"
     _args, cfg = config_from_cli(show, argv[1:])
     sys.stdout.write(config_text(cfg))

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ValidationError
 
 from streamrl.configs import foreign
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.redact import redacted
+from streamrl.configs.redact import redact_text, redacted, restore, shown_value
+from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import Config
 
 Overrides = Iterable[str] | Mapping[str, Any]
@@ -50,7 +51,10 @@ def _override_tree(overrides: Iterable[str]) -> dict[str, Any]:
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+            shown = shown_value(key.rsplit(".", 1)[-1], raw)
+            # the YAML error quotes the text: only its problem, no snippet
+            problem = getattr(exc, "problem", None) or "not YAML"
+            raise ConfigError(f"override {key}: cannot parse value {shown!r}: {problem}") from None
         pairs.append((key, value))
     return _tree(pairs)
 
@@ -153,6 +157,39 @@ def _listify(value: Any, where: str) -> Any:
     return {k: _listify(v, f"{where}.{k}") for k, v in value.items()}
 
 
+# the sections whose `build` hook fills their `path` (actors.inputs; supervised: launch.supervised)
+HOOKED = ("model", "data", "supervised")
+
+
+def _unbind_moved_hooks(
+    base: dict[str, Any], merged: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """``merged`` less the ``build`` hooks of ``base`` whose ``path`` an override moved.
+
+    A hook fills only the path it was declared with: the demo preset's builders make the toy
+    policy at ``runs/demo-policy``, never at a hub id or a typo the user wrote over it (which then
+    fails at start naming its key, as any missing input). A hook set by the same overrides that
+    move its path is declared with that path and stays.
+    """
+    out = dict(merged)
+    for name in HOOKED:
+        was, now, given = base.get(name), merged.get(name), overrides.get(name)
+        if not (isinstance(was, dict) and isinstance(now, dict) and isinstance(given, dict)):
+            continue
+        if "build" in given or not was.get("build") or now.get("build") != was["build"]:
+            continue
+        if _same_path(now.get("path"), was.get("path")):
+            continue
+        out[name] = {**now, "build": None}
+    return out
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    if isinstance(a, str) and isinstance(b, str) and a and b:
+        return os.path.normpath(a) == os.path.normpath(b)
+    return a == b
+
+
 def _model_at(loc: tuple) -> type | None:
     """The config section (pydantic model) that holds the last key of ``loc``."""
     node: Any = Config
@@ -194,7 +231,9 @@ def _format(exc: ValidationError, source: str) -> str:
         if err["type"] == "missing" or isinstance(shown, dict):
             lines.append(f"  {key}: {reason}")
         else:
-            lines.append(f"  {key}: {reason} (got {shown!r})")
+            # a rejected password is still a password
+            last = err["loc"][-1] if err["loc"] else ""
+            lines.append(f"  {key}: {reason} (got {shown_value(last, shown)!r})")
     return "\n".join(lines)
 
 
@@ -266,10 +305,11 @@ def load_config(
     else:
         tree = _override_tree(overrides or ())
     if tree:
-        data = _merge(data, tree)
+        data = _unbind_moved_hooks(data, _merge(data, tree), _plain(tree))
         source += " + overrides"
     if env.get("REDIS_URL"):
         data = _merge(data, {"broker": {"redis_url": env["REDIS_URL"]}})
+    data = restore(data, env)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -283,14 +323,10 @@ def config_text(cfg: Config) -> str:
 
 def write_config(cfg: Config, path: str | os.PathLike) -> Path:
     """Write ``config_text(cfg)``, which ``load_config`` reads back equal but for the redacted
-    secrets; mode 0600 from the first byte all the same (it names hosts and paths)."""
+    secrets (``SECRETS_ENV`` puts them back); mode 0600 (it names hosts and paths), 0644 with
+    ``run.shared_read``. A file or link already there is replaced, never written through."""
     path = Path(path)
-    text = config_text(cfg)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        # an older file of the same name keeps its mode through O_TRUNC
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
+    write_new(path, config_text(cfg), shared_read=cfg.run.shared_read)
     return path
 
 
@@ -311,5 +347,5 @@ def config_from_cli(
     try:
         return args, load_config(args.config, args.overrides)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        print(redact_text(str(exc)), file=sys.stderr)
         raise SystemExit(2) from None

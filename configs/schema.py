@@ -8,11 +8,12 @@ so a typo fails at start instead of silently doing nothing.
 from __future__ import annotations
 
 import inspect
+import socket
 import types
 import typing
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def _takes_list(annotation) -> bool:
@@ -96,10 +97,36 @@ class RunConfig(Section):
         10, ge=0, description="Log a table of sample completions every N learner steps (0 = off)."
     )
     log_samples: int = Field(4, ge=1, description="Sample completions per logged table.")
+    shared_read: bool = Field(
+        False,
+        description="Let other local users read what the run writes (logs, step rows, checkpoints, TensorBoard files, the run directory): new files 0644 and directories 0755 instead of 0600/0700. Never writable by others.",
+    )
     export_at_end: bool = Field(
         True,
         description="When the learner stops, write the policy as a Hugging Face folder (safetensors, config, tokenizer) to <run.dir>/policy.",
     )
+    host_id: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_.\-]*$",
+        validate_default=True,
+        # a property of the process, not of the run: a saved run config read on another host
+        # must not make that host pose as this one
+        exclude=True,
+        description="This host's identity; '' = its hostname. Everything host-local is keyed by it: the weight announcements and shared-memory segment its actors read, run-dir files, the metrics' host label. Every host of a run needs a distinct one. Never saved with the run's config.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_path_part(cls, name: str) -> str:
+        # the default run.dir is runs/<name>: `..` would make it the working directory
+        if name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise ValueError("must be a plain name: not empty, `.`, `..` or a path with / or \\")
+        return name
+
+    @field_validator("host_id")
+    @classmethod
+    def _hostname(cls, value: str) -> str:
+        return value or socket.gethostname()
 
     @model_validator(mode="before")
     @classmethod
@@ -127,7 +154,23 @@ class BrokerConfig(Section):
     )
     password: str | None = Field(
         None,
-        description="requirepass for the embedded Redis (None = a random one per run, kept in the 0600 URL file); mandatory for a non-loopback bind.",
+        json_schema_extra={"secret": True},
+        description="requirepass for the embedded Redis (None = a random one per run, kept in the 0600 URL file); mandatory for a non-loopback bind. `streamrl broker` and `streamrl actors --join` refuse it on the command line (visible in `ps`): they read STREAMRL_REDIS_PASSWORD, else `password_file`.",
+    )
+    password_file: str | None = Field(
+        None,
+        description="File holding the Redis password on its first line, for `streamrl broker` and `streamrl actors --join` when STREAMRL_REDIS_PASSWORD is unset; refused unless only its owner may read it (mode 0600 or stricter).",
+    )
+    tls_cert_file: str | None = Field(
+        None,
+        description="`streamrl broker`: PEM certificate of the embedded Redis; with `tls_key_file` it serves TLS only (rediss://) on `port`. None = plain TCP.",
+    )
+    tls_key_file: str | None = Field(
+        None, description="`streamrl broker`: PEM private key of `tls_cert_file`."
+    )
+    tls_ca_file: str | None = Field(
+        None,
+        description="PEM CA bundle clients verify the broker's certificate with; `streamrl broker` puts it in the URL it prints (`?ssl_ca_certs=`). None = the system's CAs.",
     )
     appendonly: bool = Field(
         False,
@@ -180,9 +223,9 @@ class BrokerConfig(Section):
         description="Decoder size limit for one stream entry; larger entries are dead-lettered.",
     )
     max_abs_reward: float = Field(
-        1e6,
+        100.0,
         gt=0,
-        description="Entries with a reward of larger magnitude are dead-lettered (advantages would overflow).",
+        description="The range [-x, x] of a reward function that declares none (`reward.functions[].range`, built-ins' own) and of an environment's reward (part `env`); an entry whose reward or part lies outside its range is dead-lettered (a hostile peer could otherwise move the target or overflow advantages).",
     )
     max_deliveries: int = Field(
         5,
@@ -274,11 +317,34 @@ class ModelConfig(Section):
     )
     build: str | None = Field(
         None,
-        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to create the policy folder there before anything loads it; e.g. the CPU demo's `streamrl.examples.reverse_digits:build_policy`. None = a missing `path` is an error.",
+        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to create the policy folder there before anything loads it; it fills only the path declared with it (in the same file, or the same overrides), so an override that moves `path` drops it and the new path must exist; e.g. the CPU demo's `streamrl.examples.reverse_digits:build_policy`. None = a missing `path` is an error.",
     )
     lora: LoraConfig = Field(
         default_factory=LoraConfig, description="LoRA adapters instead of full training."
     )
+    init_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments of the policy's from_pretrained on the learner and the hf actors (TRL's model_init_kwargs), e.g. {attn_implementation: sdpa}. trust_remote_code runs the model repository's own code: never on unless set here (true/false). Keys streamrl sets itself are refused: dtype/torch_dtype (model.dtype), device_map (the learner and actors place the model), revision (model.path's @revision).",
+    )
+
+    @field_validator("init_kwargs")
+    @classmethod
+    def _own_keys(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        taken = {
+            "dtype": "model.dtype",
+            "torch_dtype": "model.dtype",
+            "device_map": "the learner and actors place the model",
+            "revision": "model.path's @revision",
+        }
+        clash = sorted(k for k in kwargs if k in taken)
+        if clash:
+            raise ValueError(
+                "streamrl sets these itself: "
+                + ", ".join(f"{k} (set by {taken[k]})" for k in clash)
+            )
+        if "trust_remote_code" in kwargs and not isinstance(kwargs["trust_remote_code"], bool):
+            raise ValueError("trust_remote_code must be true or false")
+        return kwargs
 
 
 class DataConfig(Section):
@@ -310,7 +376,7 @@ class DataConfig(Section):
     )
     build: str | None = Field(
         None,
-        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to write the dataset there before anything loads it; e.g. the CPU demo's `streamrl.examples.reverse_digits:write_dataset`. None = a missing `path` is an error.",
+        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to write the dataset there before anything loads it; it fills only the path declared with it (in the same file, or the same overrides), so an override that moves `path` drops it and the new path must exist; e.g. the CPU demo's `streamrl.examples.reverse_digits:write_dataset`. None = a missing `path` is an error.",
     )
     eval_path: str | None = Field(
         None,
@@ -330,6 +396,11 @@ class DataConfig(Section):
 class RolloutConfig(Section):
     """How completions are sampled."""
 
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments of the tokenizer's apply_chat_template wherever a chat template renders (prompts, multi-turn observations, agent calls), e.g. {enable_thinking: false} for Qwen3 (TRL's chat_template_kwargs). {} = none.",
+    )
+
     group_size: int = Field(
         16, ge=1, description="Completions per prompt (G); one stream entry carries one group."
     )
@@ -342,11 +413,26 @@ class RolloutConfig(Section):
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; behaviour log-probs are taken after it."
     )
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1 = off).")
-    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description='Nucleus sampling threshold (1 = off). The learner scores tokens under the same truncated, renormalised distribution, so the PPO ratio starts at 1 (docs/guarantees.md, "What mu is").',
+    )
+    top_k: int = Field(
+        0,
+        ge=0,
+        description="Top-k sampling (0 = off), applied before top_p; the learner scores under it too.",
+    )
     stop: list[str] = Field(
         default_factory=list, description="Extra stop strings; the tokenizer's EOS always stops."
     )
+
+
+# the ranges the built-in reward functions declare (actors.rewards.BUILTINS): all are rates
+BUILTIN_REWARD_RANGES: dict[str, tuple[float, float]] = {
+    name: (0.0, 1.0) for name in ("exact_match", "gsm8k", "math", "think_format", "code")
+}
 
 
 class RewardSpec(Section):
@@ -365,9 +451,20 @@ class RewardSpec(Section):
         description="What this function's reward parts are named in step rows, metrics and `run.target_parts` (None = `fn`).",
     )
     weight: float = Field(1.0, description="Weight of this reward in the total.")
+    range: tuple[float, float] | None = Field(
+        None,
+        description="[low, high] the function's value and each of its parts lie in, e.g. [0, 1] for a rate. None = a built-in's declared range ([0, 1] for all of them), else [-broker.max_abs_reward, broker.max_abs_reward]. An actor scores a value outside as a failure (`invalid`); the learner dead-letters an entry whose part lies outside, and clips each step's part means to it for `run.target_parts`.",
+    )
     kwargs: dict = Field(
         default_factory=dict, description="Extra keyword arguments passed to the reward function."
     )
+
+    @field_validator("range")
+    @classmethod
+    def _low_to_high(cls, value):
+        if value is not None and not value[0] <= value[1]:
+            raise ValueError(f"range {list(value)}: low is above high")
+        return value
 
 
 class RewardConfig(Section):
@@ -422,7 +519,12 @@ class EnvConfig(Section):
     step_timeout_s: float = Field(
         10.0,
         gt=0,
-        description="Wall-clock limit of one `reset` or `step` call; past it the trajectory ends with reason `timeout`.",
+        description="Wall-clock limit of one `reset` or `step` call; past it the trajectory ends with reason `timeout` (a `ToolEnvironment`'s tool processes are killed).",
+    )
+    max_concurrent_steps: int = Field(
+        8,
+        ge=1,
+        description="Environment steps of one turn's trajectories that run at once: G hung steps cost ceil(G / this) x `step_timeout_s`, not G x.",
     )
     truncated_reward: float | None = Field(
         None,
@@ -472,6 +574,26 @@ class AgentConfig(Section):
         gt=0,
         description="A group whose G trajectories are not all closed this long after it was opened is dropped and its admission lease released.",
     )
+    trust_reported_reward: bool = Field(
+        False,
+        description='Take the reward an agent reports (`{"reward": x}`, clipped to `reward_range`) as the trajectory\'s, and hand agents the task\'s `answer`. False = a reported reward is refused (403) and the reward functions score the recorded conversation (`{"reward": null}`): whoever holds the token would otherwise decide what is trained.',
+    )
+    reward_range: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="[low, high] an agent-reported reward is clipped to (with `trust_reported_reward`); also its part `agent`'s range at the learner.",
+    )
+    max_connections: int = Field(
+        256,
+        ge=1,
+        description="Open connections to the API at once; more are closed as they arrive.",
+    )
+
+    @field_validator("reward_range")
+    @classmethod
+    def _low_to_high(cls, value):
+        if not value[0] <= value[1]:
+            raise ValueError(f"reward_range {list(value)}: low is above high")
+        return value
 
 
 # Where each engine (``actor.engine``) computes: "device" = on ``actor.device``; "gpu" = on the
@@ -529,7 +651,7 @@ class ActorConfig(Section):
     )
     gpus: list[int] | Literal["share"] | None = Field(
         None,
-        description='GPUs of the supervised actors, as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of `tensor_parallel_size` indices as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
+        description='GPUs of the supervised actors (of `streamrl run`, and of `streamrl actors` on each actors host), as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of `tensor_parallel_size` indices as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
     )
     staggered_start: bool = Field(
         False,
@@ -588,6 +710,21 @@ class AlgoConfig(Section):
     )
     clip_high: float = Field(
         0.2, ge=0, description="Upper clip range (DAPO's clip-higher when > clip_low)."
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="token = one ratio pi_theta/pi_prox per token; sequence = GSPO: one ratio per completion, exp of the mean over its tokens of the log-ratio, clipped with sequence_clip_low/high (TRL's importance_sampling_level). The truncated IS weight and the KL stay per token; GSPO's paper averages per sequence (aggregation: seq_mean).",
+    )
+    sequence_clip_low: float = Field(
+        3e-4,
+        ge=0,
+        lt=1,
+        description="Lower clip range of the sequence ratio under importance_sampling_level: sequence (the GSPO paper's 3e-4: a mean log-ratio moves far less than a token's).",
+    )
+    sequence_clip_high: float = Field(
+        4e-4,
+        ge=0,
+        description="Upper clip range of the sequence ratio under importance_sampling_level: sequence (the GSPO paper's 4e-4).",
     )
     rho_max: float = Field(
         2.0,
@@ -649,7 +786,15 @@ class LearnerConfig(Section):
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Linear LR warm-up, in optimizer steps (minibatches x updates_per_batch per learner step): the LR rises from 0 at the first to `lr` after warmup_steps (transformers' schedules, as TRL's).",
+    )
+    lr_scheduler: Literal["auto", "constant", "linear", "cosine"] = Field(
+        "auto",
+        description="LR after the warm-up, over run.max_steps learner steps of minibatches x updates_per_batch optimizer steps each (transformers' get_scheduler, TRL's lr_scheduler_type): constant; linear = decays to 0 at run.max_steps; cosine = half a cosine down to 0 at run.max_steps; auto = linear (TRL's default) when run.max_steps is set, else constant (no step limit, no horizon to decay over). linear and cosine need run.max_steps.",
+    )
     init_optimizer: Literal["auto", "fresh"] = Field(
         "auto",
         description="What a new run's AdamW starts from (a resumed run's checkpoint holds its own). auto = the moments and step count a warm start saved next to the policy (`optimizer.pt`, written by `streamrl.learner.init_optimizer.save`, as the demo's policy builder does) where they fit the learner's optimizer (same trainable parameter names and shapes, betas, eps), else a fresh AdamW, the learner's log saying why; fresh = always a fresh AdamW.",
@@ -678,6 +823,11 @@ class LearnerConfig(Section):
         8192,
         ge=1,
         description="Token budget of one micro-batch: its packed rows (short samples end to end, each attending only to itself) x the longest sample; samples are never split. It bounds the activations (the logits: the completion tokens among them x vocabulary); the loss is the mini-batch's whatever the split.",
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Completion tokens whose logits (tokens x vocabulary, float32) the learner's log-prob and entropy pass holds at once; each chunk is recomputed in the backward pass, so autograd keeps only the hidden states (one more output-layer forward per step). 1024 x Qwen's 151,936 = 0.6 GB per chunk.",
     )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
     offload_optimizer: bool = Field(
@@ -714,7 +864,7 @@ class LearnerConfig(Section):
     ranks: int = Field(
         1,
         ge=1,
-        description="Learner processes `make run` starts on this host (data parallel, torchrun --nproc_per_node); several hosts launch with torchrun/deepspeed directly.",
+        description="Learner ranks (data parallel) on each node: `streamrl run` and `streamrl learner` start them with torchrun --nproc-per-node; `streamrl learner --nnodes N` starts this many on each of N nodes.",
     )
     max_crashes: int = Field(
         5,
@@ -727,6 +877,43 @@ class LearnerConfig(Section):
     commit_log: bool = Field(
         False,
         description="Append the group ids of every acked (committed) batch, with the step that covers them, to <run.dir>/learner_commits.jsonl (audit; the chaos harness checks exactly-once training against it).",
+    )
+
+
+class SupervisedConfig(Section):
+    """`streamrl sft` and `streamrl dpo`: the dataset and the loss of a supervised run on the learner (no actors, no Redis)."""
+
+    path: str | None = Field(
+        None,
+        description="JSONL dataset, one example a line. sft: `messages` (a chat, the loss on the assistant turns only) or `prompt` + `completion` (the loss on the completion and an end-of-sequence token). dpo: `chosen` + `rejected`, either strings after a `prompt` (string or messages) or whole chats whose last assistant turn is the response (TRL's and RL2's formats). Required by both commands.",
+    )
+    build: str | None = Field(
+        None,
+        description="`module:function` that writes the dataset at `path` when it is missing, called as fn(path, seed=run.seed) (the demo presets generate theirs); it fills only the path it was declared with.",
+    )
+    epochs: int = Field(
+        1, ge=1, description="Passes over the dataset (`run.max_steps` may end the run sooner)."
+    )
+    batch_size: int = Field(
+        64, ge=1, description="Examples (sft) or pairs (dpo) per optimizer step, across all ranks."
+    )
+    shuffle: bool = Field(
+        True,
+        description="Draw each epoch's order from `run.seed` and the epoch (False: file order).",
+    )
+    max_length: int = Field(
+        2048,
+        ge=2,
+        description="Tokens an example (prompt + response) may hold; a longer one is cut from the right.",
+    )
+    beta: float = Field(0.1, gt=0, description="dpo: beta of the sigmoid loss, tau of IPO.")
+    loss: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid",
+        description="dpo: sigmoid = DPO's -log sigmoid(beta x margin) over summed log-prob ratios; ipo = (margin of per-token mean log-prob ratios - 1/(2 beta))^2 (TRL's loss_type of the same name).",
+    )
+    save_optimizer: bool = Field(
+        False,
+        description="Write the AdamW state next to the exported policy (`optimizer.pt`), so that an RL run with `learner.init_optimizer: auto` continues its moments (the demos' warm starts do).",
     )
 
 
@@ -770,9 +957,25 @@ class WeightSyncConfig(Section):
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="dist: process-group backend (auto = nccl with CUDA, else gloo)."
     )
-    dist_host: str = Field(
-        "127.0.0.1",
-        description="dist: address of the publisher's rendezvous store and group as actors reach it (set to the learner host's IP across hosts).",
+    dist_host: str | None = Field(
+        None,
+        description="dist: the learner host's address that actors (or relays) reach its rendezvous store and group on; gloo binds it too. None = the address its traffic to the broker leaves from: loopback while the broker is on loopback (the run stays on this host), else routable (if the broker's name resolves to this host's loopback: the default route's address, else any interface's that is up).",
+    )
+    dist_port: int = Field(
+        29600,
+        ge=0,
+        le=65535,
+        description="dist: first TCP port of the learner's rendezvous store (the first free one of `dist_port`..`dist_port + dist_ports - 1` is taken; 0 = any free port). A firewall must let actor hosts reach this range on the learner host, and let the process group's own connections through both ways: gloo and NCCL open them on ephemeral ports, which neither lets you pin (docs/multihost.md).",
+    )
+    dist_ports: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="dist: how many ports from `dist_port` on the store may take (runs or learners sharing a host take one each).",
+    )
+    relay: bool = Field(
+        False,
+        description="dist: one relay per actor host (`python -m streamrl.weightsync.relay`, started by `streamrl actors`) joins the learner's group and hands each version to its host's actors over shm, so one copy per host crosses the network; the learner's own host's actors read the learner's shm. False = every actor joins the group itself (NCCL straight into its GPU).",
     )
 
 
@@ -802,6 +1005,7 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     weightsync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    supervised: SupervisedConfig = Field(default_factory=SupervisedConfig)
 
     @model_validator(mode="after")
     def _placement(self) -> Config:
@@ -839,15 +1043,8 @@ class Config(Section):
                 raise ValueError(
                     f"actor.gpus={actor.gpus}: its length must be a multiple of actor.tensor_parallel_size={actor.tensor_parallel_size}"
                 )
-            # unplaced, learner rank r takes cuda:r of the devices it inherits
-            learner_gpus = learner.gpus if learner.gpus is not None else list(range(learner.ranks))
-            shared = sorted(set(actor.gpus) & set(learner_gpus))
-            if shared:
-                raise ValueError(
-                    f"actor.gpus={actor.gpus} and the learner's GPUs {learner_gpus} (learner.gpus={learner.gpus}) "
-                    f"share GPU(s) {shared}: "
-                    'give them disjoint GPUs, or actor.gpus="share" to put the actors on the learner\'s GPU'
-                )
+            # whether they overlap the learner's GPUs is the launcher's to check: on an actors
+            # host (`streamrl actors`) the learner is elsewhere (launch.placement.check)
         return self
 
     @property
@@ -857,6 +1054,36 @@ class Config(Section):
         if self.agent.enabled:
             return "agent"
         return "environment" if self.env.name else "prompts"
+
+    @property
+    def reward_ranges(self) -> dict[str, tuple[float, float]]:
+        """Measure -> the range its values lie in: each reward function's parts (by part name),
+        the bonus part of an environment (``env``) or of agents (``agent``), and the total
+        (``reward``: the weighted sum of the functions' ranges and the bonus's). A config that
+        names no reward (a learner fed by actors configured elsewhere) bounds the total by
+        ``broker.max_abs_reward``."""
+        fallback = (-self.broker.max_abs_reward, self.broker.max_abs_reward)
+        if not self.reward.functions and not self.env.name and not self.agent.enabled:
+            return {"reward": fallback}
+        ranges, low, high = {}, 0.0, 0.0
+        for spec in self.reward.functions:
+            lo, hi = spec.range or BUILTIN_REWARD_RANGES.get(spec.fn, fallback)
+            ranges[spec.name or spec.fn] = (lo, hi)
+            # 0 too: a function that failed, or was not called (an agent's own reward), adds 0
+            low += min(0.0, spec.weight * lo, spec.weight * hi)
+            high += max(0.0, spec.weight * lo, spec.weight * hi)
+        bonus = {}
+        if self.env.name:
+            bonus["env"] = fallback
+        if self.agent.enabled:
+            bonus["agent"] = tuple(self.agent.reward_range)
+        for name, (lo, hi) in bonus.items():
+            ranges[name] = (lo, hi)
+            low, high = low + min(0.0, lo), high + max(0.0, hi)
+        if self.env.name and self.env.truncated_reward is not None:
+            low = min(low, self.env.truncated_reward)
+            high = max(high, self.env.truncated_reward)
+        return ranges | {"reward": (low, high)}
 
     @property
     def completion_limit(self) -> tuple[str, int]:
@@ -873,6 +1100,16 @@ class Config(Section):
         a source or an engine gets exactly the settings it reads."""
         params = inspect.signature(build).parameters.values()
         return {p.name: getattr(self, p.name) for p in params if p.kind is p.KEYWORD_ONLY}
+
+    @model_validator(mode="after")
+    def _lr_horizon(self) -> Config:
+        scheduler = self.learner.lr_scheduler
+        if scheduler in ("linear", "cosine") and self.run.max_steps == 0:
+            raise ValueError(
+                f"learner.lr_scheduler={scheduler} decays the LR to 0 at run.max_steps, which is 0 "
+                "(no limit): set run.max_steps, or learner.lr_scheduler=constant"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_rollout_source(self) -> Config:

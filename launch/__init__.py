@@ -2,9 +2,10 @@
 
 Owns starting and stopping a whole run (``supervisor``; ``run``, which is ``streamrl.run``
 and ``streamrl run``), what a run does with an existing run directory (``rundir``: resume,
-start, refuse; never delete what it did not write), which GPUs and CPU cores each of its processes gets
+start, refuse; never delete what it did not write), the actors of one host of a run on several
+(``host``: ``streamrl actors``), the learner's start across nodes (``nodes``), which GPUs and CPU cores each of its processes gets
 (``placement``), the terminal view and
-end-of-run summary (``view``, ``status``), live scaling (``scale``) and the
+end-of-run summary (``view``, ``status``), a run's plots (``plot``), live scaling (``scale``) and the
 Prometheus side (``scrape``, ``dashboard``), the ``streamrl`` console script
 (``cli``) and the decoded view of a run's Redis (``inspect``). May import every streamrl package;
 none of them imports it.

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from streamrl.configs import StreamRLError, config_from_cli
+from streamrl.configs.redact import redact_text
 from streamrl.launch.run import run
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(cfg, actors=args.actors, resume=args.resume, overwrite=args.overwrite)
     # A missing model or tokenizer file surfaces from the libraries that read it.
     except (StreamRLError, FileNotFoundError) as exc:
-        print(f"streamrl run: {exc}", file=sys.stderr)
+        print(f"streamrl run: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     return 1 if result.failure else 0
 

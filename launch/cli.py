@@ -26,10 +26,22 @@ COMMANDS = {
         "streamrl.launch.__main__",
         "Redis, the learner and N actors with a live view (make run); resumes a checkpoint in run.dir",
     ),
-    "learner": Command(
-        "streamrl.learner.__main__", "the learner alone (one rank, or under torchrun)"
+    "broker": Command(
+        "streamrl.broker.__main__",
+        "the run's Redis alone, on a chosen interface, for learners and actors on other hosts",
     ),
-    "actors": Command("streamrl.actors.__main__", "add actors to a running run (make actors)"),
+    "learner": Command(
+        "streamrl.learner.__main__",
+        "the learner alone: one rank, torchrun's ranks, or one node of several (--nnodes)",
+    ),
+    "sft": Command("streamrl.launch.sft", "supervised fine-tuning on the learner from a dataset"),
+    "dpo": Command(
+        "streamrl.launch.dpo", "DPO (sigmoid or IPO) on the learner from preference pairs"
+    ),
+    "actors": Command(
+        "streamrl.launch.host",
+        "N supervised actors on this host, joining a run (--join: a broker on another host)",
+    ),
     "scale": Command(
         "streamrl.launch.scale", "change the number of a run's supervised actors (make scale)"
     ),
@@ -43,9 +55,10 @@ COMMANDS = {
     "dashboard": Command(
         "streamrl.launch.dashboard", "Prometheus and the live dashboard (make dashboard)"
     ),
+    "plot": Command("streamrl.launch.plot", "plot a run's learner steps as PNGs (RUN_DIR/plots)"),
     "config": Command(
         "streamrl.configs.__main__",
-        "show a resolved config (`streamrl config show`), secrets redacted",
+        "show a resolved config (secrets redacted), or convert a TRL or verl one",
     ),
 }
 

@@ -41,6 +41,7 @@ def stamp(cfg: Config) -> Path | None:
         return None
     parts = [
         cfg.data.model_dump(mode="json"),
+        cfg.rollout.chat_template_kwargs,
         _identity(data),
         [_identity(f) for f in sorted(model.iterdir()) if f.is_file()],
         hashlib.sha256(Path(prompts.__file__).read_bytes()).hexdigest(),
@@ -58,7 +59,11 @@ def check_dataset(cfg: Config) -> bool:
     from streamrl.actors.prompts import PromptDataset
     from streamrl.policy.load import load_tokenizer
 
-    PromptDataset.from_config(cfg.data, load_tokenizer(cfg.model.path))
+    PromptDataset.from_config(
+        cfg.data,
+        load_tokenizer(cfg.model.path),
+        template_kwargs=cfg.rollout.chat_template_kwargs,
+    )
     if done is not None:
         done.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         done.touch()

@@ -5,7 +5,8 @@
 Prints the admission counters (policy version, accepted, consumed, live leases, capacity),
 the last ``--count`` stream entries, the learner's pending entries (consumer, idle time,
 delivery count), the dead-letter entries with the reason each was refused, and the announced
-weights (over shared memory: which readers are copying a slot right now), and the GPUs the
+weights (over shared memory: which readers are copying a slot right now), each host with its
+live actors and their weight versions (and what its relay received), and the GPUs the
 supervisor gave each process (``<run.dir>/placement.json``). Entries are
 decoded with the same validating decoder the learner uses; one that does not decode is
 shown with the decoder's reason, never executed or trusted.
@@ -22,12 +23,16 @@ import redis
 
 from streamrl.broker.client import RedisNotConfigured, connect_sync
 from streamrl.broker.keys import Keys
+from streamrl.broker.liveness import alive_actors
 from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import config_from_cli
 from streamrl.configs.schema import BrokerConfig
 from streamrl.launch import placement
+from streamrl.launch.host import host_dir
+from streamrl.launch.status import by_host
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import read_announcement
+from streamrl.weightsync.hosts import host_keys, relay_stats_key
 from streamrl.weightsync.transports import UnknownTransport
 
 
@@ -102,7 +107,31 @@ def collect(client: redis.Redis, keys: Keys, broker: BrokerConfig, count: int) -
             }
         )
     report["weights"] = _weights(client, keys)
+    report["hosts"] = _hosts(client, keys)
     return report
+
+
+def _hosts(client: redis.Redis, keys: Keys) -> dict:
+    """Each host of the run: its live actors with their weight versions, the version announced
+    for its shared memory (by its relay, or the learner on its own host) and what its relay
+    received."""
+    received: dict[str, dict[str, int]] = {}
+    for field, value in client.hgetall(relay_stats_key(keys)).items():
+        host, _, what = _text(field).rpartition(":")
+        received.setdefault(host, {})[what] = int(value)
+    grouped = by_host(alive_actors(client, keys))
+    out = {}
+    for host in sorted(set(grouped) | set(received)):
+        try:
+            ann = read_announcement(client, host_keys(keys, host))
+        except ValueError:
+            ann = None
+        out[host] = {
+            "actors": {a["id"]: int(a.get("version", 0)) for a in grouped.get(host, [])},
+            "weights_version": ann.version if ann is not None else None,
+            "relay_received": received.get(host, {}),
+        }
+    return out
 
 
 def _weights(client: redis.Redis, keys: Keys) -> dict | None:
@@ -137,6 +166,13 @@ def render(report: dict) -> str:
     lines.append(
         f"weights: {json.dumps(report['weights']) if report['weights'] else 'none announced'}"
     )
+    for host, h in report.get("hosts", {}).items():
+        actors = ", ".join(f"{ident}@v{v}" for ident, v in h["actors"].items()) or "no actors"
+        relay = h["relay_received"]
+        got = f", relay received {relay.get('versions', 0)} versions" if relay else ""
+        lines.append(f"host {host}: {actors}; weights v{h['weights_version']}{got}")
+        if h.get("placement"):
+            lines.append(f"  GPUs (CUDA_VISIBLE_DEVICES): {placement.describe(h['placement'])}")
     if report.get("placement"):
         lines.append(f"GPUs (CUDA_VISIBLE_DEVICES): {placement.describe(report['placement'])}")
     return "\n".join(lines)
@@ -153,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         client = connect_sync(cfg.broker, cfg.run.dir)
         report = collect(client, Keys.from_config(cfg.run, cfg.broker), cfg.broker, args.count)
         report["placement"] = placement.read(cfg.run.dir)
+        for host, h in report["hosts"].items():
+            h["placement"] = placement.read(host_dir(cfg.run.dir, host))
     except (RedisNotConfigured, redis.RedisError) as exc:
         print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)
         return 2

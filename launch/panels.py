@@ -41,9 +41,15 @@ def iter_panels(dashboard: dict) -> list[dict]:
     return out
 
 
-def render(expr: str, rate_interval: str = DEFAULT_RATE_INTERVAL) -> str:
-    """Replace the Grafana variables the dashboard uses so plain Prometheus can evaluate ``expr``."""
-    return expr.replace("$__rate_interval", rate_interval)
+def render(
+    expr: str, rate_interval: str = DEFAULT_RATE_INTERVAL, run: str = ".*", host: str = ".*"
+) -> str:
+    """Replace the Grafana variables the dashboard uses so plain Prometheus can evaluate ``expr``:
+    ``$run`` and ``$host`` (regexes over the scrape targets' labels; every run and host by
+    default, as Grafana's "All")."""
+    return (
+        expr.replace("$__rate_interval", rate_interval).replace("$run", run).replace("$host", host)
+    )
 
 
 def queries(dashboard: dict | None = None) -> list[Query]:

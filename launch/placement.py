@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import Config
 
 PLACEMENT_FILE = "placement.json"
@@ -56,8 +57,21 @@ def visible_devices(indices: list[int], launcher: list[str] | None) -> str:
     return ",".join(str(i) if launcher is None else launcher[i] for i in indices)
 
 
-def check(cfg: Config, available: int) -> None:
-    """Every configured index names one of the ``available`` devices the launcher sees."""
+def check(cfg: Config, available: int, learner_here: bool = True) -> None:
+    """Every configured index names one of the ``available`` devices the launcher sees, and, when
+    the learner runs here too (``streamrl run``, not an actors host), the actors' GPUs are not
+    the learner's."""
+    if learner_here and isinstance(cfg.actor.gpus, list):
+        # unplaced, learner rank r takes cuda:r of the devices it inherits
+        learner = cfg.learner.gpus
+        learner_gpus = learner if learner is not None else list(range(cfg.learner.ranks))
+        shared = sorted(set(cfg.actor.gpus) & set(learner_gpus))
+        if shared:
+            raise PlacementError(
+                f"actor.gpus={cfg.actor.gpus} and the learner's GPUs {learner_gpus} "
+                f"(learner.gpus={learner}) share GPU(s) {shared}: give them disjoint GPUs, or "
+                'actor.gpus="share" to put the actors on the learner\'s GPU'
+            )
     for key, gpus in (("learner.gpus", cfg.learner.gpus), ("actor.gpus", cfg.actor.gpus)):
         if not isinstance(gpus, list):
             continue
@@ -83,10 +97,10 @@ def check(cfg: Config, available: int) -> None:
             )
 
 
-def check_launcher(cfg: Config, launcher: list[str] | None) -> None:
+def check_launcher(cfg: Config, launcher: list[str] | None, learner_here: bool = True) -> None:
     """``check`` against the devices the launcher sees; nothing to count (or import) without placement."""
     if cfg.learner.gpus is not None or cfg.actor.gpus is not None:
-        check(cfg, gpu_count(launcher))
+        check(cfg, gpu_count(launcher), learner_here)
 
 
 def gpu_count(launcher: list[str] | None) -> int:
@@ -166,9 +180,7 @@ def _listed(key: str, cpus, available: list[int]) -> tuple[int, ...] | None:
 
 def write(run_dir: Path, placement: dict[str, str | None]) -> None:
     """``{child name: its CUDA_VISIBLE_DEVICES, or None when inherited}``, replaced atomically."""
-    tmp = run_dir / f".{PLACEMENT_FILE}.tmp"
-    tmp.write_text(json.dumps(placement, indent=2) + "\n")
-    os.replace(tmp, run_dir / PLACEMENT_FILE)
+    write_new(run_dir / PLACEMENT_FILE, json.dumps(placement, indent=2) + "\n")
 
 
 def read(run_dir: str | os.PathLike) -> dict[str, str | None] | None:

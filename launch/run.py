@@ -1,8 +1,9 @@
 """``streamrl.run(cfg)``: Redis + learner + N actors on one machine until the learner stops.
 
 The one implementation behind ``streamrl run`` (``make run``) and the Python API: it starts the
-supervisor, shows a live view (a table on a terminal, a line every 10 s elsewhere), stops
-everything in order and returns what the run did.
+supervisor, shows a live view (a progress bar and a table on a terminal, a line every few
+learner steps elsewhere), stops everything in order, plots the run (``launch.plot``) and
+returns what the run did.
 """
 
 from __future__ import annotations
@@ -17,18 +18,25 @@ from pathlib import Path
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 
 from streamrl.configs import Config
+from streamrl.launch import plot
 from streamrl.launch.placement import describe as describe_placement
 from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 from streamrl.launch.status import Snapshot, read_steps, snapshot
 from streamrl.launch.supervisor import Supervisor
-from streamrl.launch.view import live_table, plain_line, summary
+from streamrl.launch.view import (
+    RunProgress,
+    live_table,
+    plain_due,
+    plain_every,
+    plain_line,
+    summary,
+)
 
 REFRESH_S = 1.0
-PLAIN_EVERY_S = 10.0
 # past run.max_time_s, how long the learner gets to stop by itself before the launcher stops it
 TIME_LIMIT_GRACE_S = 30.0
 
@@ -77,7 +85,12 @@ def refresh(consumer_group: str, redis_client, keys, run_dir, prom_dir) -> Snaps
 
 
 def _watch(
-    sup: Supervisor, max_time_s: float, consumer_group: str, console: Console, started: float
+    sup: Supervisor,
+    max_steps: int,
+    max_time_s: float,
+    consumer_group: str,
+    console: Console,
+    started: float,
 ) -> str:
     """Tick the supervisor and show the live view until the learner stops, or ``max_time_s``
     (0: no limit) is past by more than the grace; returns why it ended."""
@@ -86,7 +99,8 @@ def _watch(
     console.print(f"run directory {sup.run_dir} (logs in {sup.log_dir}); Ctrl-C stops everything")
     if any(v is not None for v in sup.placement.values()):
         console.print(f"GPUs (CUDA_VISIBLE_DEVICES): {describe_placement(sup.placement)}")
-    last_plain = 0.0
+    progress = RunProgress(max_steps, max_time_s)
+    every, last_plain = plain_every(max_steps), None
     with (
         Live(console=console, refresh_per_second=2, transient=False)
         if console.is_terminal
@@ -103,11 +117,14 @@ def _watch(
             if snap is None:
                 time.sleep(REFRESH_S)
                 continue
+            step = int((snap.last_step or {}).get("step", 0))
+            progress.update(step, elapsed)
             if console.is_terminal:
-                live.update(live_table(snap, elapsed, sup.events, sup.placement))
-            elif elapsed - last_plain >= PLAIN_EVERY_S:
-                last_plain = elapsed
-                print(plain_line(snap, elapsed), flush=True)
+                table = live_table(snap, elapsed, sup.events, sup.placement)
+                live.update(Group(progress.bar, table))
+            elif plain_due(step, last_plain, every):
+                last_plain = step
+                print(plain_line(snap, elapsed, progress), flush=True)
             time.sleep(REFRESH_S)
     return "learner finished"
 
@@ -129,7 +146,9 @@ def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = Fa
     previous = _set_handlers(_raise_stop)
     try:
         sup.start()
-        reason = _watch(sup, cfg.run.max_time_s, cfg.broker.consumer_group, console, started)
+        reason = _watch(
+            sup, cfg.run.max_steps, cfg.run.max_time_s, cfg.broker.consumer_group, console, started
+        )
     except _Stop as stop:
         reason = f"{stop} received"
     finally:
@@ -141,7 +160,11 @@ def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = Fa
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     elapsed = time.monotonic() - started
     steps = read_steps(sup.run_dir)
-    console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run))
+    try:
+        plots = plot.write(sup.run_dir) if steps else None
+    except ImportError:
+        plots = plot.MISSING
+    console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run, plots))
     if sup.failure:
         print(f"run failed: {sup.failure}", file=sys.stderr, flush=True)
     last = steps[-1] if steps else {}

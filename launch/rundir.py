@@ -5,8 +5,14 @@ resumed (verl's ``resume_mode: auto``): the learner continues from it and the ea
 checkpoints, steps and exported policy stay. An earlier run's steps without a
 checkpoint to continue from is refused, since a fresh start would mix two runs' rows in one
 log. ``--overwrite`` is the one way to start over, and it removes only the entries
-streamrl writes in a run directory (``RUN_ENTRIES``); anything else there is kept and
-named. A directory another live supervisor runs in is refused either way.
+streamrl writes in a run directory (``RUN_ENTRIES``) of a directory a run marked as its own
+(``MARKER``, the first thing a run writes there, with its run id); anything else there is kept
+and named. A directory another live supervisor runs in is refused either way.
+
+A run trusts its directory: every process re-reads ``config.yaml`` there and resumes from the
+checkpoint ``latest`` names. So a directory that another local user owns or may write, or
+that sits below such a directory (short of a sticky one, ``/tmp``), is refused before
+anything in it is read, and a new one is made 0700 (0755 with ``run.shared_read``).
 """
 
 from __future__ import annotations
@@ -14,13 +20,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
+import uuid
 from pathlib import Path
 
 from streamrl.configs.errors import ConfigError
+from streamrl.configs.runfiles import check_trusted, write_new
 
 CHECKPOINTS = "checkpoints"
 STEPS_LOG = "learner_steps.jsonl"
 RUN_FILE = "run.json"
+# {"run_id": ...}: a run made this directory, so --overwrite may remove its RUN_ENTRIES
+MARKER = ".streamrl-run"
 # every entry a run writes directly under run.dir (tests/test_run_dir.py checks a real run's)
 RUN_ENTRIES = frozenset(
     {
@@ -41,16 +52,34 @@ RUN_ENTRIES = frozenset(
         "trackio",
         "tracker.json",
         "placement.json",
+        "agent",
+        "plots",
+        MARKER,
     }
 )
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the newest complete checkpoint under ``run_dir`` (None: there is none)."""
-    link = run_dir / CHECKPOINTS / "latest"
-    if not link.is_symlink() or not link.resolve().is_dir():
+    """The step of the newest complete checkpoint under ``run_dir`` (None: there is none).
+
+    Raises ConfigError when ``latest`` names anything but a checkpoint folder beside it."""
+    root = run_dir / CHECKPOINTS
+    link = root / "latest"
+    if not link.is_symlink():
         return None
-    return int(link.resolve().name.removeprefix("step-").split(".")[0])
+    target = os.readlink(link)
+    folder = root / target
+    if (
+        "/" in target
+        or not target.startswith("step-")
+        or folder.is_symlink()
+        or not folder.is_dir()
+    ):
+        raise ConfigError(
+            f"{link} points at {target!r}, not at a checkpoint folder in {root}: "
+            "remove the link (or the run directory) by hand"
+        )
+    return int(target.removeprefix("step-").split(".")[0])
 
 
 def live_supervisor(run_dir: Path) -> int | None:
@@ -63,15 +92,19 @@ def live_supervisor(run_dir: Path) -> int | None:
     return pid if pid != os.getpid() and b"streamrl" in cmdline else None
 
 
-def prepare(run_dir: Path, overwrite: bool = False, resume: bool = False) -> str:
+def prepare(
+    run_dir: Path, overwrite: bool = False, resume: bool = False, shared_read: bool = False
+) -> str:
     """Decide what this run does with ``run_dir`` and make it ready; returns a line saying what.
 
-    Raises ConfigError, having changed nothing, when the directory holds a live run, holds
-    an earlier run's steps with no checkpoint (and no ``overwrite``), or ``resume`` is asked
-    for with no checkpoint to resume from.
+    Raises ConfigError, having changed nothing, when the directory is not trusted
+    (``check_trusted``), holds a live run, holds an earlier run's steps with no checkpoint (and
+    no ``overwrite``), holds entries a run writes with no marker saying a run wrote them, or
+    ``resume`` is asked for with no checkpoint to resume from.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir {str(run_dir)!r} is a file, not a directory")
+    check_trusted(run_dir)
     pid = live_supervisor(run_dir)
     if pid is not None:
         raise ConfigError(
@@ -90,6 +123,12 @@ def prepare(run_dir: Path, overwrite: bool = False, resume: bool = False) -> str
             raise ConfigError(
                 f"--resume: run.dir {str(run_dir)!r} holds no checkpoint to resume from"
             )
+        elif unmarked := _unmarked_entries(run_dir):
+            raise ConfigError(
+                f"run.dir {str(run_dir)!r} holds {', '.join(unmarked)}, names a run writes, "
+                f"but no {MARKER}, the mark of a directory a streamrl run made (an older "
+                "streamrl, or not streamrl, wrote them): move them away or set another run.dir"
+            )
         elif (run_dir / STEPS_LOG).exists():
             raise ConfigError(
                 f"run.dir {str(run_dir)!r} holds an earlier run's steps ({STEPS_LOG}) but no "
@@ -98,15 +137,61 @@ def prepare(run_dir: Path, overwrite: bool = False, resume: bool = False) -> str
             )
         else:
             said = f"new run in {run_dir}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    _make_dir(run_dir, shared_read)
+    if overwrite or run_id(run_dir) is None:
+        # the first entry of a run, so --overwrite later knows the rest is the run's
+        write_new(run_dir / MARKER, json.dumps({"run_id": uuid.uuid4().hex}) + "\n")
     return said
+
+
+def run_id(run_dir: Path) -> str | None:
+    """The id in ``run_dir``'s marker (None: no marker, so no run made the directory)."""
+    marker = run_dir / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(marker).st_mode):
+            return None
+        return str(json.loads(marker.read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _unmarked_entries(run_dir: Path) -> list[str]:
+    """The entries a run writes that ``run_dir`` holds without a marker."""
+    if not run_dir.is_dir() or run_id(run_dir) is not None:
+        return []
+    return sorted(e.name for e in run_dir.iterdir() if e.name in RUN_ENTRIES)
+
+
+def _make_dir(run_dir: Path, shared_read: bool) -> None:
+    """``run_dir`` and the directories above it that are missing, made 0700 (0755 shared)."""
+    mode = 0o755 if shared_read else 0o700
+    missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir(mode=mode)
+        # whatever the umask
+        path.chmod(mode)
 
 
 def _remove_run_entries(run_dir: Path) -> str:
     if not run_dir.exists():
         return f"new run in {run_dir} (--overwrite: nothing to remove)"
+    if run_dir.is_symlink():
+        raise ConfigError(
+            f"--overwrite: run.dir {str(run_dir)!r} is a symlink; --overwrite does not follow "
+            f"one: set run.dir to {os.path.realpath(run_dir)!r} if that is the run's"
+        )
+    unmarked = _unmarked_entries(run_dir)
+    if unmarked:
+        raise ConfigError(
+            f"--overwrite: run.dir {str(run_dir)!r} has no {MARKER}, the mark of a directory a "
+            f"streamrl run made (an older streamrl, or not streamrl, wrote it), so nothing was "
+            f"removed; --overwrite would have removed {', '.join(unmarked)}. Remove those "
+            "yourself if they are an old run's, or set another run.dir"
+        )
     removed, kept = [], []
     for entry in sorted(run_dir.iterdir()):
+        if entry.name == MARKER:
+            continue
         if entry.name not in RUN_ENTRIES:
             kept.append(entry.name)
             continue

@@ -4,7 +4,11 @@ Every process registers ``role:ident -> host:port`` in ``metrics:targets``
 (``broker.metrics.serve``). ``sync_targets`` turns that hash into the file-SD
 JSON Prometheus re-reads every 2 s, so actors added or removed while a run
 goes on are scraped without a reload. Process identity travels as target
-labels (role, ident, actor, run), never as metric labels.
+labels (role, ident, actor, run, and host: the ``run.host_id`` each process registers in
+``metrics:hosts``), never as metric labels. Processes on every host of a run register in the
+one Redis, so the one Prometheus beside it scrapes them all: those on other hosts must bind
+``metrics.host`` to an address it reaches (``0.0.0.0`` registers the address of the route to
+Redis; ``broker.metrics``).
 
 A target whose endpoint refuses a TCP connect is left out of the file but
 kept in Redis: a process that is restarting registers again under the same
@@ -24,6 +28,7 @@ import yaml
 
 from streamrl.broker.client import as_str
 from streamrl.broker.keys import Keys
+from streamrl.configs.runfiles import write_new
 
 TARGETS_FILE = "targets.json"
 CONFIG_FILE = "prometheus.yml"
@@ -64,18 +69,24 @@ def endpoint_alive(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> 
         return False
 
 
-def target_group(run: str, role: str, ident: str, host: str, port: int) -> dict:
-    """One file-SD entry. ``actor`` repeats the ident for actors so panels can say ``by (actor)``."""
+def target_group(
+    run: str, role: str, ident: str, host: str, port: int, host_id: str | None = None
+) -> dict:
+    """One file-SD entry. ``actor`` repeats the ident for actors so panels can say ``by (actor)``;
+    ``host`` is the ``run.host_id`` of the process, when it registered one."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     labels = {"run": run, "role": role, "ident": ident}
     if role == "actor":
         labels["actor"] = ident
+    if host_id:
+        labels["host"] = host_id
     return {"targets": [address], "labels": labels}
 
 
 def live_targets(keys: Keys, redis_client) -> list[dict]:
     """Target groups of every registered endpoint that accepts a connection, sorted by role then ident."""
     registered = redis_client.hgetall(keys.metrics_targets)
+    hosts = {as_str(f): as_str(h) for f, h in redis_client.hgetall(keys.metrics_hosts).items()}
     parsed = [parse_target(as_str(f), as_str(a)) for f, a in registered.items()]
     parsed = sorted(p for p in parsed if p is not None)
     if not parsed:
@@ -83,15 +94,17 @@ def live_targets(keys: Keys, redis_client) -> list[dict]:
     # Connects run in parallel so one unreachable host costs one timeout, not one per target.
     with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:
         alive = list(pool.map(lambda p: endpoint_alive(p[2], p[3]), parsed))
-    return [target_group(keys.run_name, *p) for p, ok in zip(parsed, alive, strict=True) if ok]
+    return [
+        target_group(keys.run_name, *p, host_id=hosts.get(f"{p[0]}:{p[1]}"))
+        for p, ok in zip(parsed, alive, strict=True)
+        if ok
+    ]
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temp file and rename, so Prometheus never reads a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_new(path, text)
 
 
 def sync_targets(keys: Keys, redis_client, out_dir: str | os.PathLike) -> list[dict]:

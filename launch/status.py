@@ -30,6 +30,26 @@ class Snapshot:
     def generate_tokens_per_s(self) -> float:
         return sum(float(a.get("tokens_per_s", 0.0)) for a in self.actors)
 
+    @property
+    def hosts(self) -> dict[str, list[dict]]:
+        return by_host(self.actors)
+
+
+def by_host(actors: list[dict]) -> dict[str, list[dict]]:
+    """Live actors (``alive_actors``' heartbeats) grouped by the host each beats from, hosts sorted."""
+    hosts: dict[str, list[dict]] = {}
+    for actor in actors:
+        hosts.setdefault(actor.get("host", "?"), []).append(actor)
+    return dict(sorted(hosts.items()))
+
+
+def describe_hosts(actors: list[dict]) -> str:
+    """``A: A-a0@v7, A-a1@v7 · C: C-a0@v6`` (each actor's current weight version)."""
+    return " · ".join(
+        f"{host}: " + ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in group)
+        for host, group in by_host(actors).items()
+    )
+
 
 def read_steps(run_dir: str | Path) -> list[dict]:
     """All step records the learner wrote (a partial last line from a crash is skipped)."""

@@ -37,13 +37,15 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.broker.startup import CPUS_ENV, pin_process
 from streamrl.configs import Config, write_config
+from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
+from streamrl.configs.runfiles import open_append, restrict_umask, write_new
 from streamrl.launch import placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
-STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0}
+STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0, "relay": 15.0}
 # the resolved config, saved with the run and loaded by every child (secrets redacted: the
 # children get the Redis URL through REDIS_URL; configs.redact); mode 0600
 CONFIG_FILE = "config.yaml"
@@ -67,7 +69,7 @@ def _child_setup(cpus: set[int]) -> None:
 @dataclass
 class Child:
     name: str
-    # "learner" | "actor"
+    # "learner" | "actor" | "relay"
     role: str
     argv: list[str]
     log: Path
@@ -119,9 +121,16 @@ class Supervisor:
         self.redis_url: str | None = None
         self.redis = None
         self.learner: Child | None = None
+        # started before the actors, stopped after them (an actor host's weight relay)
+        self.helpers: list[Child] = []
         self.actors: list[Child] = []
         self.retired: list[Child] = []
         self._next_actor = 0
+        # actor ids are f"{actor_prefix}a{i}": unique across the hosts of a run (launch.host)
+        self.actor_prefix = ""
+        # where placement.json goes, and the Redis list scale commands arrive on
+        self.state_dir = self.run_dir
+        self.control_key = self.keys.launch_control
         self.started_at = 0.0
         self.events: list[str] = []
         # how many of the events are in logs/supervisor.log, which is written to only once this
@@ -154,7 +163,14 @@ class Supervisor:
         self.cpu_sets = placement.cpu_sets(
             self.cfg, self.all_cpus, placement.nvidia_present(self.launcher_devices)
         )
-        said = rundir.prepare(self.run_dir, overwrite=self.overwrite, resume=self.resume)
+        # before the first file: the children, Redis included, inherit it
+        restrict_umask(self.cfg.run.shared_read)
+        said = rundir.prepare(
+            self.run_dir,
+            overwrite=self.overwrite,
+            resume=self.resume,
+            shared_read=self.cfg.run.shared_read,
+        )
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
         self.event(said)
@@ -218,31 +234,23 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "config": str(self.config_file),
         }
-        (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+        write_new(self.run_dir / "run.json", json.dumps(info, indent=2) + "\n")
 
     def _argv(self, module: str, *extra: str) -> list[str]:
-        return [self.python, "-m", module, "--config", str(self.config_file), *extra]
+        # run.host_id is not saved with the config (configs.schema): a child would take its default
+        host = f"run.host_id={self.cfg.run.host_id}"
+        return [self.python, "-m", module, "--config", str(self.config_file), *extra, host]
 
     def _learner_argv(self) -> list[str]:
-        ranks = self.cfg.learner.ranks
-        if ranks == 1:
-            return self._argv("streamrl.learner")
-        # torchrun restarts nothing here (--max-restarts 0): a dead rank ends the job, the supervisor restarts it
-        launcher = [
-            self.python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={ranks}",
-            "--max-restarts=0",
-        ]
-        return launcher + self._argv("streamrl.learner")[1:]
+        # with learner.ranks > 1 it becomes torchrun --standalone --max-restarts 0 (learner.nodes):
+        # a dead rank ends the job, the supervisor restarts it
+        return self._argv("streamrl.learner")
 
     def _place(self, child: Child, gpus: list[int] | None) -> Child:
         if gpus is not None:
             child.devices = placement.visible_devices(gpus, self.launcher_devices)
         self.placement[child.name] = child.devices
-        placement.write(self.run_dir, self.placement)
+        placement.write(self.state_dir, self.placement)
         return child
 
     def _env(self, child: Child) -> dict[str, str]:
@@ -251,6 +259,8 @@ class Supervisor:
         # store on every interface; torchrun sets these itself for learner.ranks > 1.
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
         env["REDIS_URL"] = self.redis_url or ""
+        # what the saved config lacks (configs.redact): a judge's API key, a URL's password
+        env[SECRETS_ENV] = secrets_env(self.cfg)
         env.setdefault("OMP_NUM_THREADS", str(self.cfg.run.torch_threads))
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
@@ -262,7 +272,7 @@ class Supervisor:
         return env
 
     def _spawn(self, child: Child) -> Child:
-        with open(child.log, "ab") as log:
+        with open_append(child.log, binary=True) as log:
             child.proc = subprocess.Popen(
                 child.argv,
                 stdin=subprocess.DEVNULL,
@@ -285,9 +295,9 @@ class Supervisor:
 
     def _add_actor(self) -> Child:
         index = self._next_actor
-        ident = f"a{index}"
+        ident = f"{self.actor_prefix}a{index}"
         self._next_actor += 1
-        argv = self._argv("streamrl.actors", "--count", "1", "--actor-id", ident)
+        argv = self._argv("streamrl.actors", "--actor-id", ident)
         if self.cfg.actor.engines:
             # the one setting that differs between the actors of a run
             argv.append(f"actor.engine={self.cfg.actor.engine_of(index)}")
@@ -303,8 +313,9 @@ class Supervisor:
         """Reap exits, restart crashed children after their backoff, apply scale commands."""
         now = time.monotonic()
         self._watch_redis(now)
-        for child in [self.learner, *self.actors]:
-            self._watch(child, now)
+        for child in [self.learner, *self.helpers, *self.actors]:
+            if child is not None:
+                self._watch(child, now)
         self._start_next_actor()
         self._apply_control()
 
@@ -406,7 +417,7 @@ class Supervisor:
         if self._redis_down:
             return
         try:
-            raw = self.redis.lpop(self.keys.launch_control)
+            raw = self.redis.lpop(self.control_key)
         # Redis restarting: scaling waits, supervision does not
         except Exception as exc:
             self.event(f"control channel unavailable: {type(exc).__name__}")
@@ -438,7 +449,7 @@ class Supervisor:
             self.actors.remove(child)
             self.retired.append(child)
             self.placement.pop(child.name, None)
-        placement.write(self.run_dir, self.placement)
+        placement.write(self.state_dir, self.placement)
         self.event(f"scaled to {wanted} actors")
 
     @property
@@ -460,10 +471,11 @@ class Supervisor:
         """Shown in the live view, and kept in logs/supervisor.log once the run directory is
         ready (the events of the checks before it are written then)."""
         stamp = time.strftime("%H:%M:%S")
-        self.events.append(f"{stamp} {text}")
+        # a path given as a URL may carry credentials
+        self.events.append(f"{stamp} {redact_text(text)}")
         if not self._dir_ready:
             return
-        with open(self.log_dir / "supervisor.log", "a") as f:
+        with open_append(self.log_dir / "supervisor.log") as f:
             f.writelines(f"{line}\n" for line in self.events[self._logged :])
         self._logged = len(self.events)
 
@@ -491,6 +503,8 @@ class Supervisor:
             if child.alive:
                 child.proc.send_signal(signal.SIGTERM)
         for child in self.actors:
+            self._stop_child(child)
+        for child in self.helpers:
             self._stop_child(child)
         if self.learner is not None:
             self._stop_child(self.learner)

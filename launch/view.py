@@ -4,13 +4,97 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from pathlib import Path
 
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from streamrl.broker import env_stats
 from streamrl.launch import placement as gpus
-from streamrl.launch.status import Snapshot, time_to_target
+from streamrl.launch.status import Snapshot, describe_hosts, time_to_target
 from streamrl.learner import target
+
+# without a terminal, a line per this many learner steps when the run has no max_steps
+PLAIN_EVERY_STEPS = 10
+# and at most this many lines over a run with one
+PLAIN_LINES = 20
+
+
+def eta_s(step: int, elapsed_s: float, rate: float | None, max_steps: int, max_time_s: float):
+    """Seconds until the run stops at ``max_steps`` or ``max_time_s``, whichever comes first
+    (0 = no such limit) at ``rate`` steps/s; None when neither limit is set, or only max_steps
+    and no rate yet."""
+    left = []
+    if max_steps and rate:
+        left.append(max(max_steps - step, 0) / rate)
+    if max_time_s:
+        left.append(max(max_time_s - elapsed_s, 0.0))
+    return min(left) if left else None
+
+
+def plain_every(max_steps: int) -> int:
+    """Learner steps between two plain lines: about ``PLAIN_LINES`` over a run of max_steps."""
+    return max(1, -(-max_steps // PLAIN_LINES)) if max_steps else PLAIN_EVERY_STEPS
+
+
+def plain_due(step: int, last: int | None, every: int) -> bool:
+    """Whether learner step ``step`` gets a plain line, the last one having gone at ``last``:
+    the first step, then each step that enters a new block of ``every``."""
+    return step > 0 and (last is None or step // every > last // every)
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "-:--:--"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class RunProgress:
+    """Step N / max_steps as a rich.progress bar (a bar over ``max_time_s`` when the run has no
+    max_steps) with the ETA of ``eta_s``; the step rate is measured from the first step this
+    view saw, so start-up and a resumed run's earlier steps do not skew it."""
+
+    def __init__(self, max_steps: int, max_time_s: float) -> None:
+        self.max_steps, self.max_time_s = max_steps, max_time_s
+        self.first: tuple[int, float] | None = None
+        self.step, self.eta = 0, None
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn(
+                "{task.percentage:>3.0f}%  elapsed {task.fields[elapsed]}  ETA {task.fields[eta]}"
+            ),
+        )
+        total = max_steps or max_time_s or None
+        self.task = self.bar.add_task("", total=total, elapsed=_clock(0), eta=_clock(None))
+
+    def rate(self, step: int, elapsed_s: float) -> float | None:
+        if self.first is None or step <= self.first[0] or elapsed_s <= self.first[1]:
+            return None
+        return (step - self.first[0]) / (elapsed_s - self.first[1])
+
+    def update(self, step: int | None, elapsed_s: float) -> None:
+        step = step or 0
+        if step and self.first is None:
+            self.first = (step, elapsed_s)
+        self.step = step
+        self.eta = eta_s(
+            step, elapsed_s, self.rate(step, elapsed_s), self.max_steps, self.max_time_s
+        )
+        of = f"/{self.max_steps}" if self.max_steps else ""
+        self.bar.update(
+            self.task,
+            completed=step if self.max_steps else min(elapsed_s, self.max_time_s),
+            description=f"step {step}{of}",
+            elapsed=_clock(elapsed_s),
+            eta=_clock(self.eta),
+        )
+
+    def text(self) -> str:
+        """The bar's words for a plain line: ``step 40/200 ETA 0:02:10``."""
+        of = f"/{self.max_steps}" if self.max_steps else ""
+        return f"step {self.step}{of} ETA {_clock(self.eta)}"
 
 
 def _fmt(value, spec: str = ".3f") -> str:
@@ -56,8 +140,8 @@ def live_table(
     )
     table.add_row("staleness (mean versions)", _fmt(step.get("staleness_mean"), ".2f"))
     table.add_row("dead letters", str(snap.dead_letters))
-    alive = ", ".join(f"{a['id']}@v{a.get('version', '?')}" for a in snap.actors) or "none"
-    table.add_row("actors alive", f"{len(snap.actors)}: {alive}")
+    alive = describe_hosts(snap.actors) or "none"
+    table.add_row("actors alive", f"{len(snap.actors)} on {len(snap.hosts)} host(s): {alive}")
     if placement and any(v is not None for v in placement.values()):
         table.add_row("GPUs", gpus.describe(placement))
     for line in events[-4:]:
@@ -75,7 +159,7 @@ def _env_line(env: dict) -> str:
     return text + f" env_step={env.get('step_s', 0) * 1e3:.1f}ms"
 
 
-def plain_line(snap: Snapshot, elapsed_s: float) -> str:
+def plain_line(snap: Snapshot, elapsed_s: float, progress: RunProgress | None = None) -> str:
     step = snap.last_step or {}
     parts = "".join(f"{name}={_fmt(v)} " for name, v in step.get("reward_parts", {}).items())
     parts += "".join(
@@ -83,8 +167,9 @@ def plain_line(snap: Snapshot, elapsed_s: float) -> str:
     )
     if env := step.get("env"):
         parts += f"turns={_env_line(env)} "
+    where = f"{progress.text()} " if progress is not None else ""
     return (
-        f"[{elapsed_s:5.0f}s] v{snap.version} reward={_fmt(step.get('reward_mean'))} "
+        f"[{elapsed_s:5.0f}s] {where}v{snap.version} reward={_fmt(step.get('reward_mean'))} "
         f"{parts}gen={snap.generate_tokens_per_s:,.0f} tok/s "
         f"train={_fmt(trained_tokens_per_s(step), ',.0f')} tok/s unread={snap.stream_length - snap.pending} "
         f"stale={_fmt(step.get('staleness_mean'), '.2f')} actors={len(snap.actors)}"
@@ -92,9 +177,15 @@ def plain_line(snap: Snapshot, elapsed_s: float) -> str:
 
 
 def summary(
-    steps: list[dict], started_unix: float, wall_s: float, events: list[str], run=None
+    steps: list[dict],
+    started_unix: float,
+    wall_s: float,
+    events: list[str],
+    run=None,
+    plots: str | Path | None = None,
 ) -> str:
-    """The end-of-run summary; ``run`` (cfg.run) supplies the target, none shows no target line."""
+    """The end-of-run summary; ``run`` (cfg.run) supplies the target, none shows no target line;
+    ``plots``: where the run's plots went (``launch.plot``), or why there are none."""
     if not steps:
         return f"run ended after {wall_s:.0f} s with no learner step (see logs under the run directory)"
 
@@ -124,6 +215,8 @@ def summary(
     restarts = [e for e in events if "restarted" in e]
     if restarts:
         lines.append(f"  restarts             {len(restarts)}")
+    if plots is not None:
+        lines.append(f"  plots                {plots}")
     return "\n".join(lines)
 
 

@@ -1,27 +1,99 @@
-"""The learner process: ``python -m streamrl.learner --config configs/demo_cpu.yaml [key=value ...]``.
+"""The learner: ``streamrl learner --config X [key=value ...]`` (``python -m streamrl.learner``).
 
-One rank with plain ``python``; several with ``torchrun --nproc_per_node N -m learner ...``
-(or the ``deepspeed`` launcher, hence ``--local_rank``). SIGTERM/SIGINT/SIGHUP stop it
-after the current step with a checkpoint.
+One rank with ``learner.ranks: 1``; with more it starts torchrun on this node, which starts
+``learner.ranks`` ranks of this same module. Several nodes: each runs ``streamrl learner
+--join REDIS_URL --nnodes N --node-rank R --rdzv-endpoint HOST:PORT`` with the same config, meeting through
+torchrun's c10d rendezvous (``learner.nodes``); checkpoints then need one ``run.dir`` that every
+node sees (``learner.checkpoint.check_shared``). Under torchrun or the ``deepspeed`` launcher
+(``RANK`` set, hence ``--local_rank``) it is one rank. SIGTERM/SIGINT/SIGHUP stop it after the
+current step with a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 import torch
 
+from streamrl.broker.password import PASSWORD_ENV, PasswordError, join_url
 from streamrl.configs import config_from_cli
+from streamrl.configs.runfiles import restrict_umask
+from streamrl.learner.nodes import Nodes, NodesError, interface_env, local_address, torchrun_argv
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
+
+
+def _launch_ranks(args: argparse.Namespace, nproc: int, run_name: str) -> int:
+    """Become torchrun for this node's ``nproc`` ranks (one node, or this node of several)."""
+    rank_argv = (["--config", args.config] if args.config else []) + list(args.overrides)
+    env = dict(os.environ)
+    nodes = local_addr = None
+    try:
+        if args.nnodes > 1:
+            if not args.rdzv_endpoint:
+                raise NodesError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (on node 0)")
+            nodes = Nodes(
+                args.nnodes, args.node_rank, args.rdzv_endpoint, run_name, args.max_restarts
+            )
+            local_addr = local_address(nodes.endpoint_host)
+            env.update(interface_env(local_addr, env))
+    except NodesError as exc:
+        print(f"streamrl learner: {exc}", file=sys.stderr)
+        return 2
+    argv = torchrun_argv(sys.executable, nproc, rank_argv, nodes, local_addr)
+    sys.stdout.flush()
+    os.execve(sys.executable, argv, env)
+
+
+def _check_shared_run_dir(run_dir: str, host_id: str) -> None:
+    """Before the policy loads: every rank must see one run.dir (``checkpoint.check_shared``)."""
+    from streamrl.learner import checkpoint
+    from streamrl.learner.engine import device, init_distributed
+
+    rank, world = init_distributed()
+    checkpoint.check_shared(Path(run_dir) / "checkpoints", rank, world, device(), host_id)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl learner", description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    _args, cfg = config_from_cli(parser, argv)
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes the learner runs on")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    parser.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="with --nnodes > 1: torchrun's c10d rendezvous, an address of node 0 and a free port",
+    )
+    parser.add_argument(
+        "--join",
+        metavar="REDIS_URL",
+        help="the run's broker on another host (streamrl broker prints it); the password comes "
+        f"from {PASSWORD_ENV} or broker.password_file, never this URL",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="with --nnodes > 1: times torchrun restarts every node's ranks after one fails",
+    )
+    args, cfg = config_from_cli(parser, argv)
+    if args.join:
+        try:
+            url = join_url(args.join, cfg.broker)
+        except PasswordError as exc:
+            print(f"streamrl learner: {exc}", file=sys.stderr)
+            return 2
+        # torchrun's ranks (and their restarts) read it from the environment, as the config does
+        os.environ["REDIS_URL"] = url
+        cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"redis_url": url})})
+    if "RANK" not in os.environ and (args.nnodes > 1 or cfg.learner.ranks > 1):
+        return _launch_ranks(args, cfg.learner.ranks, cfg.run.name)
+    # what it writes in run.dir (steps, checkpoints, TensorBoard) is its user's only
+    restrict_umask(cfg.run.shared_read)
     torch.set_num_threads(cfg.run.torch_threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
 
@@ -36,6 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, request_stop)
 
     from streamrl.learner.loop import Learner
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from streamrl.learner.checkpoint import CheckpointDirNotShared
+
+        try:
+            _check_shared_run_dir(cfg.run.dir, cfg.run.host_id)
+        # a restart would find the same filesystems: FATAL_EXIT, which no supervisor restarts
+        except CheckpointDirNotShared as exc:
+            print(f"{FATAL_MARK} {exc}", flush=True)
+            return FATAL_EXIT
 
     learner = Learner(cfg, should_stop=lambda: stop["requested"])
     progress = learner.run(echo=lambda line: print(line, flush=True))

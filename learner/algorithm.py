@@ -15,6 +15,7 @@ from torch import Tensor
 
 ADVANTAGE_MODES = ("grpo", "drgrpo")
 AGGREGATIONS = ("token_mean", "seq_mean", "constant")
+IMPORTANCE_LEVELS = ("token", "sequence")
 
 
 def group_advantages(
@@ -131,6 +132,7 @@ def policy_loss(
     entropy_coef: float = 0.0,
     aggregation: str = "token_mean",
     normalizer: float | None = None,
+    importance_level: str = "token",
 ) -> tuple[Tensor, LossStats]:
     """Decoupled, staleness-aware PPO loss (docs/architecture.md, "Loss").
 
@@ -143,7 +145,16 @@ def policy_loss(
     [B, T] is the policy's per-position entropy (with grad when ``entropy_coef`` > 0, which subtracts
     it from each token's loss), a bonus that keeps a policy from collapsing onto one answer
     before it has found the right one.
+
+    ``importance_level="sequence"`` is GSPO (Zheng et al. 2025, TRL's
+    ``importance_sampling_level``): every token of a sequence shares one ratio, the geometric
+    mean exp(mean_t (pi_theta - pi_prox)) over its counted tokens, clipped at the sequence's
+    tightest per-token bounds; the truncated weight and the KL stay per token.
     """
+    if importance_level not in IMPORTANCE_LEVELS:
+        raise ValueError(
+            f"unknown importance level {importance_level!r}; expected one of {IMPORTANCE_LEVELS}"
+        )
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
     advantages = advantages.to(logprobs.dtype)
@@ -156,7 +167,10 @@ def policy_loss(
     else:
         # plain PPO: the ratio is against mu and nothing reweights it
         prox, weight, truncated = mu, torch.ones_like(logprobs), torch.zeros_like(mask)
-    ratio, clipped_ratio = _ratios(theta, prox, clip_low, clip_high)
+    if importance_level == "sequence":
+        ratio, clipped_ratio = _sequence_ratios(theta, prox, mask, clip_low, clip_high)
+    else:
+        ratio, clipped_ratio = _ratios(theta, prox, clip_low, clip_high)
     surrogate, clipped_surrogate = ratio * advantages, clipped_ratio * advantages
     # l_t = -w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
     per_token = -weight * torch.minimum(surrogate, clipped_surrogate)
@@ -200,6 +214,39 @@ def _ratios(
     low = torch.as_tensor(clip_low, dtype=theta.dtype, device=theta.device)
     high = torch.as_tensor(clip_high, dtype=theta.dtype, device=theta.device)
     return ratio, torch.clamp(ratio, 1.0 - low, 1.0 + high)
+
+
+def _sequence_ratios(
+    theta: Tensor,
+    prox: Tensor,
+    mask: Tensor,
+    clip_low: float | Tensor,
+    clip_high: float | Tensor,
+) -> tuple[Tensor, Tensor]:
+    """GSPO's ratio: one per sequence, expanded over its [B, T] tokens, and the same clipped.
+
+    Its gradient reaches each token's pi_theta through the mean, which is the GSPO paper's
+    stop-gradient form sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)] averaged over the tokens.
+    """
+    counted = mask.to(theta.dtype)
+    tokens = counted.sum(dim=-1).clamp(min=1.0)
+    # log s_i = sum_t m_t (pi_theta - pi_prox) / sum_t m_t
+    log_ratio = ((theta - prox.detach()) * counted).sum(dim=-1) / tokens
+    ratio = torch.exp(log_ratio)[:, None].expand_as(theta)
+    low, high = _sequence_bound(clip_low, mask, theta), _sequence_bound(clip_high, mask, theta)
+    return ratio, torch.clamp(ratio, 1.0 - low, 1.0 + high)
+
+
+def _sequence_bound(bound: float | Tensor, mask: Tensor, like: Tensor) -> Tensor:
+    """A clip range per sequence [B, 1]: a per-token (staleness-tightened) bound's smallest
+    value over the counted tokens, the tightest the sequence's stalest token allows."""
+    bound = torch.as_tensor(bound, dtype=like.dtype, device=like.device)
+    if bound.dim() == 0:
+        return bound.expand(like.shape[0], 1)
+    spare = torch.full_like(bound, math.inf)
+    tightest = torch.where(mask, bound, spare).amin(dim=-1, keepdim=True)
+    # a sequence with no counted token has no loss; any finite bound does
+    return torch.where(torch.isinf(tightest), torch.zeros_like(tightest), tightest)
 
 
 def _regularised(

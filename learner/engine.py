@@ -25,7 +25,7 @@ from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
 from streamrl.policy.lora import trainable_parameters
-from streamrl.policy.scoring import sequence_logprobs
+from streamrl.policy.scoring import DEFAULT_CHUNK_TOKENS, Sampling, sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
 # the loopback interface (Linux)
@@ -207,9 +207,28 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
+def lr_schedule(lc: LearnerConfig, optimizer: torch.optim.Optimizer, max_steps: int):
+    """``learner.lr_scheduler`` after ``learner.warmup_steps`` (transformers' schedules, as TRL
+    steps them), stepped once per optimizer step: ``max_steps`` learner steps (``run.max_steps``;
+    0 = no horizon: the schema lets only constant and auto through, which then holds the LR after
+    the warm-up) of minibatches x updates_per_batch each."""
+    from transformers import get_scheduler
+
+    total = max_steps * lc.minibatches * lc.updates_per_batch
+    name = lc.lr_scheduler
+    if name == "auto":
+        name = "linear" if total > 0 else "constant"
+    if name == "constant" and lc.warmup_steps:
+        name = "constant_with_warmup"
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=lc.warmup_steps, num_training_steps=total or None
+    )
+
+
+def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int, max_steps: int = 0):
     """``deepspeed.initialize`` with AdamW (``make_optimizer``) over the parameters that require grad
-    (a LoRA policy's adapters: ZeRO-2 partitions only those) and a linear warmup; returns the engine."""
+    (a LoRA policy's adapters: ZeRO-2 partitions only those) and ``lr_schedule`` over
+    ``max_steps`` learner steps; returns the engine."""
     # deepspeed.initialize creates the process group itself when nobody did
     skip_shm_comm_build()
     defer_muon_compile()
@@ -220,15 +239,10 @@ def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int):
     if lc.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     optimizer = make_optimizer(lc, trainable_parameters(model))
-    warmup = lc.warmup_steps
-    # lr_k = lr * min(1, (k + 1) / warmup)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0
-    )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
-        lr_scheduler=scheduler,
+        lr_scheduler=lr_schedule(lc, optimizer, max_steps),
         config=deepspeed_config(lc, world_size, bf16),
     )
     return engine
@@ -259,15 +273,19 @@ def attention_implementation(model) -> str:
 def token_logprobs(
     model,
     batch: MicroBatch,
-    temperature: float,
+    sampling: Sampling | float,
     with_entropy: bool = False,
     entropy_grad: bool = True,
     one_row: bool | None = None,
+    *,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``policy.scoring.sequence_logprobs`` of a micro-batch's packed rows at its completion
-    tokens, in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
+    tokens under ``sampling`` (the run's temperature, top-k and top-p; a number: a temperature
+    alone), in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
     ``entropy_grad``: with its gradient). The loss reads nothing else, so the output layer runs
-    on the completion positions only.
+    on the completion positions only, ``chunk_tokens`` of them at a time
+    (``learner.logprob_chunk_tokens``).
 
     ``one_row`` runs the rows end to end as a single row, as flash attention needs; None picks
     it from the model's attention implementation, and refuses one that cannot keep packed
@@ -290,11 +308,12 @@ def token_logprobs(
         model,
         ids.reshape(1, -1) if one_row else ids,
         None,
-        temperature,
+        sampling,
         with_entropy,
         position_ids=positions.reshape(1, -1) if one_row else positions,
         entropy_grad=entropy_grad,
         keep=target + target // (width - 1),
+        chunk_tokens=chunk_tokens,
     )
     outs = out if with_entropy else (out,)
     mask = completions.to(outs[0].device)

@@ -88,7 +88,10 @@ def export_checkpoint(
     if folder is None:
         raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
     weights, progress = checkpoint_weights(folder)
-    model = training_policy(load_policy(model_cfg.path, model_cfg.dtype), model_cfg.lora)
+    model = training_policy(
+        load_policy(model_cfg.path, model_cfg.dtype, init_kwargs=model_cfg.init_kwargs),
+        model_cfg.lora,
+    )
     model.load_state_dict(weights, strict=True)
     info = {
         "step": progress.get("step"),

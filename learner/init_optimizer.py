@@ -41,7 +41,7 @@ def trainable(model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _settings(optimizer) -> tuple[tuple[float, float], float, bool]:
+def settings(optimizer) -> tuple[tuple[float, float], float, bool]:
     """(betas, eps, amsgrad) shared by every parameter group; ValueError when the groups differ."""
     settings = {
         (tuple(map(float, g["betas"])), float(g["eps"]), bool(g.get("amsgrad", False)))
@@ -59,7 +59,7 @@ def save(folder: str | os.PathLike, model, optimizer: torch.optim.Optimizer) -> 
 
     Every trainable parameter must have been stepped, all the same number of times.
     """
-    betas, eps, amsgrad = _settings(optimizer)
+    betas, eps, amsgrad = settings(optimizer)
     moments: dict[str, dict[str, torch.Tensor]] = {key: {} for key in MOMENTS}
     steps = set()
     for name, param in trainable(model).items():
@@ -71,12 +71,25 @@ def save(folder: str | os.PathLike, model, optimizer: torch.optim.Optimizer) -> 
             moments[key][name] = state[key].detach().to("cpu", torch.float32).clone()
     if len(steps) != 1:
         raise ValueError(f"the parameters were stepped different numbers of times: {sorted(steps)}")
+    return write(folder, steps.pop(), betas, eps, amsgrad, moments)
+
+
+def write(
+    folder: str | os.PathLike,
+    step: int,
+    betas: tuple[float, float],
+    eps: float,
+    amsgrad: bool,
+    moments: dict[str, dict[str, torch.Tensor]],
+) -> Path:
+    """Write an AdamW state (``moments``: per moment of ``MOMENTS``, per parameter name, float32 on
+    the CPU) at optimizer step ``step`` to ``folder/FILE``, atomically."""
     path = Path(folder) / FILE
     tmp = path.with_name(path.name + ".tmp")
     torch.save(
         {
             "format": FORMAT,
-            "step": steps.pop(),
+            "step": step,
             "betas": list(betas),
             "eps": eps,
             "amsgrad": amsgrad,
@@ -120,7 +133,7 @@ def read(folder: str | os.PathLike) -> Moments | None:
 
 def mismatch(moments: Moments, params: dict[str, torch.Tensor], optimizer) -> str | None:
     """Why ``moments`` cannot continue ``optimizer`` over ``params`` (None: they can)."""
-    betas, eps, amsgrad = _settings(optimizer)
+    betas, eps, amsgrad = settings(optimizer)
     if amsgrad or moments.amsgrad:
         return "amsgrad is not supported"
     if moments.betas != betas or moments.eps != eps:

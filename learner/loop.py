@@ -64,7 +64,7 @@ class Learner:
         phases = Phases()
         self.rank, self.world = init_distributed()
         phases.done("distributed")
-        model = load_policy(cfg.model.path, cfg.model.dtype, str(device()))
+        model = load_policy(cfg.model.path, cfg.model.dtype, str(device()), cfg.model.init_kwargs)
         model = training_policy(model, cfg.model.lora)
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         # the most tokens one completion may hold (a trajectory's, an agent's): the constant loss normaliser's
@@ -72,7 +72,7 @@ class Learner:
             cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit
         ).max_completion_tokens
         phases.done("policy")
-        self.engine = build_engine(cfg.learner, model, self.world)
+        self.engine = build_engine(cfg.learner, model, self.world, cfg.run.max_steps)
         phases.done("engine")
         self.ref_model = (
             reference_policy(cfg.model, self.engine.module, str(device()))
@@ -179,7 +179,7 @@ class Learner:
         if io is not None:
             row = io.record(progress, batch, updates, time.perf_counter() - t0)
             if updates:
-                self.recent.append(target.measures(row))
+                self.recent.append(target.measures(row, self.cfg.reward_ranges))
             self._watch_rewards(row, batch.reward_errors)
         if updates and progress.step % cfg.learner.checkpoint_every == 0:
             self.save_checkpoint()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Summary
 
 STEPS = Counter("streamrl_learner_steps_total", "Learner steps (consumed batches that trained).")
 POLICY_VERSION = Gauge(
@@ -37,16 +37,18 @@ REWARD = Histogram(
     "Rewards of the completions trained on.",
     buckets=(-1, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2),
 )
-LOSS = Gauge("streamrl_learner_loss", "Policy loss of the last optimizer step.")
-CLIP_FRACTION = Gauge(
-    "streamrl_learner_clip_fraction", "Fraction of tokens whose clipped objective was active."
+# loss, KL and gradient norm: one observation per learner step (its last optimizer step), so a
+# scrape's rate(_sum) / rate(_count) averages every step since the last one instead of sampling one
+LOSS = Summary("streamrl_learner_loss", "Policy loss of each learner step's last optimizer step.")
+CLIP_RATIO = Gauge(
+    "streamrl_learner_clip_ratio", "Share of tokens whose clipped objective was active."
 )
 IS_WEIGHT_MEAN = Gauge(
     "streamrl_learner_is_weight_mean",
     "Mean truncated importance weight min(exp(pi_prox - mu), rho).",
 )
 IS_TRUNCATED = Gauge(
-    "streamrl_learner_is_truncated_fraction", "Fraction of tokens whose importance weight hit rho."
+    "streamrl_learner_is_truncated_ratio", "Share of tokens whose importance weight hit rho."
 )
 STALENESS = Histogram(
     "streamrl_learner_staleness_versions",
@@ -63,7 +65,7 @@ DROPPED_STALE_GROUPS = Counter(
 ZERO_VARIANCE_GROUPS = Counter(
     "streamrl_learner_zero_variance_groups_total", "Groups skipped because all rewards were equal."
 )
-KL = Gauge(
+KL = Summary(
     "streamrl_learner_kl",
     "Mean k3 KL to the reference (or to the behaviour policy when there is none).",
 )
@@ -71,8 +73,9 @@ ENTROPY = Gauge(
     "streamrl_learner_entropy",
     "Mean per-token entropy (nats) of the policy on the last batch; a fall towards 0 while reward is low is collapse.",
 )
-GRAD_NORM = Gauge(
-    "streamrl_learner_grad_norm", "Gradient norm before clipping, last optimizer step."
+GRAD_NORM = Summary(
+    "streamrl_learner_grad_norm",
+    "Gradient norm before clipping, each learner step's last optimizer step.",
 )
 ADVANTAGE_ABS_MEAN = Gauge(
     "streamrl_learner_advantage_abs_mean", "Mean |advantage| of the last batch."

@@ -82,7 +82,9 @@ class RolloutIO:
             self.redis,
             self.keys,
             cfg.broker,
-            Limits.from_config(cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit),
+            Limits.from_config(
+                cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit, cfg.reward_ranges
+            ),
             "learner-0",
             vocab_size,
         )
@@ -270,6 +272,8 @@ class RolloutIO:
             "kl": last.kl if last else math.nan,
             "entropy": last.entropy if last else math.nan,
             "grad_norm": last.grad_norm if last else math.nan,
+            # the last optimizer step's (learner.lr_scheduler)
+            "lr": last.lr if last else math.nan,
             "step_s": step_s,
             "time": time.time(),
         }
@@ -285,13 +289,13 @@ class RolloutIO:
             m.SEQUENCE_TOKENS.inc(trained)
             m.PACKED_TOKENS.inc(sum(u.packed_tokens for u in updates))
             m.TOKENS_PER_SECOND.set(row["tokens_per_s"])
-            m.LOSS.set(last.loss)
-            m.CLIP_FRACTION.set(last.clip_fraction)
+            m.LOSS.observe(last.loss)
+            m.CLIP_RATIO.set(last.clip_fraction)
             m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
             m.IS_TRUNCATED.set(last.is_truncated_fraction)
-            m.KL.set(last.kl)
+            m.KL.observe(last.kl)
             m.ENTROPY.set(last.entropy)
-            m.GRAD_NORM.set(last.grad_norm)
+            m.GRAD_NORM.observe(last.grad_norm)
             for u in updates:
                 m.STEP_PHASE.labels("forward_backward").observe(u.forward_backward_s)
                 m.STEP_PHASE.labels("optimizer").observe(u.optimizer_s)

@@ -19,6 +19,7 @@ first step.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from streamrl.learner.batching import (
     plan_rank_micro_batches,
 )
 from streamrl.learner.engine import mark_micro_batch, set_micro_batches, token_logprobs
+from streamrl.policy.scoring import Sampling
 
 
 @dataclass
@@ -62,6 +64,8 @@ class UpdateStats:
     packed_tokens: int = 0
     # which pass over the batch (0 = first) this step belongs to
     epoch: int = 0
+    # the learning rate this optimizer step took (learner.lr_scheduler)
+    lr: float = float("nan")
 
 
 def first_pass_tokens(updates: Sequence[UpdateStats], field: str = "tokens") -> int:
@@ -228,10 +232,12 @@ def _loss(
     a = algo
     mask = mb.completion_mask & ~is_stale(version, mb.versions, a.max_staleness)
     clip_low, clip_high, rho = a.clip_low, a.clip_high, a.rho_max
+    if a.importance_sampling_level == "sequence":
+        clip_low, clip_high = a.sequence_clip_low, a.sequence_clip_high
     if a.staleness_tighten > 0:
         staleness = algorithm.token_staleness(version, mb.versions)
-        clip_low = algorithm.tighten(a.clip_low, staleness, a.staleness_tighten)
-        clip_high = algorithm.tighten(a.clip_high, staleness, a.staleness_tighten)
+        clip_low = algorithm.tighten(clip_low, staleness, a.staleness_tighten)
+        clip_high = algorithm.tighten(clip_high, staleness, a.staleness_tighten)
         rho = algorithm.tighten(
             a.rho_max, staleness, a.staleness_tighten, floor=min(1.0, a.rho_max)
         )
@@ -251,19 +257,28 @@ def _loss(
         entropy_coef=a.entropy_coef,
         aggregation=a.aggregation,
         normalizer=normalizer,
+        importance_level=a.importance_sampling_level,
     )
 
 
-def _policy_logprobs(model, mb: MicroBatch, temperature: float, algo: AlgoConfig):
+def token_scorer(rollout: RolloutConfig, learner: LearnerConfig) -> Callable:
+    """``token_logprobs`` under the actors' sampling distribution (temperature, top-k, top-p: so
+    the ratio starts at 1, docs/guarantees.md "What mu is"), ``learner.logprob_chunk_tokens`` at a
+    time; called as ``score(model, micro_batch, ...)``."""
+    sampling = Sampling(rollout.temperature, rollout.top_k, rollout.top_p)
+    return functools.partial(
+        token_logprobs, sampling=sampling, chunk_tokens=learner.logprob_chunk_tokens
+    )
+
+
+def _policy_logprobs(model, mb: MicroBatch, score: Callable, algo: AlgoConfig):
     """The trained log-probs and the entropy: logged always, differentiated only when its bonus
     is in the loss (else its graph would hold [B, L, vocabulary] activations through the backward)."""
-    return token_logprobs(
-        model, mb, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0
-    )
+    return score(model, mb, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
 
 
 def _reference_logprobs(
-    ref_model, batches: list[MicroBatch], kl_coef: float, temperature: float
+    ref_model, batches: list[MicroBatch], kl_coef: float, score: Callable
 ) -> list:
     """The KL term's reference log-probs per micro-batch: the learner's own no-grad pass, the
     actors' (``algo.reference_on: actors``; the consumer dead-letters groups without them), or
@@ -271,13 +286,13 @@ def _reference_logprobs(
     if kl_coef == 0:
         return [None] * len(batches)
     if ref_model is not None:
-        return _logprobs_no_grad(ref_model, batches, temperature)
+        return _logprobs_no_grad(ref_model, batches, score)
     return [mb.ref_logprobs for mb in batches]
 
 
 @torch.no_grad()
-def _logprobs_no_grad(model, batches: list[MicroBatch], temperature: float) -> list[torch.Tensor]:
-    return [token_logprobs(model, mb, temperature) for mb in batches]
+def _logprobs_no_grad(model, batches: list[MicroBatch], score: Callable) -> list[torch.Tensor]:
+    return [score(model, mb) for mb in batches]
 
 
 def _all_reduce_sum(sums: UpdateSums) -> UpdateSums:
@@ -314,7 +329,7 @@ def train_batch(
     ``skipped`` are zero-advantage samples left out of the passes but counted by the loss normaliser;
     ``completion_budget``: see ``loss_normalizer``.
     """
-    temperature = rollout.temperature
+    score = token_scorer(rollout, learner)
     device = next(engine.module.parameters()).device
     need_prox = algo.importance_correction and algo.proximal == "recompute"
     split = split_minibatches(
@@ -334,9 +349,9 @@ def train_batch(
                 normalizer=loss_normalizer(
                     algo, rollout, [*trained, *left_out], version, completion_budget
                 ),
-                ref_logprobs=_reference_logprobs(ref_model, batches, algo.kl_coef, temperature),
+                ref_logprobs=_reference_logprobs(ref_model, batches, algo.kl_coef, score),
                 # mini-batch 0's first forward pass gives pi_prox; the others need it before any step
-                prox_logprobs=_logprobs_no_grad(engine.module, batches, temperature)
+                prox_logprobs=_logprobs_no_grad(engine.module, batches, score)
                 if need_prox and minis
                 else [None] * len(batches),
             )
@@ -349,7 +364,7 @@ def train_batch(
                 mini,
                 version,
                 algo,
-                temperature,
+                score,
                 world,
                 take_prox=need_prox and epoch == 0 and index == 0,
             )
@@ -365,19 +380,21 @@ def _update(
     mini: MiniBatch,
     version: int,
     algo: AlgoConfig,
-    temperature: float,
+    score: Callable,
     world: int,
     take_prox: bool,
 ) -> UpdateStats:
     """One optimizer step on one mini-batch's micro-batches (``take_prox``: keep its log-probs as pi_prox)."""
     batches, prox = mini.micro_batches, mini.prox_logprobs
     set_micro_batches(engine, len(batches))
+    # before engine.step, which moves the schedule on to the next step's
+    lr = float(engine.get_lr()[0])
     sums = UpdateSums()
     fb_s = opt_s = 0.0
     for i, (mb, ref) in enumerate(zip(batches, mini.ref_logprobs, strict=True)):
         mark_micro_batch(engine, i, len(batches))
         t0 = time.perf_counter()
-        logprobs, entropy = _policy_logprobs(engine, mb, temperature, algo)
+        logprobs, entropy = _policy_logprobs(engine, mb, score, algo)
         if take_prox:
             prox[i] = logprobs.detach()
         loss, st = _loss(algo, logprobs, entropy, mb, version, prox[i], ref, mini.normalizer)
@@ -388,8 +405,10 @@ def _update(
         fb_s += t1 - t0
         sums.add(float(loss.detach()), st, mb)
     grad_norm = engine.get_global_grad_norm()
-    return _all_reduce_sum(sums).stats(
+    stats = _all_reduce_sum(sums).stats(
         grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
         forward_backward_s=fb_s,
         optimizer_s=opt_s,
     )
+    stats.lr = lr
+    return stats

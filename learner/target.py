@@ -4,6 +4,11 @@
 reward parts, as the task's reward functions name them) over the last ``target_window`` step
 records; every bar set must hold. The learner stops on it, and the end-of-run summary and the
 benchmarks read the same definition, so "reached the target" means one thing.
+
+The learner clips each step's measures to their declared ranges (``Config.reward_ranges``:
+reward functions' ``range``) before averaging, as the stream consumer already bounds each
+group's: one group moves a window's mean by at most its share of the window times its
+measure's range, so a hostile peer's single extreme group cannot end a run as "target reached".
 """
 
 from __future__ import annotations
@@ -29,13 +34,21 @@ def describe(run) -> str:
     return f"{run.target_window}-step means of {shown}"
 
 
-def measures(row: Mapping) -> dict[str, float]:
-    """A learner step row's figures the bars compare: the mean reward and each part's mean.
+def measures(
+    row: Mapping, ranges: Mapping[str, tuple[float, float]] | None = None
+) -> dict[str, float]:
+    """A learner step row's figures the bars compare: the mean reward and each part's mean,
+    each clipped to its range in ``ranges`` (by name, or a ``fn/key`` part by ``fn``).
 
     The mean reward is the row's own: a part named ``reward`` (the decoder refuses one) could
     never stand in for it.
     """
-    return {**row.get("reward_parts", {}), REWARD: row["reward_mean"]}
+    figures = {**row.get("reward_parts", {}), REWARD: row["reward_mean"]}
+    for name, value in figures.items():
+        bounds = (ranges or {}).get(name) or (ranges or {}).get(name.partition("/")[0])
+        if bounds is not None:
+            figures[name] = min(max(value, bounds[0]), bounds[1])
+    return figures
 
 
 def window_reached(

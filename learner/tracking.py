@@ -11,7 +11,7 @@ and are extras: ``pip install 'streamrl[wandb]'`` / ``'streamrl[trackio]'``.
 A learner restart (a crash, a resumed run) continues the same W&B and trackio run: the W&B
 run id and the trackio run name are drawn once and kept in ``<run.dir>/tracker.json``, and
 both are initialised with ``resume="allow"``. The configuration they record is the redacted
-one (``configs.redact``): no Redis password reaches a tracker.
+one (``configs.redact``): no Redis password, API key or URL credential reaches a tracker.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import uuid
 from pathlib import Path
 
+from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import RunConfig
 
 TENSORBOARD_DIR = "tensorboard"
@@ -36,9 +37,7 @@ def run_ids(run_dir: str | os.PathLike, name: str) -> dict[str, str]:
     # W&B ids: lowercase letters and digits; the trackio name reads as the run's
     ids = {"wandb_id": uuid.uuid4().hex[:12], "trackio_name": f"{name}-{uuid.uuid4().hex[:6]}"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{IDS_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps(ids) + "\n")
-    os.replace(tmp, path)
+    write_new(path, json.dumps(ids) + "\n")
     return ids
 
 

@@ -9,6 +9,8 @@ it when it is missing; ``HF_HUB_OFFLINE=1``, when the user sets it, keeps it to 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -66,12 +68,21 @@ def model_folder(path: str | os.PathLike) -> str:
         ) from None
 
 
-def load_policy(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu"):
-    """A causal LM from a Hugging Face folder or hub id, on ``device``, in eval mode (dropout off)."""
+def load_policy(
+    path: str | os.PathLike,
+    dtype: str | torch.dtype = "auto",
+    device: str = "cpu",
+    init_kwargs: Mapping[str, Any] | None = None,
+):
+    """A causal LM from a Hugging Face folder or hub id, on ``device``, in eval mode (dropout off).
+
+    ``init_kwargs`` (``model.init_kwargs``, checked by the schema) go to from_pretrained as they
+    are: ``attn_implementation``, ``trust_remote_code`` only where the user set it.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        model_folder(path), dtype=resolve_dtype(dtype, device)
+        model_folder(path), dtype=resolve_dtype(dtype, device), **(init_kwargs or {})
     )
     return model.to(device).eval()
 

@@ -220,7 +220,7 @@ def reference_policy(model_cfg: ModelConfig, model: torch.nn.Module, device: str
     adapters-off view of a LoRA policy, else a copy of ``model.path`` loaded on ``device``."""
     if model_cfg.lora.enabled:
         return AdaptersDisabled(model)
-    return load_policy(model_cfg.path, model_cfg.dtype, device)
+    return load_policy(model_cfg.path, model_cfg.dtype, device, model_cfg.init_kwargs)
 
 
 def merged_policy(model):

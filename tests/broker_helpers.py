@@ -30,4 +30,6 @@ def make_group(
 
 def limits_of(cfg) -> Limits:
     """The consumer's limits for a run of ``cfg``, as the learner takes them."""
-    return Limits.from_config(cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit)
+    return Limits.from_config(
+        cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit, cfg.reward_ranges
+    )

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from streamrl.learner.engine import token_logprobs
+from streamrl.policy.scoring import Sampling
 
 # Measured on the demo policy (the vLLM engine, LoRA and multi-turn tests, 190 checks): vLLM's
 # worst token strayed up to 3.8x as far as the learner's worst. The tolerances this gives there
@@ -64,7 +65,7 @@ def learner_logprobs_twice(
     models: Sequence[torch.nn.Module],
     load: Callable[[torch.nn.Module], None],
     batch,
-    temperature: float,
+    temperature: Sampling | float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The learner's log-probs of ``batch``'s completion tokens by the float32 and the float64 copy
     of one policy (``models``), once ``load`` put the weights under test into each."""

@@ -172,7 +172,8 @@ def test_the_agent_source_yields_a_group_once_its_agent_closed_every_trajectory(
     engine = HFEngine(model, tokenizer, batch_slots=2 * GROUP, seed=2)
     source = AgentSource.from_config(
         _gen(engine, tokenizer),
-        agent=AgentConfig(enabled=True),
+        # this agent reports rewards 0, 1, 2 for all but its last trajectory
+        agent=AgentConfig(enabled=True, trust_reported_reward=True, reward_range=(0.0, 2.0)),
         run=RunConfig(dir=str(tmp_path)),
         model=ModelConfig(path=demo_policy),
         rollout=RolloutConfig(group_size=GROUP),

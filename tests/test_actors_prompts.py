@@ -230,3 +230,37 @@ def test_a_hub_dataset_loads_by_name_config_and_split_from_the_hub_cache_offline
     assert got["easy/test"] == [{"question": "56>", "solution": "65"}]
     assert got["hard/train"] == [{"question": "789>", "solution": "987"}]
     assert "org/not-cached" in got["missing"] and "no hub dataset" in got["missing"]
+
+
+# a template that reads a keyword, as Qwen3's reads enable_thinking
+THINKING = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}0{% else %}1{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_every_chat_template_rendering(tmp_path):
+    from streamrl.actors.agent_recorder import Recorder
+    from streamrl.actors.trajectory import Renderer
+    from streamrl.configs import load_config
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = THINKING
+    off = load_config(None, ["rollout.chat_template_kwargs={enable_thinking: false}"], env={})
+    kwargs = off.rollout.chat_template_kwargs
+    assert kwargs == {"enable_thinking": False}
+    path = _write(tmp_path / "p.jsonl", "jsonl")
+
+    def last(ids):
+        return tokenizer.decode(ids[-1:])
+
+    prompts = PromptDataset(path, tokenizer, chat_template=True, template_kwargs=kwargs)
+    assert last(prompts.get(0).token_ids) == "0"
+    assert last(PromptDataset(path, tokenizer, chat_template=True).get(0).token_ids) == "1"
+    turn = [{"role": "user", "content": "12>"}]
+    # multi-turn environments and the agent server render through Renderer
+    assert last(Renderer(tokenizer, (), kwargs).prompt(turn)) == "0"
+    assert last(Renderer(tokenizer).prompt(turn)) == "1"
+    recorder = Recorder(tokenizer, 2, 64, 128, 64, kwargs)
+    plan = recorder.chat(recorder.open_group(None).trajectories[0], turn, None, 4)
+    assert last(plan.prompt) == "0"

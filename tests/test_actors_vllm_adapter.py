@@ -25,9 +25,11 @@ from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.vllm import (
+    INSECURE_SERIALIZATION,
     VLLMEngine,
     VLLMUnavailable,
     engine_args,
+    insecure_serialization,
     make_sender,
     sampling_kwargs,
     to_output,
@@ -100,6 +102,14 @@ def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_buil
     assert on_gpu["dtype"] == "bfloat16" and "enforce_eager" not in on_gpu
 
 
+def test_trust_remote_code_reaches_vllm_only_where_model_init_kwargs_set_it(tmp_path):
+    actor = ActorConfig(engine="vllm")
+    plain = engine_args(ModelConfig(path=str(tmp_path)), actor, None, gpu=False)
+    assert plain["trust_remote_code"] is False
+    trusted = ModelConfig(path=str(tmp_path), init_kwargs={"trust_remote_code": True})
+    assert engine_args(trusted, actor, None, gpu=False)["trust_remote_code"] is True
+
+
 def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info(tmp_path):
     actor = ActorConfig(engine="vllm", tensor_parallel_size=2, device="cuda:2")
     backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
@@ -108,10 +118,8 @@ def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init
     ] == {"backend": "nccl"}
     sender = make_sender(backend, actor)
     assert isinstance(sender, NCCLSender)
-    info = sender.init_info()
-    # this process is rank 0, the two workers follow it
-    assert info["rank_offset"] == 1 and info["world_size"] == 3
-    assert info["master_address"] == "127.0.0.1" and 0 < info["master_port"] < 65536
+    # this process and the two workers; the id is minted (libnccl, a GPU host) at the handshake
+    assert sender.world_size == 3 and sender.unique_id is None
 
 
 def test_sampling_kwargs_request_the_sampled_tokens_logprob_and_map_top_k_off():
@@ -182,23 +190,49 @@ def test_ipc_update_info_carries_the_rebuild_args_alone_and_parses_as_vllms(monk
 
 
 @needs_vllm
-def test_nccl_sender_joins_through_vllms_trainer_helper_with_its_real_signature():
+def test_nccl_sender_meets_the_workers_through_a_unique_id_and_no_tcp_store():
+    """vLLM's workers parse the init info into the unique-id rendezvous: no TCPStore, whose
+    contents they would unpickle, and no port announced before anything listens on it."""
     from vllm.distributed.weight_transfer import nccl_common
 
-    sender = NCCLSender(world_size=3, device="cpu")
-    nccl_common.NCCLWeightTransferInitInfo(**sender.init_info())
-    inspect.signature(nccl_common.stateless_init_process_group).bind(
-        master_address=sender.master_address,
-        master_port=sender.master_port,
-        rank=0,
-        world_size=3,
-        device=0,
+    # ncclGetUniqueId needs libnccl (a GPU host); its 128 bytes are opaque to everything here
+    minted = [bytes(range(128)), bytes(range(128, 256))]
+    sender = NCCLSender(world_size=3, device="cpu", mint=minted.pop)
+    info = sender.init_info()
+    assert info["rank_offset"] == 1 and info["world_size"] == 3
+    parsed = nccl_common.NCCLWeightTransferInitInfo(**info)
+    assert parsed.nccl_unique_id_bytes == sender.unique_id == bytes(range(128, 256))
+    assert parsed.master_address is None and parsed.master_port is None
+    # what vLLM sends on to its workers carries no TCP rendezvous either
+    assert "master_port" not in nccl_common.worker_init_payload(parsed)
+    # a new handshake (a restarted engine) gets a new id
+    sender.init_info()
+    assert sender.unique_id == bytes(range(128))
+    inspect.signature(nccl_common.uid_init_process_group).bind(
+        sender.unique_id, rank=0, world_size=3, device=0
     )
     # the old fallback called NCCLWeightTransferEngine.trainer_init, which vLLM does not have
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
     assert not hasattr(NCCLWeightTransferEngine, "trainer_init")
     assert "NCCLWeightTransferEngine" not in inspect.getsource(NCCLSender.connect)
+
+
+def test_the_insecure_serialization_flag_is_set_only_while_an_ipc_engine_starts(monkeypatch):
+    monkeypatch.delenv(INSECURE_SERIALIZATION, raising=False)
+    with insecure_serialization(True):
+        assert os.environ[INSECURE_SERIALIZATION] == "1"
+    assert INSECURE_SERIALIZATION not in os.environ
+    with pytest.raises(RuntimeError), insecure_serialization(True):
+        raise RuntimeError("the engine failed to start")
+    assert INSECURE_SERIALIZATION not in os.environ
+    with insecure_serialization(False):
+        assert INSECURE_SERIALIZATION not in os.environ
+    # an operator's own setting survives
+    monkeypatch.setenv(INSECURE_SERIALIZATION, "0")
+    with insecure_serialization(True):
+        pass
+    assert os.environ[INSECURE_SERIALIZATION] == "0"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

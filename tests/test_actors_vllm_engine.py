@@ -38,6 +38,7 @@ from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
 from streamrl.learner.export import export_policy  # noqa: E402
 from streamrl.policy.load import load_policy, load_tokenizer  # noqa: E402
+from streamrl.policy.scoring import Sampling  # noqa: E402
 from streamrl.weightsync.announce import read_announcement  # noqa: E402
 from streamrl.weightsync.feed import WeightFeed  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
@@ -93,7 +94,7 @@ class Rig:
             until(lambda: self.engine.version == version)
 
     def learner_logprobs(
-        self, version: int, request: Request, output: Output, temperature: float
+        self, version: int, request: Request, output: Output, temperature: Sampling | float
     ) -> tuple[np.ndarray, np.ndarray]:
         """The learner's log-probs of the sampled tokens under ``version``'s weights, in float32
         and in float64."""
@@ -152,7 +153,7 @@ def rig(redis_server, demo_policy, tmp_path_factory):
         rig.close()
 
 
-def _assert_matches_learner(rig: Rig, requests, outputs, temperature: float) -> None:
+def _assert_matches_learner(rig: Rig, requests, outputs, temperature: Sampling | float) -> None:
     for request, output in zip(requests, outputs, strict=True):
         assert len(output.token_ids) > 0
         versions = output.versions.tolist()
@@ -162,14 +163,25 @@ def _assert_matches_learner(rig: Rig, requests, outputs, temperature: float) -> 
             assert_within_rounding(output.logprobs[mask], float32[mask], float64[mask])
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_behaviour_logprobs_equal_the_learners_on_the_same_weights(rig, temperature):
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(1.0), Sampling(0.7), Sampling(0.8, top_k=5, top_p=0.9)],
+    ids=["t1", "t0.7", "top_k_top_p"],
+)
+def test_behaviour_logprobs_equal_the_learners_on_the_same_weights(rig, sampling):
+    """vLLM's processed log-probs are the learner's scores, top-k and top-p included: mu is the
+    distribution the learner scores under (docs/guarantees.md, "What mu is")."""
     requests = rig.requests(16)
-    params = SamplingParams(max_new_tokens=12, temperature=temperature)
+    params = SamplingParams(
+        max_new_tokens=12,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+    )
     outputs = rig.engine.generate(requests, params)
     assert [o.request_id for o in outputs] == [r.request_id for r in requests]
     assert all(set(o.versions.tolist()) == {rig.engine.version} for o in outputs)
-    _assert_matches_learner(rig, requests, outputs, temperature)
+    _assert_matches_learner(rig, requests, outputs, sampling)
 
 
 def test_a_pushed_version_is_served_and_its_tied_lm_head_follows_the_embedding(rig):

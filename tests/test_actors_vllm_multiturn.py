@@ -15,6 +15,7 @@ into shared memory and the engine's workers load it through the ``streamrl_shm``
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 import numpy as np
@@ -260,14 +261,20 @@ def test_versions_across_a_swap_between_turns_and_one_inside_a_turn(rig):
         start = rig.engine.version + 1
         rig.publish(start)
         hook = _PublishAtNextPoll(rig)
+        published: set[int] = set()
+        once = threading.Lock()
 
-        def on_step(n: int, start=start, hook=hook) -> None:
-            # between turns 1 and 2: the next version, served before turn 2 starts
-            if n == 1 and rig.engine.version < start + 1:
-                rig.publish(start + 1)
-            # turn 3: one more version, pushed while it generates
-            if n == 2:
-                hook.arm(start + 2)
+        def on_step(n: int, start=start, hook=hook, published=published, once=once) -> None:
+            # a group's environments step concurrently (env.max_concurrent_steps): one publishes
+            with once:
+                # between turns 1 and 2: the next version, served before turn 2 starts
+                if n == 1 and start + 1 not in published:
+                    published.add(start + 1)
+                    rig.publish(start + 1)
+                # turn 3: one more version, pushed while it generates
+                if n == 2 and start + 2 not in published:
+                    published.add(start + 2)
+                    hook.arm(start + 2)
 
         # one environment per group member; the first to step publishes
         group, turns, renderer = _roll_out(

@@ -135,7 +135,13 @@ def serving(redis_url: str, policy: Path, tmp: Path, engine: str, **sections: di
                 {"fn": "streamrl.examples.reverse_digits:reverse_digits_exact", "name": "exact"}
             ]
         },
-        "agent": {"enabled": True, "max_total_tokens": 40, "max_body_bytes": 4096},
+        # these agents score some trajectories themselves (and read the task's answer to)
+        "agent": {
+            "enabled": True,
+            "max_total_tokens": 40,
+            "max_body_bytes": 4096,
+            "trust_reported_reward": True,
+        },
         "actor": {"batch_slots": 4, "engine": engine},
         "learner": {"groups_per_step": 16},
         "algo": {"max_staleness": 0},

@@ -349,3 +349,38 @@ def test_samples_from_group_carry_prompt_completion_and_advantage():
     assert [s.advantage for s in samples] == [0.5, -0.5] and samples[1].versions.tolist() == [3, 4]
     with pytest.raises(ValueError, match="advantages"):
         samples_from_group(group, [0.5])
+
+
+def test_the_learner_step_takes_gspo_and_its_own_clip_range_from_the_config():
+    from streamrl.configs.schema import AlgoConfig
+    from streamrl.learner.step import _loss
+
+    rng = np.random.default_rng(2)
+    samples = [
+        Sample(rng.integers(4, 30, 3 + n), 3, rng.normal(-1.0, 0.1, n).astype(np.float32),
+               np.zeros(n, np.int64), adv, 0.0, "g")
+        for n, adv in ((4, 1.0), (2, -0.5), (5, 0.8))
+    ]  # fmt: skip
+    mb = collate(samples, pad_id=0)
+    theta = mb.behaviour_logprobs + torch.from_numpy(
+        rng.normal(0, 0.3, mb.behaviour_logprobs.shape)
+    )
+    theta = theta.to(mb.behaviour_logprobs.dtype)
+    mask = mb.completion_mask
+
+    def by_hand(level, low, high):
+        return algorithm.policy_loss(
+            theta, mb.behaviour_logprobs, mb.advantages, mask, clip_low=low, clip_high=high,
+            rho_max=2.0, importance_level=level,
+        )[0].item()  # fmt: skip
+
+    def stepped(**algo):
+        return _loss(AlgoConfig(**algo), theta, None, mb, 0, None, None, None)[0].item()
+
+    gspo = dict(
+        importance_sampling_level="sequence", sequence_clip_low=0.01, sequence_clip_high=0.02
+    )
+    assert stepped(**gspo) == by_hand("sequence", 0.01, 0.02)
+    assert stepped() == by_hand("token", 0.2, 0.2)
+    # the three differ: the level and the sequence bounds each matter
+    assert len({by_hand("sequence", 0.01, 0.02), by_hand("sequence", 0.2, 0.2), stepped()}) == 3

@@ -35,8 +35,8 @@ def _loss(mask, aggregation="token_mean", normalizer=None, **kw):
     theta = _logs(THETA_P).requires_grad_()
     loss, stats = algorithm.policy_loss(
         theta, _logs(MU_P), torch.tensor(ADVANTAGES, dtype=torch.float64), mask,
-        clip_low=CLIP_LOW, clip_high=CLIP_HIGH, rho_max=RHO, proximal_logprobs=_logs(PROX_P),
-        aggregation=aggregation, normalizer=normalizer, **kw,
+        rho_max=RHO, proximal_logprobs=_logs(PROX_P), aggregation=aggregation,
+        normalizer=normalizer, **{"clip_low": CLIP_LOW, "clip_high": CLIP_HIGH, **kw},
     )  # fmt: skip
     loss.backward()
     return loss.item(), theta.grad.flatten().tolist(), stats
@@ -361,3 +361,45 @@ def test_over_the_cap_streamrl_truncates_where_areal_drops():
     )  # fmt: skip
     assert theirs.item() == 0.0
     assert ours.item() == pytest.approx(-2.0) and stats.is_truncated_fraction == 1.0
+
+
+GSPO_S = math.sqrt(0.75)
+
+
+def test_gspo_sequence_ratio_of_the_two_by_two_batch_worked_on_paper():
+    """importance_level sequence, clip range [1 - 0.1, 1 + 0.3] = [0.9, 1.3].
+
+    s_i = exp(mean_t log(pi_theta / pi_prox)), the geometric mean of the token ratios:
+    seq 0: ratios 1.5, 0.5 -> s_0 = sqrt(0.75) = 0.866 (the arithmetic mean would be 1.0);
+    seq 1: ratios 0.5, 1.5 -> s_1 = 0.866 as well.
+    seq 0, A = +1: min(0.866, clip(0.866) = 0.9) = 0.866, unclipped; l = -w s_0: -1.5 s_0, -0.8 s_0
+    seq 1, A = -1: min(-0.866, -0.9) = -0.9, clipped;                  l = +0.9 w: 0.9, 1.08
+    token_mean = (-2.3 s_0 + 1.98) / 4.
+    Gradient: d s_0 / d log pi_theta(t) = s_0 / 2 for both tokens of seq 0, so each gets
+    -(1.5 + 0.8) s_0 / 2 / 4; seq 1 is clipped: 0. Token-level ratios would clip (0,0) at 1.3
+    and (0,1) at 0.9 instead.
+    """
+    loss, grad, stats = _loss(ALL, importance_level="sequence", clip_low=0.1)
+    assert loss == pytest.approx((-2.3 * GSPO_S + 1.98) / 4, abs=1e-12)
+    assert grad == pytest.approx([-2.3 * GSPO_S / 8, -2.3 * GSPO_S / 8, 0.0, 0.0], abs=1e-12)
+    assert stats.clip_fraction == pytest.approx(0.5)
+    assert stats.is_weight_mean == pytest.approx(1.125)
+
+
+def test_gspo_takes_a_sequence_its_counted_tokens_and_tightest_bound():
+    """Token (1,1) is masked, so seq 1's ratio is its one token's, 0.5. Per-token lower bounds
+    [[0.1, 0.05], [0.1, 0.01]]: seq 0 takes 0.05 ([0.95, 1.3]: s_0 = 0.866 stays unclipped,
+    A = +1), seq 1 takes 0.1, not the masked token's 0.01 ([0.9, 1.3]: 0.5 -> 0.9, A = -1,
+    l = +0.9 w = 0.9). token_mean over 3 tokens = (-2.3 s_0 + 0.9) / 3; with 0.01 leaking in it
+    would be (-2.3 s_0 + 0.99) / 3.
+    """
+    mask = torch.tensor([[True, True], [True, False]])
+    low = torch.tensor([[0.1, 0.05], [0.1, 0.01]], dtype=torch.float64)
+    loss, grad, _ = _loss(mask, importance_level="sequence", clip_low=low)
+    assert loss == pytest.approx((-2.3 * GSPO_S + 0.9) / 3, abs=1e-12)
+    assert grad == pytest.approx([-2.3 * GSPO_S / 6, -2.3 * GSPO_S / 6, 0.0, 0.0], abs=1e-12)
+
+
+def test_an_unknown_importance_level_is_refused():
+    with pytest.raises(ValueError, match="importance level"):
+        _loss(ALL, importance_level="group")

@@ -36,7 +36,9 @@ PROMPT_LEN, COMPLETION_LENS = 4, (5, 3, 6, 2)
 TRL_AGGREGATIONS = {"bnpo": "token_mean", "grpo": "seq_mean", "dr_grpo": "constant"}
 
 
-def _trainer(policy: str, tmp_path, loss_type: str, entropy_coef: float):
+def _trainer(
+    policy: str, tmp_path, loss_type: str, entropy_coef: float, level: str = "token", clip=None
+):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -47,7 +49,8 @@ def _trainer(policy: str, tmp_path, loss_type: str, entropy_coef: float):
         save_strategy="no", disable_tqdm=True, use_bias_correction_kl=False,
         num_generations=2, per_device_train_batch_size=len(COMPLETION_LENS),
         max_completion_length=max(COMPLETION_LENS), temperature=TEMPERATURE,
-        epsilon=CLIP_LOW, epsilon_high=CLIP_HIGH, beta=BETA, loss_type=loss_type,
+        epsilon=(clip or (CLIP_LOW, CLIP_HIGH))[0], epsilon_high=(clip or (CLIP_LOW, CLIP_HIGH))[1],
+        beta=BETA, loss_type=loss_type, importance_sampling_level=level,
         entropy_coef=entropy_coef, vllm_importance_sampling_mode="token_truncate",
         vllm_importance_sampling_clip_max=RHO,
     )  # fmt: skip
@@ -92,12 +95,21 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return grads
 
 
+# GSPO's clip range is a sequence's: its ratio is a mean over tokens, so it moves much less than
+# one token's; with these bounds some of the 4 sequences clip and some do not
+GSPO_CLIP = (0.05, 0.08)
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("loss_type", list(TRL_AGGREGATIONS))
-def test_loss_and_gradients_equal_trls_grpo_loss(demo_policy, tmp_path, loss_type):
+@pytest.mark.parametrize(
+    ("loss_type", "level"),
+    [*((t, "token") for t in TRL_AGGREGATIONS), ("grpo", "sequence")],
+)
+def test_loss_and_gradients_equal_trls_grpo_loss(demo_policy, tmp_path, loss_type, level):
     aggregation = TRL_AGGREGATIONS[loss_type]
     entropy_coef = 0.03 if aggregation == "token_mean" else 0.0
-    trainer, model = _trainer(demo_policy, tmp_path, loss_type, entropy_coef)
+    clip = GSPO_CLIP if level == "sequence" else (CLIP_LOW, CLIP_HIGH)
+    trainer, model = _trainer(demo_policy, tmp_path, loss_type, entropy_coef, level, clip)
     samples, mb = _batch(model.config.vocab_size)
     mask = mb.completion_mask
 
@@ -130,7 +142,8 @@ def test_loss_and_gradients_equal_trls_grpo_loss(demo_policy, tmp_path, loss_typ
 
     logprobs, entropy = token_logprobs(model, mb, TEMPERATURE, with_entropy=True)
     ours, stats = algorithm.policy_loss(
-        logprobs, mu, mb.advantages, mask, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, rho_max=RHO,
+        logprobs, mu, mb.advantages, mask, clip_low=clip[0], clip_high=clip[1], rho_max=RHO,
+        importance_level=level,
         proximal_logprobs=prox, ref_logprobs=ref, kl_coef=BETA, entropy=entropy,
         entropy_coef=entropy_coef, aggregation=aggregation,
         normalizer=float(len(samples) * max(lengths)) if aggregation == "constant" else None,

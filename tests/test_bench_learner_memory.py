@@ -20,8 +20,8 @@ from bench.learner_memory import (
     Knobs,
     Shape,
     activation_bytes_per_token,
+    chunked_head_saved_per_token,
     estimate,
-    head_bytes_per_token,
     layer_bytes_per_token,
     lora_parameters,
     parameters,
@@ -143,8 +143,9 @@ def test_saved_activations_per_token_are_what_autograd_saves(shape, rows):
 
 @pytest.mark.parametrize(("entropy", "grad"), [(False, False), (True, False), (True, True)])
 def test_the_log_prob_head_saves_what_the_count_says_per_completion_token(entropy, grad):
-    """The learner's ``token_logprobs``: the output layer on completion positions only, the
-    entropy kept out of autograd unless its gradients are wanted."""
+    """The learner's ``token_logprobs``: the output layer on completion positions only, a chunk
+    at a time and recomputed in the backward pass, so the entropy's gradients or not, autograd
+    keeps each token's hidden state and no logits."""
     from streamrl.learner.engine import token_logprobs
 
     shape = SMALL[0]
@@ -156,7 +157,7 @@ def test_the_log_prob_head_saves_what_the_count_says_per_completion_token(entrop
     decoder = _saved_per_token(lambda: _decoder(model, mb), model, 1)
     head = (whole - decoder) / mb.num_tokens
     assert mb.num_tokens < mb.packed_tokens
-    assert head == pytest.approx(head_bytes_per_token(shape, grad)[0], rel=TOLERANCE)
+    assert head == pytest.approx(chunked_head_saved_per_token(shape), rel=TOLERANCE)
 
 
 @pytest.mark.parametrize("shape", SMALL)
@@ -173,10 +174,9 @@ def test_a_lora_policy_saves_at_most_the_full_models_count(shape):
     # DeepSpeed's bf16 mode casts the fp32 adapters peft makes to bf16
     model = get_peft_model(_qwen2(shape), lora).to(torch.bfloat16).train()
     saved = _saved_per_token(lambda: token_logprobs(model, mb, 0.7), model, 1)
-    count = (
-        mb.packed_tokens * activation_bytes_per_token(shape, False, mb.packed_ids.shape[1])
-        + mb.num_tokens * head_bytes_per_token(shape, False)[0]
-    )
+    count = mb.packed_tokens * activation_bytes_per_token(
+        shape, False, mb.packed_ids.shape[1]
+    ) + mb.num_tokens * chunked_head_saved_per_token(shape)
     assert 0.85 * count < saved <= count
 
 
@@ -205,12 +205,14 @@ def test_each_knob_lowers_the_estimate_by_what_it_removes():
     assert offloaded.trainable_state == 0 and offloaded.host == 16 * parameters(shape)
     assert lora.trainable_state == 14 * lora_parameters(shape, 16) < base.trainable_state / 50
     assert estimate(shape, Knobs(8192, ranks=2)).trainable_state == base.trainable_state // 2
-    # the output layer sees the completion tokens only: 512 of every 640
-    per_token = 2 * shape.hidden + 12 * shape.vocab
-    assert base.logits == 8192 * 4 // 5 * per_token
-    assert estimate(shape, Knobs(8192, entropy_grad=True)).logits == 8192 * 4 // 5 * (
-        per_token + 8 * shape.vocab
-    )
+    # the output layer sees the completion tokens only: 512 of every 640, a hidden state and two
+    # indices each kept, and the logits of one chunk of 1024 at a time
+    head, per_token = 8192 * 4 // 5, 2 * shape.hidden + 12 * shape.vocab
+    kept = head * (2 * shape.hidden + 16)
+    assert base.logits == kept + 1024 * 12 * shape.vocab
+    assert estimate(shape, Knobs(8192, entropy_grad=True)).logits == kept + 1024 * 20 * shape.vocab
+    unchunked = estimate(shape, Knobs(8192, logprob_chunk_tokens=None)).logits
+    assert unchunked == head * per_token > 4 * base.logits
     assert estimate(shape, Knobs(8192, **OLD_STEP)).logits == 8192 * (per_token + 8 * shape.vocab)
     text = table()
     assert all(name in text for name in SHAPES) and text.count("\n") == 1 + 6 * len(SHAPES)

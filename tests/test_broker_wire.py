@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from streamrl.broker.wire import (
     FINISH_REASONS,
+    ID_PATTERN,
     RESERVED_PART_NAMES,
     Completion,
     RolloutGroup,
@@ -43,12 +44,16 @@ def completions(draw):
     )
 
 
+def ids(max_size: int):
+    return st.from_regex(ID_PATTERN, fullmatch=True).filter(lambda s: len(s) <= max_size)
+
+
 @st.composite
 def groups(draw):
     group = RolloutGroup(
-        group_id=draw(st.text(min_size=1, max_size=40)),
-        prompt_id=draw(st.text(max_size=20)),
-        actor_id=draw(st.text(max_size=20)),
+        group_id=draw(ids(40)),
+        prompt_id=draw(ids(20)),
+        actor_id=draw(ids(20)),
         seq=draw(st.integers(0, 2**40)),
         prompt_token_ids=np.array(
             draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=30)), dtype=np.int32
@@ -179,6 +184,12 @@ MALFORMED = {
     r"group.fin: 1 finish reasons for 3 completions": _set(["fin"], ["stop"]),
     r"group.tok: expected bytes, got list": _set(["tok"], [1, 2]),
     "group.meta: expected a map of scalars": _set(["meta"], {"x": [1]}),
+    # a fuzz found these trained: "" entered the dedup set, NaN the step rows
+    "group.gid: '' is not a non-empty id": _set(["gid"], ""),
+    r"group.pid: 'row\\n1' is not a non-empty id": _set(["pid"], "row\n1"),
+    r"group.aid: 'a b' is not a non-empty id": _set(["aid"], "a b"),
+    r"group.meta\['epoch'\]: non-finite value nan": _set(["meta"], {"epoch": math.nan}),
+    r"group.meta\['x'\]: non-finite value -inf": _set(["meta"], {"x": -math.inf}),
 }
 
 

@@ -20,10 +20,12 @@ PROMETHEUS_BUILTINS = {"up"}
 
 
 def documented_metrics() -> tuple[set[str], set[str]]:
-    """(all metric names, histogram names) from the Metrics section of docs/architecture.md."""
+    """(all metric names, histogram and summary names) from the Metrics section of
+    docs/architecture.md."""
     text = (ROOT / "docs" / "architecture.md").read_text().split("## Metrics", 1)[1]
     names, histograms = set(), set()
-    for name, kind in re.findall(r"`(streamrl_[a-z0-9_]+)(?:\{[^}`]*\})?`(\s*\(histogram)?", text):
+    pattern = r"`(streamrl_[a-z0-9_]+)(?:\{[^}`]*\})?`(\s*\((?:histogram|summary))?"
+    for name, kind in re.findall(pattern, text):
         names.add(name)
         if kind:
             histograms.add(name)
@@ -104,8 +106,10 @@ def test_dashboard_covers_throughput_staleness_reward_loss_weights_versions_and_
         "streamrl_stream_pending",
         "histogram_quantile(0.9, sum by (le) (rate(streamrl_learner_staleness_versions_bucket",
         "histogram_quantile(0.5, sum by (le) (rate(streamrl_learner_reward_bucket",
-        "streamrl_learner_loss",
-        "streamrl_learner_clip_fraction",
+        "sum(rate(streamrl_learner_loss_sum",
+        "sum(rate(streamrl_learner_kl_sum",
+        "sum(rate(streamrl_learner_grad_norm_sum",
+        "streamrl_learner_clip_ratio",
         "streamrl_learner_is_weight_mean",
         "streamrl_weights_publish_seconds_bucket",
         "streamrl_actor_policy_version",
@@ -115,6 +119,25 @@ def test_dashboard_covers_throughput_staleness_reward_loss_weights_versions_and_
     ]
     missing = [r for r in required if r not in exprs]
     assert not missing, missing
+
+
+def test_every_selector_is_scoped_by_the_run_and_host_variables_and_every_panel_has_a_unit():
+    dashboard = load_dashboard()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert set(variables) == {"run", "host"}
+    for v in variables.values():
+        assert v["type"] == "query" and v["includeAll"] and v["allValue"] == ".*"
+        assert v["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+    assert "$run" in variables["host"]["query"]["query"]
+    for q in queries():
+        # each metric name (not a function) is followed by a selector naming both variables
+        for m in re.finditer(r"\b(streamrl_[a-z0-9_]+|up)\b(?!\s*\()", q.expr):
+            assert q.expr[m.end() :].startswith('{run=~"$run", host=~"$host"'), (q.panel, q.expr)
+    for panel in iter_panels(dashboard):
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        assert unit and unit != "short", panel["title"]
+    one_run = render(queries()[0].expr, run="demo", host="h1")
+    assert 'run=~"demo", host=~"h1"' in one_run and "$" not in one_run
 
 
 def test_every_dashboard_expression_parses_with_promtool(tmp_path):

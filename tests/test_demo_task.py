@@ -103,7 +103,14 @@ def test_the_demo_preset_builds_its_policy_and_dataset_where_they_are_missing(tm
     from streamrl.policy.load import load_policy, load_tokenizer
 
     policy, data = tmp_path / "policy", tmp_path / "data" / "train.jsonl"
-    cfg = load_config(DEMO, [f"model.path={policy}", f"data.path={data}"], env={})
+    # a hook fills only the path it is set with (an overridden path alone drops the preset's)
+    overrides = [
+        f"model.path={policy}",
+        "model.build=streamrl.examples.reverse_digits:build_policy",
+        f"data.path={data}",
+        "data.build=streamrl.examples.reverse_digits:write_dataset",
+    ]
+    cfg = load_config(DEMO, overrides, env={})
     said: list[str] = []
     inputs.prepare(cfg.model, cfg.data, cfg.run.seed, announce=said.append)
     assert load_policy(policy).config.num_hidden_layers == 2

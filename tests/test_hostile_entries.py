@@ -14,11 +14,14 @@ from broker_helpers import VOCAB, limits_of, make_group
 from learner_rollouts import xadd_groups
 from test_learner_processes import GROUPS_PER_STEP, _config, _steps_logged, _stream_of
 
+from streamrl.actors.rewards import BUILTINS, resolve, score_sample
 from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
 from streamrl.broker.semantics import Limits, check_group
 from streamrl.broker.stream import RolloutConsumer
 from streamrl.broker.wire import Completion, WireError, encode_group
+from streamrl.configs import load_config
+from streamrl.configs.schema import BUILTIN_REWARD_RANGES, BrokerConfig
 
 LIMITS = Limits(group_size=2, max_completion_tokens=8, max_prompt_tokens=16, max_abs_reward=1e6)
 
@@ -88,6 +91,50 @@ def test_a_group_without_reference_logprobs_fails_where_the_actors_were_to_send_
     for c in group.completions:
         c.ref_logprobs = c.logprobs.copy()
     check_group(group, needs, max_version=3)
+
+
+def _scored(group, reward: float, parts: dict[str, float]):
+    return _with(
+        group,
+        completions=[
+            dataclasses.replace(c, reward=reward, reward_parts=dict(parts))
+            for c in group.completions
+        ],
+    )
+
+
+def test_rewards_and_parts_are_held_to_their_declared_ranges():
+    cfg = load_config("configs/demo_cpu.yaml", [], env={})
+    limits = limits_of(cfg)
+    group = make_group("g", n_completions=cfg.rollout.group_size, length=4)
+    check_group(_scored(group, 1.0, {"reverse_digits_exact": 1.0}), limits)
+    # a fuzz's group: under the old bound of 1e6, it moved the demo's 20-step means past the target
+    hostile = {
+        "both": (9.9e5, {"reverse_digits_exact": 9.9e5}, r"completion\[0\]\.r: reward 990000"),
+        "reward": (1.5, {}, r"\.r: reward 1\.5 outside its range \[0, 1\]"),
+        "part": (0.5, {"reverse_digits_exact": -0.1}, "'reverse_digits_exact'.*outside"),
+        # a function's dict parts are held to its range
+        "key": (0.5, {"reverse_digits/stop": 2.0}, "'reverse_digits/stop'.*outside"),
+    }
+    for reward, parts, reason in hostile.values():
+        with pytest.raises(WireError, match=reason):
+            check_group(_scored(group, reward, parts), limits)
+    # the total's range: the weighted functions' (math + 0.1 x think_format), 0 (a failed function)
+    # and an agent's own reward
+    ranges = load_config("configs/gpu.yaml", ["agent.enabled=true"], env={}).reward_ranges
+    assert ranges["reward"] == pytest.approx((0.0, 2.1)) and ranges["agent"] == (0.0, 1.0)
+    # a part no function declares keeps broker.max_abs_reward, no longer 1e6
+    assert BrokerConfig().max_abs_reward <= 100
+    with pytest.raises(WireError, match="'other'.*outside"):
+        check_group(_scored(group, 0.5, {"other": 101.0}), limits)
+
+
+def test_the_actor_fails_a_reward_outside_its_declared_range():
+    turn = [{"role": "assistant", "content": "7"}]
+    specs = [{"fn": "exact_match", "range": (0.0, 0.5)}, {"fn": "think_format"}]
+    score = score_sample(specs, [resolve(s["fn"]) for s in specs], turn, "7")
+    assert score.failures["exact_match"].kind == "invalid" and score.total == 0.0
+    assert BUILTIN_REWARD_RANGES.keys() == BUILTINS.keys()
 
 
 @pytest.mark.slow

@@ -56,12 +56,6 @@ def test_indices_count_the_launchers_own_visible_devices():
         ({"learner": {"gpus": [0], "ranks": 2}}, ["learner.gpus", "learner.ranks=2"]),
         ({"learner": {"gpus": [-1]}}, ["learner.gpus", ">= 0"]),
         ({"actor": {"gpus": [1, 1]}}, ["actor.gpus", "twice"]),
-        (
-            {"learner": {"gpus": [0]}, "actor": {"gpus": [1, 0]}},
-            ["actor.gpus", "learner.gpus", "[0]"],
-        ),
-        # unplaced, the learner takes cuda:0
-        ({"actor": {"gpus": [0, 1]}}, ["actor.gpus", "learner.gpus=None", "[0]"]),
         ({"actor": {"gpus": [1, 2, 3], "tensor_parallel_size": 2}}, ["actor.gpus", "multiple"]),
         ({"learner": {"ranks": 2}, "actor": {"gpus": "share"}}, ["share", "learner.ranks=2"]),
         (
@@ -74,6 +68,28 @@ def test_a_bad_placement_fails_at_load_naming_the_key(sections, names):
     with pytest.raises(ValidationError) as err:
         _cfg(**sections)
     assert all(n in str(err.value) for n in names), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("sections", "names"),
+    [
+        (
+            {"learner": {"gpus": [0]}, "actor": {"gpus": [1, 0]}},
+            ["actor.gpus", "learner.gpus", "[0]"],
+        ),
+        # unplaced, the learner takes cuda:0
+        ({"actor": {"gpus": [0, 1]}}, ["actor.gpus", "learner.gpus=None", "[0]"]),
+    ],
+)
+def test_actors_on_the_learners_gpus_are_refused_where_both_run_not_on_an_actors_host(
+    sections, names
+):
+    cfg = _cfg(**sections)
+    with pytest.raises(PlacementError) as err:
+        check(cfg, 4)
+    assert all(n in str(err.value) for n in names), str(err.value)
+    # `streamrl actors` on another host: the learner's GPU 0 is that host's, not this one's
+    check(cfg, 4, learner_here=False)
 
 
 def test_an_index_past_the_launchers_devices_is_refused_before_anything_starts():

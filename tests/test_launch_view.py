@@ -64,3 +64,60 @@ def test_the_view_skips_a_beat_while_redis_is_down_and_resumes_when_it_is_back(t
         assert snap is not None and snap.version == 0
     finally:
         server.stop()
+
+
+def test_the_eta_is_to_max_steps_or_max_time_s_whichever_comes_first():
+    from streamrl.launch.view import eta_s
+
+    # 60 steps left at 2 steps/s: 30 s; 10 s left of max_time_s
+    assert eta_s(40, 40.0, 2.0, max_steps=100, max_time_s=50.0) == 10.0
+    assert eta_s(40, 40.0, 2.0, max_steps=100, max_time_s=0.0) == 30.0
+    assert eta_s(40, 40.0, 2.0, max_steps=100, max_time_s=600.0) == 30.0
+    assert eta_s(40, 40.0, None, max_steps=100, max_time_s=0.0) is None
+    assert eta_s(40, 40.0, 2.0, max_steps=0, max_time_s=0.0) is None
+
+
+def test_the_bar_shows_step_n_of_max_steps_and_the_eta_at_the_rate_since_the_first_step_seen():
+    from streamrl.launch.view import RunProgress
+
+    progress = RunProgress(max_steps=100, max_time_s=0.0)
+    # a resumed run's first step seen is 10, 20 s after the launch: start-up is not in the rate
+    progress.update(10, 20.0)
+    progress.update(30, 30.0)
+    assert progress.eta == 35.0
+    console = Console(width=120, record=True)
+    console.print(progress.bar)
+    text = console.export_text()
+    assert "step 30/100" in text and "30%" in text and "ETA 0:00:35" in text
+    assert progress.text() == "step 30/100 ETA 0:00:35"
+    # without max_steps the bar runs over max_time_s
+    timed = RunProgress(max_steps=0, max_time_s=600.0)
+    timed.update(5, 150.0)
+    console = Console(width=120, record=True)
+    console.print(timed.bar)
+    text = console.export_text()
+    assert "step 5 " in text and "25%" in text
+    assert timed.eta == 450.0
+
+
+def test_without_a_terminal_a_line_goes_out_per_block_of_steps():
+    from streamrl.launch.view import plain_due, plain_every
+
+    assert plain_every(200) == 10 and plain_every(5) == 1 and plain_every(0) == 10
+    printed, last = [], None
+    for step in [0, 1, 1, 4, 9, 10, 12, 19, 23, 40]:
+        if plain_due(step, last, 10):
+            printed.append(step)
+            last = step
+    assert printed == [1, 10, 23, 40]
+    snap = Snapshot(at=0.0, version=2, last_step=_step(1, 0.5, 0.0))
+    from streamrl.launch.view import RunProgress
+
+    progress = RunProgress(max_steps=50, max_time_s=0.0)
+    progress.update(1, 3.0)
+    assert plain_line(snap, 3.0, progress).startswith("[    3s] step 1/50 ETA -:--:-- v2 ")
+
+
+def test_the_summary_ends_with_where_the_plots_went():
+    text = summary([_step(1, 0.5, 0.0)], 1000.0, 5.0, [], plots="runs/x/plots")
+    assert text.splitlines()[-1] == "  plots                runs/x/plots"

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrl.configs.schema import AlgoConfig, RolloutConfig
+from streamrl.configs.schema import AlgoConfig, LearnerConfig, RolloutConfig
 from streamrl.learner import algorithm
 from streamrl.learner.batching import (
     Sample,
@@ -25,11 +25,19 @@ from streamrl.learner.batching import (
     row_width,
 )
 from streamrl.learner.engine import token_logprobs
-from streamrl.learner.step import _loss, _policy_logprobs, _rank_micro_batches, loss_normalizer
+from streamrl.learner.step import (
+    _loss,
+    _policy_logprobs,
+    _rank_micro_batches,
+    loss_normalizer,
+    token_scorer,
+)
 from streamrl.policy.load import load_policy
 from streamrl.policy.scoring import sequence_logprobs
 
 PAD = 0
+# the learner's scorer at temperature 1, no truncation
+SCORE = token_scorer(RolloutConfig(), LearnerConfig())
 VERSION = 3
 
 
@@ -176,7 +184,7 @@ def test_packed_micro_batches_give_the_padded_mini_batchs_gradient(model64, aggr
     batches = _rank_micro_batches(samples, 64, 0, 1, PAD, torch.device("cpu"))
     assert len(batches) > 2
     for mb in batches:
-        logprobs, entropy = _policy_logprobs(model64, mb, 1.0, algo)
+        logprobs, entropy = _policy_logprobs(model64, mb, SCORE, algo)
         loss, _ = _loss(algo, logprobs, entropy, mb, VERSION, None, mb.ref_logprobs, normalizer)
         loss.backward()
     packed = _grads(model64)
@@ -204,7 +212,7 @@ def test_without_an_entropy_bonus_the_entropy_is_logged_outside_the_backward_gra
     -coef x the entropy term's."""
     mb = collate(_samples([9, 14, 5, 11], prompt=3, seed=4), PAD)
     algo_off = AlgoConfig(entropy_coef=0.0, max_staleness=2)
-    logprobs, entropy = _policy_logprobs(model64, mb, 1.0, algo_off)
+    logprobs, entropy = _policy_logprobs(model64, mb, SCORE, algo_off)
     assert logprobs.grad_fn is not None and entropy.grad_fn is None
     loss, stats = _loss(algo_off, logprobs, entropy, mb, VERSION, None, None, 1.0)
     assert math.isfinite(stats.entropy) and stats.entropy > 0
@@ -212,7 +220,7 @@ def test_without_an_entropy_bonus_the_entropy_is_logged_outside_the_backward_gra
     off = _grads(model64)
 
     algo_on = AlgoConfig(entropy_coef=0.5, max_staleness=2)
-    logprobs, entropy = _policy_logprobs(model64, mb, 1.0, algo_on)
+    logprobs, entropy = _policy_logprobs(model64, mb, SCORE, algo_on)
     assert entropy.grad_fn is not None
     _loss(algo_on, logprobs, entropy, mb, VERSION, None, None, 1.0)[0].backward()
     on = _grads(model64)

@@ -33,12 +33,14 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
         demo_policy,
         run={"max_steps": 1},
         algo={"max_staleness": 0, "skip_zero_variance": True},
-        learner={"groups_per_step": 4},
+        # two optimizer steps over the run's one step: the linear schedule's LR is lr, then lr / 2
+        learner={"groups_per_step": 4, "minibatches": 2, "lr_scheduler": "linear"},
         rollout={"group_size": 4},
     )
     xadd_groups(cfg, groups)
     progress = Learner(cfg).run(echo=lambda line: None)
-    assert progress.step == 1 and progress.version == 1 and progress.consumed == 8
+    # one version per optimizer step
+    assert progress.step == 1 and progress.version == 2 and progress.consumed == 8
 
     rows = [json.loads(line) for line in (Path(cfg.run.dir) / "learner_steps.jsonl").open()]
     assert [(r["trained"], r["samples"], r["groups"]) for r in rows] == [
@@ -46,6 +48,9 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
         (True, 16, 4),
     ]
     assert rows[0]["zero_variance_groups"] == 4
+    # the row shows the LR of the step's last optimizer step (none for a step that took none)
+    assert rows[1]["lr"] == pytest.approx(cfg.learner.lr / 2, rel=1e-12)
+    assert rows[0]["lr"] != rows[0]["lr"]
     # the trained step counts its prompt + completion tokens, what its packed rows ran on, and
     # its tokens per second of step (one pass, so the batch's tokens)
     real = sum(

@@ -32,6 +32,8 @@ def learner_config(redis_cfg: Config, policy: str, **sections) -> Config:
         "rollout": {"group_size": GROUP_SIZE, "max_new_tokens": 8},
         "learner": {
             "lr": LR,
+            # the references these runs are held against step AdamW at a constant LR
+            "lr_scheduler": "constant",
             "betas": list(BETAS),
             "grad_clip": GRAD_CLIP,
             "groups_per_step": GROUPS,
@@ -132,8 +134,8 @@ def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises
         for n in (5, 8)
     ]  # fmt: skip
     batch = collate(samples, pad_id=0)
-    logprobs, entropy = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
-    assert torch.equal(logprobs, token_logprobs(model, batch, temperature=0.7))
+    logprobs, entropy = token_logprobs(model, batch, 0.7, with_entropy=True)
+    assert torch.equal(logprobs, token_logprobs(model, batch, 0.7))
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logits = logits[:, :-1].double() / 0.7
@@ -155,7 +157,7 @@ def test_token_entropy_is_that_of_the_tempered_distribution_and_the_bonus_raises
     assert stats.entropy == pytest.approx(float(entropy.detach()[mask].mean()))
     loss.backward()
     optimizer.step()
-    _, after = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    _, after = token_logprobs(model, batch, 0.7, with_entropy=True)
     assert float(after.detach()[mask].mean()) > float(entropy.detach()[mask].mean())
 
 

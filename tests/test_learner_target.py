@@ -41,6 +41,21 @@ def test_the_bars_are_the_reward_and_the_named_parts_a_zero_bar_is_none():
     assert measures(row) == {"reward": 0.5, "reverse_digits_exact": 0.25}
 
 
+def test_one_extreme_group_does_not_reach_the_target():
+    cfg = load_config("configs/demo_cpu.yaml", [], env={})
+    run, ranges = cfg.run, cfg.reward_ranges
+    honest = {"reward_mean": 0.5, "reward_parts": {"reverse_digits_exact": 0.5}}
+    # a fuzz's group under the old bound of 1e6: alone, it ended the demo as "target reached"
+    hostile = {"reward_mean": 9.9e5, "reward_parts": {"reverse_digits_exact": 9.9e5}}
+    window = [honest] * (run.target_window - 1) + [hostile]
+    assert window_reached([measures(r) for r in window], bars(run), run.target_window)
+    clipped = [measures(r, ranges) for r in window]
+    assert clipped[-1] == {"reward": 1.0, "reverse_digits_exact": 1.0}
+    assert not window_reached(clipped, bars(run), run.target_window)
+    # one step moves the window's mean by at most its share of the range: (1 - 0.5) / 20
+    assert window_reached(clipped, {"reward": 0.5 + 0.5 / run.target_window}, run.target_window)
+
+
 @pytest.mark.timeout(180)
 def test_the_learner_stops_once_the_last_window_of_steps_reaches_the_target(redis_cfg, demo_policy):
     from streamrl.learner.loop import Learner

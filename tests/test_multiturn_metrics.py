@@ -57,9 +57,9 @@ def test_tool_calls_and_their_failures_are_counted_by_reason_with_the_step_time(
         "42",
     ]
     for text in turns:
-        rollouts._after_turn(first, _turn(tokenizer, text))
+        rollouts._after_turns([first], [_turn(tokenizer, text)])
     # a tool that raises ends its trajectory with error
-    rollouts._after_turn(second, _turn(tokenizer, '<tool_call>{"name":"lookup","arguments":{"key":"b"}}</tool_call>'))  # fmt: skip
+    rollouts._after_turns([second], [_turn(tokenizer, '<tool_call>{"name":"lookup","arguments":{"key":"b"}}</tool_call>')])  # fmt: skip
     assert (first.end, first.turns, first.steps, first.tool_calls) == ("done", 3, 3, 4)
     assert first.tool_failed == {"parse": 1, "unknown_tool": 1, "bad_arguments": 1}
     assert (second.end, second.turns, second.steps, second.tool_calls) == ("error", 1, 1, 1)
@@ -90,7 +90,9 @@ def test_an_environment_reporting_an_unknown_tool_failure_is_invalid(tokenizer):
 
     rollouts = env_rollouts(tokenizer, Liar)
     (t,) = rollouts.start_group(ROW, 1)
-    rollouts._after_turn(t, _turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>'))
+    rollouts._after_turns(
+        [t], [_turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>')]
+    )
     assert t.end == "invalid" and t.tool_failed == {} and t.steps == 1
 
 
@@ -106,7 +108,9 @@ def test_an_environment_reporting_more_failures_than_calls_is_invalid(tokenizer)
 
     rollouts = env_rollouts(tokenizer, Inflates)
     (t,) = rollouts.start_group(ROW, 1)
-    rollouts._after_turn(t, _turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>'))
+    rollouts._after_turns(
+        [t], [_turn(tokenizer, '<tool_call>{"name":"x","arguments":{}}</tool_call>')]
+    )
     assert t.end == "invalid" and t.tool_calls == 1 and t.tool_failed == {}
 
 

@@ -47,10 +47,6 @@ PICKLING_MODULES = {
 ALLOWED = {
     # The sandbox module's job is to run model-written code, inside the contained child process.
     ("actors/sandbox.py", "exec"),
-    # Per-rank RNG state (numpy/python tuples) in a checkpoint folder the learner wrote itself under
-    # run.dir; DeepSpeed's own checkpoint loading pickles the same local files. Checkpoints are
-    # never received from another process or host.
-    ("learner/checkpoint.py", "torch.load without weights_only=True"),
     # pickle.dumps only (nothing here unpickles): the CUDA IPC handles of the vllm actor's own staged
     # tensors, in the form vLLM documents for its IPC weight-transfer backend, for its own engine's
     # workers (children of the actor process). See docs/guarantees.md.

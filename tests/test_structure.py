@@ -29,6 +29,8 @@ PROCESS_ROOTS = {
     # rank 0's Redis side of the learner's root: stream, admission, publisher, tracking
     "learner/rollout_io.py": {"RolloutIO.__init__"},
     "learner/__main__.py": {"main"},
+    # streamrl sft / dpo
+    "learner/supervised_loop.py": {"SupervisedRun.__init__", "train"},
     "broker/__main__.py": {"main"},
 }
 # the config package itself, and the launcher, which composes every process's command line

@@ -93,7 +93,7 @@ def test_a_broadcast_that_never_comes_is_counted_as_a_timeout(redis_cfg):
         while sender.live_members() != ["member"]:
             assert time.monotonic() < deadline, "the subscriber never registered"
             time.sleep(0.05)
-        sender.reform(["member"])
+        sender.reform(["member"], time.monotonic() + ws.timeout_s)
         assert sender.members == ["member"]
         # the header of version 1, as a publish writes it first, and then no broadcast
         header = {

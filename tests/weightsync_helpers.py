@@ -86,12 +86,12 @@ class InProcessActor:
     def __init__(self, cfg, actor_id: str, hidden: int, layers: int):
         from weightsync_procs import check, engine_template
 
-        from streamrl.weightsync.subscriber import Subscriber
+        from streamrl.weightsync.feed import WeightFeed
 
         self.template = engine_template(hidden, layers)
-        self.sub = Subscriber.from_config(
-            cfg.weightsync, cfg.broker, cfg.run, actor_id, self.template
-        ).start()
+        # as an actor gets it: the feed picks the source from the config and run.host_id
+        feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, actor_id)
+        self.sub = feed.subscriber(self.template).start()
         self.applied: list[tuple[int, bool]] = []
         self._check = lambda v, t: check(v, t, hidden, layers)
         self._stop = threading.Event()

@@ -4,8 +4,11 @@ Owns the learner-to-engine name mapping (``naming``), the publisher and
 subscriber (``publisher``, ``subscriber``) over the transports registered in
 ``transports`` by name: POSIX shared memory on one host (``shm``, segment code
 in ``shm``), torch.distributed broadcast in buckets (``dist``: NCCL on GPUs,
-gloo on CPU, group code in ``dist``) and ``none``, plus the GPU-free logic of
-the vLLM weight-transfer adapter (``vllm_adapter``). What a version holds (a policy's
+gloo on CPU, group code in ``dist``) and ``none``, the host relay across hosts
+(``relay``: one receiver per actor host serving its actors over shm; what is
+host-local is keyed by ``run.host_id`` in ``hosts``, the dist address is
+``address``'s), plus the GPU-free logic of the vLLM weight-transfer adapter
+(``vllm_adapter``). What a version holds (a policy's
 tensors, merged or adapters with LoRA) is ``policy``'s to say; weightsync only moves it.
 
 Talks to: Redis through ``broker`` (version announcements, rendezvous).

@@ -1,20 +1,25 @@
 """torch.distributed transport: the publisher broadcasts the flat weight layout in fixed-size buckets
-to the actors in a process group of its own (NCCL on GPUs, the same code on gloo on CPU).
+to the members of a process group of its own (NCCL on GPUs, the same code on gloo on CPU).
 
-The group is separate from the learner's DeepSpeed world: it is built
-directly from a ``TCPStore`` that the publisher hosts on a fresh port for
-every membership ("epoch"), so actors can join and leave between versions.
+The group is separate from the learner's DeepSpeed world: it is built directly from one
+``TCPStore`` the publisher hosts for its lifetime on the first free port of
+``weightsync.dist_port``..``+dist_ports-1`` (a range a firewall can allow), so members can join and
+leave between versions, each membership an "epoch" under its own key prefix.
 
 Rendezvous through Redis:
-- actors heartbeat ``{weights}:dist:members`` (hash: actor id -> expiry time);
-- before a publish, if the live membership changed (or the last broadcast
-  failed), the publisher opens a new store, writes ``{weights}:dist:group``
-  (epoch, host, port, backend, member ranks) and notifies; each member checks
-  in (``ready/{rank}``) and builds the group. Members that do not check in
-  within ``timeout_s`` are dropped and the group is formed without them;
-- each publish puts ``pub/{seq}`` (version, layout, aliases) into the store,
-  then broadcasts the buckets. Every collective waits at most ``timeout_s``; a
-  failure marks the group broken, and the next attempt re-forms it.
+- members heartbeat ``{weights}:dist:members`` (hash: member id -> "expiry seen-epoch", the newest
+  group record the member has acted on);
+- before a publish, if the membership changed (or the last broadcast failed), the publisher writes
+  ``{weights}:dist:group`` (epoch, host, port, backend, invited members, its host id) and notifies;
+  each invited member checks in (``e{epoch}/ready/{member}``). After all checked in, or
+  ``timeout_s`` after the record, the publisher writes ``e{epoch}/final`` (the members that made it,
+  in rank order) and builds the group with those alone, so a slow or dead member costs one publish
+  at most ``timeout_s`` and never a retry loop. A dropped member is invited again only once its
+  heartbeat says it has seen the epoch it was dropped from: a dead or partitioned one is not waited
+  for twice, and one that comes back (or restarts, or starts late) joins at the next publish;
+- each publish puts ``pub/{seq}`` (version, layout, aliases, publisher id) into the store, then
+  broadcasts the buckets. Every collective waits at most ``timeout_s``; a failure marks the group
+  broken, and the next publish re-forms it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from streamrl.broker.client import as_str
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import is_loopback
 from streamrl.weightsync import metrics
+from streamrl.weightsync.address import toward
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.base import TransferTimeout
 
@@ -84,47 +90,69 @@ def _device(backend: str) -> torch.device:
     )
 
 
-def make_group(
-    backend: str, store: tdist.Store, rank: int, size: int, timeout_s: float, host: str = ""
-):
+def make_group(backend: str, store: tdist.Store, rank: int, size: int, timeout_s: float, host: str):
     """A process group outside the default world. The only NCCL-specific lines of the transport.
 
-    gloo's pair listeners bind ``host`` when it is a loopback address (a one-host run keeps every
-    socket on loopback); otherwise gloo picks the address this host's name resolves to.
+    gloo's pair listeners bind ``host``, this process's own address toward the others (a one-host
+    run keeps every socket on loopback; across hosts, a name may not resolve to the right address).
     """
     timeout = dt.timedelta(seconds=timeout_s)
     if backend == "gloo":
         options = tdist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        device_host = host if is_loopback(host) else ""
-        options._devices = [tdist.ProcessGroupGloo.create_device(hostname=device_host)]
+        options._devices = [tdist.ProcessGroupGloo.create_device(hostname=host)]
         return tdist.ProcessGroupGloo(store, rank, size, options)
     options = tdist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     return tdist.ProcessGroupNCCL(store, rank, size, options)
 
 
-def bound_store(host: str, timeout_s: float) -> tdist.TCPStore:
-    """A master TCPStore on a fresh port of ``host`` only.
+class NoFreePort(OSError):
+    pass
+
+
+def bound_store(host: str, timeout_s: float, first_port: int = 0, ports: int = 1) -> tdist.TCPStore:
+    """A master TCPStore on ``host`` only, on the first free port of ``first_port``..``+ports-1``
+    (0: any free port).
 
     TCPStore binds every interface ([::]) on its own whatever host it is given; a socket bound
     here and handed over as ``master_listen_fd`` keeps it where ``weightsync.dist_host`` says.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as listener:
-        listener.bind((host, 0))
-        listener.listen()
+    candidates = range(first_port, first_port + ports) if first_port else [0]
+    errors = []
+    for port in candidates:
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # a restarted learner takes its port back while the old connections linger in TIME_WAIT
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen()
+        except OSError as exc:
+            listener.close()
+            errors.append(f"{port}: {exc.strerror}")
+            continue
         port = listener.getsockname()[1]
         # The store's server owns the descriptor from here on (it does not copy it).
         fd = listener.detach()
-    return tdist.TCPStore(
-        host,
-        port,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=dt.timedelta(seconds=timeout_s),
-        master_listen_fd=fd,
+        return tdist.TCPStore(
+            host,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=dt.timedelta(seconds=timeout_s),
+            master_listen_fd=fd,
+        )
+    raise NoFreePort(
+        f"weightsync.dist_port: no free port on {host} in {candidates[0]}-{candidates[-1]} "
+        f"({'; '.join(errors[:3])}); widen weightsync.dist_ports or move weightsync.dist_port"
     )
+
+
+def parse_beat(value: bytes | str) -> tuple[float, int]:
+    """(expiry, seen epoch) of a member's heartbeat."""
+    expiry, _, seen = as_str(value).partition(" ")
+    return float(expiry), int(seen or -1)
 
 
 @contextmanager
@@ -161,9 +189,14 @@ class DistSender:
         timeout_s: float,
         backend: str,
         host: str,
+        port: int = 0,
+        ports: int = 1,
+        host_id: str = "",
+        publisher: str = "",
     ):
         self.client, self.keys, self.layout = client, keys, layout
         self.bucket_bytes, self.timeout_s, self.host = bucket_bytes, timeout_s, host
+        self.port, self.ports, self.host_id, self.publisher = port, ports, host_id, publisher
         self.backend = resolve_backend(backend)
         self.device = _device(self.backend)
         self.plan = windows(layout, bucket_bytes)
@@ -171,18 +204,26 @@ class DistSender:
         self.bucket = torch.empty(max(self.sizes, default=0), dtype=torch.uint8, device=self.device)
         self.epoch = int(client.get(keys.weights_dist_epoch) or 0)
         self.members: list[str] = []
+        # member -> the epoch it was dropped from (invited again once it has seen that epoch)
+        self.dropped: dict[str, int] = {}
         self.store: tdist.TCPStore | None = None
         self.group = None
         self.seq = 0
         self.broken = True
 
     def live_members(self) -> list[str]:
+        """Members with a fresh heartbeat, less those dropped that have not noticed it yet."""
         now = time.time()
         raw = self.client.hgetall(self.keys.weights_dist_members)
         live, expired = [], []
-        for member, expiry in raw.items():
+        for member, beat in raw.items():
             member = as_str(member)
-            (live if float(expiry) > now else expired).append(member)
+            expiry, seen = parse_beat(beat)
+            if expiry <= now:
+                expired.append(member)
+            elif seen >= self.dropped.get(member, -1):
+                self.dropped.pop(member, None)
+                live.append(member)
         if expired:
             self.client.hdel(self.keys.weights_dist_members, *expired)
         return sorted(live)
@@ -194,6 +235,7 @@ class DistSender:
             "port": self.store.port,
             "backend": self.backend,
             "members": members,
+            "host_id": self.host_id,
         }
         pipe = self.client.pipeline(transaction=True)
         pipe.set(self.keys.weights_dist_group, json.dumps(record))
@@ -203,31 +245,19 @@ class DistSender:
 
     def _close_group(self) -> None:
         self.group = None
-        # the master store's server stops with it, so members of the old epoch get errors
-        self.store = None
         self.members = []
 
-    def reform(self, members: list[str]) -> None:
-        """New epoch for ``members``; drops those that do not check in within timeout_s (bounded retries)."""
+    def reform(self, invited: list[str], deadline: float) -> None:
+        """New epoch for ``invited``: the group is whoever checked in before ``deadline``."""
         self._close_group()
-        for _ in range(3):
-            self.epoch += 1
-            self.store = bound_store(self.host, self.timeout_s)
-            self._announce_group(members)
-            if not members:
-                break
-            missing = self._wait_ready(members)
-            if not missing:
-                prefix = tdist.PrefixStore(f"e{self.epoch}/pg/", self.store)
-                try:
-                    self.group = make_group(
-                        self.backend, prefix, 0, len(members) + 1, self.timeout_s, self.host
-                    )
-                # a member died between check-in and connect
-                except Exception as exc:
-                    metrics.TRANSFER_FAILURES.labels(reason="rendezvous").inc()
-                    log.warning("weightsync dist: epoch %d failed to form: %s", self.epoch, exc)
-                break
+        if self.store is None:
+            self.store = bound_store(self.host, self.timeout_s, self.port, self.ports)
+        self.epoch += 1
+        self.seq = 0
+        self._announce_group(invited)
+        joined = self._wait_ready(invited, deadline)
+        missing = [m for m in invited if m not in joined]
+        if missing:
             log.warning(
                 "weightsync dist: %s did not join epoch %d within %.1fs; dropped",
                 missing,
@@ -235,21 +265,32 @@ class DistSender:
                 self.timeout_s,
             )
             metrics.TRANSFER_FAILURES.labels(reason="peer_dropped").inc(len(missing))
-            self.client.hdel(self.keys.weights_dist_members, *missing)
-            members = [m for m in members if m not in missing]
-        self.members = members if self.group is not None else []
-        self.seq = 0
-        # retried at the next publish
-        self.broken = self.group is None and bool(members)
+            self.dropped.update(dict.fromkeys(missing, self.epoch))
+        self.store.set(f"e{self.epoch}/final", json.dumps(joined))
+        self.broken = False
+        if not joined:
+            return
+        prefix = tdist.PrefixStore(f"e{self.epoch}/pg/", self.store)
+        try:
+            with bounded(f"forming epoch {self.epoch}'s group", self.timeout_s):
+                self.group = make_group(
+                    self.backend, prefix, 0, len(joined) + 1, self.timeout_s, self.host
+                )
+        # a member died between check-in and connect: retried at the next publish
+        except Exception as exc:
+            metrics.TRANSFER_FAILURES.labels(reason="rendezvous").inc()
+            log.warning("weightsync dist: epoch %d failed to form: %s", self.epoch, exc)
+            self.broken = True
+            return
+        self.members = joined
 
-    def _wait_ready(self, members: list[str]) -> list[str]:
-        deadline = time.monotonic() + self.timeout_s
-        keys = [f"e{self.epoch}/ready/{rank}" for rank in range(1, len(members) + 1)]
-        while time.monotonic() < deadline:
-            if self.store.check(keys):
-                return []
+    def _wait_ready(self, invited: list[str], deadline: float) -> list[str]:
+        keys = {m: f"e{self.epoch}/ready/{m}" for m in invited}
+        while invited and time.monotonic() < deadline:
+            if self.store.check(list(keys.values())):
+                return list(invited)
             time.sleep(0.01)
-        return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+        return [m for m in invited if self.store.check([keys[m]])]
 
     def send(
         self,
@@ -257,16 +298,24 @@ class DistSender:
         tensors: dict[str, torch.Tensor],
         aliases: dict[str, str],
         checksums: dict[str, int] | None = None,
+        flat: torch.Tensor | None = None,
+        sums: list[int] | None = None,
     ) -> dict:
-        """Broadcast one version to the current members; a failure re-forms the group and retries once."""
+        """Broadcast one version to the members; waits at most ``timeout_s`` for members to join and
+        each bucket at most ``timeout_s``. A failed broadcast is retried once with a re-formed group
+        while that budget lasts; members the version missed get the next one. ``flat``: the
+        version already laid out as the layout's byte stream on this sender's device (a shm slot),
+        broadcast from where it lies instead of bucket by bucket through a copy; ``sums``: its shm
+        checksums (layout order), passed on in the header for members that keep it in shm."""
+        deadline = time.monotonic() + self.timeout_s
         for attempt in range(2):
-            live = self.live_members()
-            if self.broken or live != self.members:
-                self.reform(live)
+            invited = self.live_members()
+            if self.broken or invited != self.members:
+                self.reform(invited, deadline)
             if self.group is None:
-                return {"epoch": self.epoch, "members": []}
+                break
             try:
-                self._broadcast(version, tensors, aliases)
+                self._broadcast(version, tensors, aliases, flat, sums)
                 return {"epoch": self.epoch, "members": self.members}
             except Exception as exc:
                 reason = "timeout" if isinstance(exc, TransferTimeout) else "error"
@@ -278,20 +327,40 @@ class DistSender:
                     exc,
                 )
                 self.broken = True
+                self._close_group()
+            if time.monotonic() >= deadline:
+                break
         return {"epoch": self.epoch, "members": []}
 
     def _broadcast(
-        self, version: int, tensors: dict[str, torch.Tensor], aliases: dict[str, str]
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        flat: torch.Tensor | None = None,
+        sums: list[int] | None = None,
     ) -> None:
         header = {
             "version": version,
             "layout": self.layout.to_json(),
             "aliases": aliases,
             "bucket_bytes": self.bucket_bytes,
+            "publisher": self.publisher,
+            "checksums": sums,
         }
         self.store.set(f"e{self.epoch}/pub/{self.seq}", json.dumps(header))
+        # members read a header before its broadcast starts; two back is long taken
+        if self.seq >= 2:
+            self.store.delete_key(f"e{self.epoch}/pub/{self.seq - 2}")
         self.seq += 1
         timeout = dt.timedelta(seconds=self.timeout_s)
+        if flat is not None:
+            for index, size in enumerate(self.sizes):
+                start = index * self.bucket_bytes
+                with bounded(f"broadcast of version {version}", self.timeout_s):
+                    bucket = flat[start : start + size]
+                    self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
+            return
         dtypes = {s.name: s.torch_dtype for s in self.layout.specs}
         converted_name, converted = None, None
         with torch.no_grad():
@@ -310,28 +379,36 @@ class DistSender:
 
     def close(self) -> None:
         self._close_group()
+        # its server stops with it: members of the last epoch see the store gone
+        self.store = None
 
 
 class DistReceiver:
-    """Member side, driven by the subscriber's background thread through ``step``."""
+    """Member side, driven by the subscriber's (or the relay's) loop through ``step``."""
 
     def __init__(self, client: redis.Redis, keys: Keys, actor_id: str, *, timeout_s: float):
         self.client, self.keys, self.actor_id = client, keys, actor_id
         self.timeout_s = timeout_s
         self.bucket = torch.empty(0, dtype=torch.uint8)
         self.epoch: int | None = None
-        self.failed_epoch: int | None = None
+        # the newest group record acted on (joined, left out of, or failed to join)
+        self.seen = -1
         self.store = None
         self.group = None
         self.device = torch.device("cpu")
         self.seq = 0
+        # the publisher id and shm checksums (None: not sent) of the version being received
+        self.publisher = ""
+        self.checksums: list[int] | None = None
         self._next_beat = 0.0
 
-    def heartbeat(self) -> None:
-        now = time.time()
-        if now >= self._next_beat:
-            self.client.hset(self.keys.weights_dist_members, self.actor_id, now + self.timeout_s)
-            self._next_beat = now + self.timeout_s / 4
+    def heartbeat(self, now: bool = False) -> None:
+        t = time.time()
+        if now or t >= self._next_beat:
+            self.client.hset(
+                self.keys.weights_dist_members, self.actor_id, f"{t + self.timeout_s} {self.seen}"
+            )
+            self._next_beat = t + self.timeout_s / 4
 
     def _leave(self) -> None:
         self.group = self.store = None
@@ -343,42 +420,52 @@ class DistReceiver:
             return
         record = json.loads(raw)
         epoch = int(record["epoch"])
-        if epoch == self.epoch or epoch == self.failed_epoch:
+        # (not <=: a Redis that lost its data restarts the count)
+        if epoch == self.seen:
             return
         self._leave()
+        self.seen = epoch
         if self.actor_id not in record["members"]:
+            # tells the publisher this member is alive and listening again (after being dropped)
+            self.heartbeat(now=True)
             return
-        rank = record["members"].index(self.actor_id) + 1
         timeout = dt.timedelta(seconds=self.timeout_s)
         with bounded(f"connecting to epoch {epoch}'s store", self.timeout_s):
-            self.store = tdist.TCPStore(
+            store = tdist.TCPStore(
                 record["host"], int(record["port"]), is_master=False, timeout=timeout
             )
-        self.store.set(f"e{epoch}/ready/{rank}", "1")
+        store.set(f"e{epoch}/ready/{self.actor_id}", "1")
+        # the publisher writes the final list within timeout_s of the record; a member that checked
+        # in just in time waits a little longer than that
+        store.set_timeout(dt.timedelta(seconds=2 * self.timeout_s))
+        with bounded(f"waiting for epoch {epoch}'s members", 2 * self.timeout_s):
+            final = json.loads(store.get(f"e{epoch}/final"))
+        store.set_timeout(timeout)
+        self.heartbeat(now=True)
+        if self.actor_id not in final:
+            return
         backend = record["backend"]
         self.device = _device(backend)
-        try:
-            with bounded(f"forming epoch {epoch}'s group", self.timeout_s):
-                self.group = make_group(
-                    backend,
-                    tdist.PrefixStore(f"e{epoch}/pg/", self.store),
-                    rank,
-                    len(record["members"]) + 1,
-                    self.timeout_s,
-                    record["host"],
-                )
-        except Exception:
-            self.failed_epoch = epoch
-            self._leave()
-            raise
-        self.epoch, self.seq = epoch, 0
+        publisher_host = record["host"]
+        local = publisher_host if is_loopback(publisher_host) else toward(publisher_host)
+        with bounded(f"forming epoch {epoch}'s group", self.timeout_s):
+            self.group = make_group(
+                backend,
+                tdist.PrefixStore(f"e{epoch}/pg/", store),
+                final.index(self.actor_id) + 1,
+                len(final) + 1,
+                self.timeout_s,
+                local or publisher_host,
+            )
+        self.store, self.epoch, self.seq = store, epoch, 0
 
     def step(self, wait_s: float, acquire, release) -> int | None:
         """Join a new epoch if listed, then wait up to ``wait_s`` for the next publish and receive it.
 
         ``acquire(version, layout, aliases)`` returns destination tensors by
-        published name, or None to receive and drop (staging busy);
-        ``release(version, ok)`` is called after. Returns the version received.
+        published name, or one flat uint8 tensor to take the layout's byte stream as it is (a shm
+        slot), or None to receive and drop (staging busy); ``release(version, ok)`` is called
+        after. Returns the version received.
         """
         self.heartbeat()
         self._join_if_listed()
@@ -390,7 +477,6 @@ class DistReceiver:
             self.store.wait([key], dt.timedelta(seconds=wait_s))
         except tdist.DistNetworkError:
             # the publisher (and its store) is gone: wait for a new epoch
-            self.failed_epoch = self.epoch
             self._leave()
             return None
         # timeout: nothing published yet
@@ -398,6 +484,8 @@ class DistReceiver:
             return None
         header = json.loads(self.store.get(key))
         self.seq += 1
+        self.publisher = header.get("publisher", "")
+        self.checksums = header.get("checksums")
         layout = Layout.from_json(header["layout"])
         version = int(header["version"])
         dest = acquire(version, layout, header["aliases"])
@@ -406,7 +494,6 @@ class DistReceiver:
             self._receive(layout, int(header["bucket_bytes"]), dest)
             ok = dest is not None
         except Exception:
-            self.failed_epoch = self.epoch
             self._leave()
             raise
         finally:
@@ -414,18 +501,32 @@ class DistReceiver:
         return version if ok else None
 
     def _receive(
-        self, layout: Layout, bucket_bytes: int, dest: dict[str, torch.Tensor] | None
+        self,
+        layout: Layout,
+        bucket_bytes: int,
+        dest: dict[str, torch.Tensor] | torch.Tensor | None,
     ) -> None:
         sizes = bucket_sizes(layout, bucket_bytes)
         if self.bucket.device != self.device or self.bucket.numel() < max(sizes, default=0):
             self.bucket = torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self.device)
         bucket = self.bucket
         timeout = dt.timedelta(seconds=self.timeout_s)
-        targets = {name: _bytes_of(t) for name, t in dest.items()} if dest is not None else None
-        for size, window in zip(sizes, windows(layout, bucket_bytes), strict=True):
-            chunk = bucket[:size]
+        flat = dest if isinstance(dest, torch.Tensor) else None
+        targets = (
+            {name: _bytes_of(t) for name, t in dest.items()} if isinstance(dest, dict) else None
+        )
+        for index, (size, window) in enumerate(
+            zip(sizes, windows(layout, bucket_bytes), strict=True)
+        ):
+            into = (
+                None if flat is None else flat[index * bucket_bytes : index * bucket_bytes + size]
+            )
+            # straight into the flat destination when it lies on the group's device
+            chunk = into if into is not None and into.device == self.device else bucket[:size]
             with bounded(f"epoch {self.epoch} broadcast", self.timeout_s):
                 self.group.broadcast([chunk], tdist.BroadcastOptions()).wait(timeout)
+            if into is not None and chunk is not into:
+                into.copy_(chunk)
             if targets is None:
                 continue
             for name, start, end, at in window:

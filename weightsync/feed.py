@@ -5,6 +5,11 @@ vLLM over ``dist`` or with LoRA adapters) or follows the announcements and has i
 read each version in place (``announcements``: vLLM over ``shm``). Which of the two it uses is the
 engine's choice, made from the transport's capabilities (``transport``); the actor itself never
 asks.
+
+Where the actor's weights come from follows from the config and ``run.host_id`` alone: with
+``weightsync.relay`` (``hosts.relayed``) every actor reads its own host's shm segment, announced under
+its host's keys (``hosts.host_keys``) by whoever serves that host: the learner on its own host, the
+host's relay on any other. To the engine that is the ``shm`` transport.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from streamrl.broker.keys import Keys
 from streamrl.configs.schema import BrokerConfig, RunConfig, WeightSyncConfig
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import Announcement, read_announcement
+from streamrl.weightsync.hosts import host_keys, relayed
 from streamrl.weightsync.subscriber import Subscriber
 
 
@@ -54,9 +60,12 @@ class WeightFeed:
     def from_config(
         cls, ws: WeightSyncConfig, broker: BrokerConfig, run: RunConfig, actor_id: str
     ) -> WeightFeed:
-        return cls(
-            ws, Keys.from_config(run, broker), actor_id, lambda: connect_sync(broker, run.dir)
-        )
+        keys = Keys.from_config(run, broker)
+        # as relay.wanted(ws)
+        if relayed(ws.transport, ws.relay):
+            ws = ws.model_copy(update={"transport": "shm"})
+            keys = host_keys(keys, run.host_id)
+        return cls(ws, keys, actor_id, lambda: connect_sync(broker, run.dir))
 
     @property
     def transport(self) -> transports.Transport:

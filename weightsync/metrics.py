@@ -17,7 +17,7 @@ STAGE_SECONDS = Histogram(
     buckets=_SECONDS,
 )
 STAGE_WAITS = Counter(
-    "streamrl_weights_stage_waits",
+    "streamrl_weights_stage_waits_total",
     "Publishes that found their staging buffer still being written out (the learner waits; how long: ..._stage_wait_seconds).",
 )
 STAGE_WAIT_SECONDS = Histogram(
@@ -26,7 +26,7 @@ STAGE_WAIT_SECONDS = Histogram(
     buckets=_SECONDS,
 )
 PUBLISH_BYTES = Counter(
-    "streamrl_weights_publish_bytes", "Bytes written by the publisher (one copy per version)."
+    "streamrl_weights_publish_bytes_total", "Bytes written by the publisher (one copy per version)."
 )
 PUBLISHED_VERSION = Gauge(
     "streamrl_weights_published_version", "Newest version this publisher announced."
@@ -37,7 +37,15 @@ RECEIVE_SECONDS = Histogram(
     buckets=_SECONDS,
 )
 TRANSFER_FAILURES = Counter(
-    "streamrl_weights_transfer_failures",
+    "streamrl_weights_transfer_failures_total",
     "Transfers that failed or were given up, by reason (torn, stale_slot, lease_timeout, timeout, peer_dropped, error, engine_push).",
     ["reason"],
+)
+RELAY_BYTES = Counter(
+    "streamrl_weights_relay_bytes_total",
+    "Bytes a host relay received from the learner's dist group (one model per version, however many actors its host runs).",
+)
+RELAY_VERSIONS = Counter(
+    "streamrl_weights_relay_versions_total",
+    "Versions a host relay received and served to its host.",
 )

@@ -131,9 +131,16 @@ class _Job:
 
 class Publisher:
     def __init__(
-        self, ws: WeightSyncConfig, keys: Keys, client: redis.Redis, dtype: torch.dtype | None
+        self,
+        ws: WeightSyncConfig,
+        keys: Keys,
+        client: redis.Redis,
+        dtype: torch.dtype | None,
+        host_id: str = "",
     ):
+        """``host_id``: this host's ``run.host_id`` (the dist transport's relays key by it)."""
         self.ws = ws
+        self.host_id = host_id
         self.keys = keys
         self.client = client
         self.transport = transports.get(ws.transport)
@@ -158,7 +165,9 @@ class Publisher:
     ) -> Publisher:
         """``dtype``: what floating-point tensors travel in (``transfer_dtype``); None = the
         dtype they are submitted in."""
-        return cls(ws, Keys.from_config(run, broker), connect_sync(broker, run.dir), dtype)
+        return cls(
+            ws, Keys.from_config(run, broker), connect_sync(broker, run.dir), dtype, run.host_id
+        )
 
     def _spec(self, name: str, tensor: torch.Tensor) -> TensorSpec:
         # integer/bool tensors (rare in a policy) keep their dtype; floats travel in the engines' dtype
@@ -233,7 +242,9 @@ class Publisher:
 
     def _open(self, layout: Layout, device: torch.device) -> None:
         self._layout = layout
-        self._sender = self.transport.sender(self.ws, self.client, self.keys, layout)
+        self._sender = self.transport.sender(
+            self.ws, self.client, self.keys, layout, publisher=self.id, host_id=self.host_id
+        )
         if not self.transport.background:
             return
         self._stages = [_Stage(layout, device) for _ in range(self.ws.staging_buffers)]

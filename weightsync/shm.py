@@ -260,7 +260,10 @@ def _held_checksum(out: torch.Tensor, published: torch.Tensor, version: int) -> 
 class ShmWriter:
     """Publisher side. Creates the segment on construction; ``write`` copies one version into a free slot."""
 
-    def __init__(self, run_name: str, layout: Layout, slots: int, lease_s: float):
+    def __init__(
+        self, run_name: str, layout: Layout, slots: int, lease_s: float, host_id: str = ""
+    ):
+        """``host_id``: the host whose actors read the segment, in its name (hosts may share /dev/shm)."""
         if not 2 <= slots <= MAX_SLOTS:
             raise ValueError(f"shm slots must be in [2, {MAX_SLOTS}], got {slots}")
         cleanup_stale_segments(run_name)
@@ -269,7 +272,8 @@ class ShmWriter:
         self.lease_s = lease_s
         self.stride = _slot_stride(layout)
         # 128 random bits: nobody can pre-create (or guess and replace) the segment's name.
-        self.name = f"{segment_prefix(run_name)}{os.getpid()}.{secrets.token_hex(16)}"
+        host = f"{host_id}." if host_id else ""
+        self.name = f"{segment_prefix(run_name)}{host}{os.getpid()}.{secrets.token_hex(16)}"
         self.path = SHM_DIR / self.name
         size = HEADER_BYTES + slots * self.stride
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -293,6 +297,7 @@ class ShmWriter:
             self._map.data[HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride]
             for s in range(slots)
         ]
+        self._flat = [b[: layout.total_bytes] for b in slot_bytes]
         self._views = [layout.views(b) for b in slot_bytes]
         self._sums = [_sums(b, layout) for b in slot_bytes]
 
@@ -356,12 +361,41 @@ class ShmWriter:
         self._newest = slot
         return slot, overrode
 
+    def begin(self, version: int) -> tuple[int, torch.Tensor]:
+        """A free slot to fill in place: (slot, its bytes as the layout's flat stream), marked as
+        being written until ``commit`` (readers keep to the newest complete slot meanwhile)."""
+        slot, overrode = self._free_slot()
+        if overrode:
+            log.warning("shm slot %d: a reader's lease ran out; writing over it", slot)
+        self._versions[slot] = -1
+        self._map.words[_STAMPS + 2 * slot] = version
+        return slot, self._flat[slot]
+
+    def commit(self, slot: int, version: int, checksums: list[int] | None = None) -> None:
+        """``slot``, filled since ``begin``, holds ``version``: stamped, with ``checksums`` (the
+        layout's order, taken where the bytes came from: readers then check them end to end), or
+        checksummed in place."""
+        views, sums = self._views[slot], self._sums[slot]
+        for i, spec in enumerate(self.layout.specs):
+            sums[i] = checksum(views[spec.name], version) if checksums is None else checksums[i]
+        self._map.words[_STAMPS + 2 * slot + 1] = version
+        self._versions[slot] = version
+        self._newest = slot
+
+    def checksums(self, slot: int) -> list[int]:
+        """``slot``'s checksums in the layout's order."""
+        return [int(x) for x in self._sums[slot]]
+
+    def flat(self, slot: int) -> torch.Tensor:
+        """``slot``'s bytes as the layout's flat stream (padding included), for reading."""
+        return self._flat[slot]
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self.path.unlink(missing_ok=True)
-        self._views = self._sums = []
+        self._flat = self._views = self._sums = []
         self._map.close()
         _unregister_cleanup(self)
 

@@ -28,10 +28,17 @@ Backends (``weight_transfer_config={"backend": ...}``):
   the rebuild args alone, as vLLM's own trainer sends them), which the workers
   unpickle only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
 - ``nccl`` (staged tensors on a GPU the engine does not use): init info
-  ``master_address``, ``master_port``, ``rank_offset=1``, ``world_size`` =
-  1 + the engine's workers; this process joins as rank 0 through
-  ``nccl_common.stateless_init_process_group`` and broadcasts each tensor of a
-  bucket (in update-info order, unpacked) while ``update_weights`` receives it.
+  ``nccl_unique_id_b64``, ``rank_offset=1``, ``world_size`` = 1 + the engine's
+  workers; this process mints the NCCL unique id, joins as rank 0 through
+  ``nccl_common.uid_init_process_group`` and broadcasts each tensor of a bucket
+  (in update-info order, unpacked) while ``update_weights`` receives it. Not
+  vLLM's TCP rendezvous (``master_address``/``master_port``): its workers
+  unpickle what that store holds, and the port was picked, announced and bound
+  only later, so any process on the host could take it first and feed them a
+  pickle. The unique id never leaves this process and its engine (the init
+  request goes over vLLM's own channel to its workers); NCCL binds its bootstrap
+  socket before the id exists and accepts a peer only with the id's random
+  magic, and nothing on that path is unpickled.
 
 Only the senders' methods touch vLLM or CUDA (imported lazily); ``push_weights``
 takes the AsyncLLM and vLLM's request class as arguments.
@@ -49,7 +56,6 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from streamrl.broker.server import free_port
 from streamrl.configs.errors import StreamRLError
 from streamrl.weightsync.layout import TensorSpec
 
@@ -202,38 +208,52 @@ def _cuda_uuid(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
 
+def mint_nccl_unique_id() -> bytes:
+    """A fresh ``ncclGetUniqueId`` (128 bytes: NCCL's bootstrap address, already listening, and a
+    random magic), through vLLM's NCCL binding."""
+    from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary
+
+    return bytes(NCCLLibrary().ncclGetUniqueId().internal)
+
+
 class NCCLSender:
-    """NCCL: this process is rank 0 of a group with the engine's workers and broadcasts each tensor."""
+    """NCCL: this process is rank 0 of a group with the engine's workers and broadcasts each
+    tensor; the group meets through an NCCL unique id (module docstring, ``nccl``)."""
 
     def __init__(
-        self, world_size: int, device: str | torch.device, master_address: str = "127.0.0.1"
+        self,
+        world_size: int,
+        device: str | torch.device,
+        mint: Callable[[], bytes] = mint_nccl_unique_id,
     ) -> None:
         self.world_size = world_size
         self.device = torch.device(device)
-        self.master_address = master_address
-        self.master_port = free_port(master_address)
+        self.mint = mint
+        self.unique_id: bytes | None = None
         self.group = None
 
     def init_info(self) -> dict:
+        # a new id per handshake: NCCL's bootstrap root serves one group
+        self.unique_id = self.mint()
         return {
-            "master_address": self.master_address,
-            "master_port": self.master_port,
+            "nccl_unique_id_b64": base64.b64encode(self.unique_id).decode("ascii"),
             # the workers follow this process, rank 0
             "rank_offset": 1,
             "world_size": self.world_size,
         }
 
     def connect(self) -> None:
-        # vLLM 0.32: the trainer side joins through nccl_common (the engine class has no trainer_init)
-        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+        # vLLM 0.32: the trainer side joins through nccl_common (the engine class has no trainer_init);
+        # with no store there is no barrier: connect_engine runs this and the workers' init together
+        from vllm.distributed.weight_transfer.nccl_common import uid_init_process_group
 
+        if self.unique_id is None:
+            raise RuntimeError(
+                "NCCL weight transfer: init_info() mints the id connect() joins with"
+            )
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.group = stateless_init_process_group(
-            master_address=self.master_address,
-            master_port=self.master_port,
-            rank=0,
-            world_size=self.world_size,
-            device=index,
+        self.group = uid_init_process_group(
+            self.unique_id, rank=0, world_size=self.world_size, device=index
         )
 
     def update_info(self, bucket: Bucket, tensors: Sequence[torch.Tensor]) -> dict:

@@ -114,7 +114,7 @@ class HFEngine(Engine):
     def from_config(cls, parts: EngineParts, *, model: ModelConfig, actor: ActorConfig) -> HFEngine:
         """The policy of ``model.path`` on ``actor.device``; with adapter versions
         (``model.lora.sync: adapter``) wrapped with peft, each version swapped into its adapters."""
-        policy = load_policy(model.path, model.dtype, actor.device)
+        policy = load_policy(model.path, model.dtype, actor.device, model.init_kwargs)
         targets = None
         if model.lora.adapter_versions:
             dtype = resolve_dtype(model.dtype, actor.device)

@@ -1,32 +1,27 @@
 """Token sampling with the log-prob of the distribution actually sampled from.
 
 Pure functions on logits. Order as in transformers and vLLM: temperature, then
-top-k, then top-p on the temperature-scaled, top-k-filtered distribution. The
-returned log-prob is taken from that final (renormalised) distribution, which
-is what the learner's importance weights need as the behaviour policy.
+top-k, then top-p on the temperature-scaled, top-k-filtered distribution, the
+kept set found by ``policy.scoring.kept_floor``, which the learner's scorer uses
+too. The returned log-prob is taken from that final (renormalised) distribution,
+which is what the learner's importance weights need as the behaviour policy.
 """
 
 from __future__ import annotations
 
 import torch
 
+from streamrl.policy.scoring import kept_floor
+
 
 def processed_logprobs(
     logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> torch.Tensor:
-    """[B, V] logits -> [B, V] log-probs of the sampling distribution; filtered tokens are -inf."""
-    scaled = logits.float() / temperature
-    vocab = scaled.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the mass strictly before it already reaches top_p (the top token always stays)
-        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
+    """[B, V] logits -> [B, V] log-probs of the sampling distribution; filtered tokens are -inf.
+    Half-precision logits are sampled in float32, float64 ones (exactness tests) in float64."""
+    scaled = (logits.float() if logits.dtype != torch.float64 else logits) / temperature
+    if top_k > 0 or top_p < 1.0:
+        scaled = scaled.masked_fill(scaled < kept_floor(scaled, top_k, top_p), float("-inf"))
     return torch.log_softmax(scaled, dim=-1)
 
 

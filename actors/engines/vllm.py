@@ -46,6 +46,7 @@ recomputes its whole sequence under the new weights, as the hf engine does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -192,6 +193,8 @@ def engine_args(
         "seed": seed,
         # the G completions of a group share their prompt
         "enable_prefix_caching": True,
+        # model.init_kwargs: the one from_pretrained argument vLLM takes alike (its attention is its own)
+        "trust_remote_code": model.init_kwargs.get("trust_remote_code", False),
     }
     if backend is not None:
         # a WeightTransferConfig(**this) when the engine is built
@@ -219,6 +222,31 @@ def make_sender(backend: str, actor: ActorConfig) -> BucketSender | None:
     if backend == "ipc":
         return IPCSender()
     return NCCLSender(world_size=1 + actor.tensor_parallel_size, device=actor.device)
+
+
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+
+
+@contextlib.contextmanager
+def insecure_serialization(wanted: bool):
+    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` while vLLM's processes start, when ``wanted``.
+
+    The ipc backend needs it: vLLM's workers unpickle the CUDA IPC handles of the tensors this
+    actor stages (docs.vllm.ai/en/latest/training/weight_transfer/ipc/), and they read it from the
+    environment they start with. Set only around the engine's start and taken back after, so the
+    processes this actor starts later (reward sandboxes, agents) never inherit it; no other
+    backend sets it (nccl meets through an NCCL unique id, ``weightsync.vllm_adapter.NCCLSender``).
+    """
+    before = os.environ.get(INSECURE_SERIALIZATION)
+    if wanted:
+        os.environ[INSECURE_SERIALIZATION] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(INSECURE_SERIALIZATION, None)
+        else:
+            os.environ[INSECURE_SERIALIZATION] = before
 
 
 def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict:
@@ -348,18 +376,15 @@ class VLLMEngine(Engine):
                     parameter_template(model.path, model.dtype, actor.device)
                 )
                 sender = make_sender(backend, actor)
-        if isinstance(sender, IPCSender):
-            # vLLM's workers (children of this process) unpickle the CUDA IPC handles of our own staged
-            # tensors only with this set (docs.vllm.ai/en/latest/training/weight_transfer/ipc/)
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        engine = cls(
-            engine_args(model, actor, backend, parts.seed, gpu=gpu),
-            parts.seed,
-            weight_source=subscriber,
-            sender=sender,
-            announcements=announcements,
-            **_transfer_limits(feed),
-        )
+        with insecure_serialization(isinstance(sender, IPCSender)):
+            engine = cls(
+                engine_args(model, actor, backend, parts.seed, gpu=gpu),
+                parts.seed,
+                weight_source=subscriber,
+                sender=sender,
+                announcements=announcements,
+                **_transfer_limits(feed),
+            )
         engine.start_receiving(subscriber)
         return engine
 

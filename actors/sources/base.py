@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from streamrl.actors import metrics
@@ -34,6 +34,8 @@ class Generation:
     # shows the reward functions and environments the completions as text
     tokenizer: object
     group_size: int
+    # ``rollout.chat_template_kwargs``, for every chat template a source renders
+    chat_template_kwargs: dict = field(default_factory=dict)
     # sampled tokens per second of the last generation (the heartbeat reports it)
     tokens_per_s: float = 0.0
 

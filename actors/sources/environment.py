@@ -9,6 +9,7 @@ own (part ``env``), or ``env.truncated_reward`` when it ended without the enviro
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -47,7 +48,7 @@ class EnvironmentSource(Source):
         cls, gen: Generation, *, env: EnvConfig, actor: ActorConfig
     ) -> EnvironmentSource:
         factory = environment.load(env.name)
-        renderer = Renderer(gen.tokenizer, getattr(factory, "tools", ()))
+        renderer = Renderer(gen.tokenizer, getattr(factory, "tools", ()), gen.chat_template_kwargs)
         rollouts = Rollouts(env, factory, renderer, gen.assistant_turn)
         return cls(gen, rollouts, actor.batch_slots, env.truncated_reward)
 
@@ -167,14 +168,43 @@ class Rollouts:
                 )
                 if any(o.finish_reason == "abort" for o in outputs):
                     return False
-                for t, o in zip(batch, outputs, strict=True):
-                    self._after_turn(t, o)
+                self._after_turns(batch, outputs)
         for t in trajectories:
             metrics.ENV_TURNS.inc(t.turns)
             metrics.ENV_TRAJECTORIES.labels(reason=t.end).inc()
         return True
 
-    def _after_turn(self, t: Trajectory, output: Output) -> None:
+    def _after_turns(self, batch: list[Trajectory], outputs: list[Output]) -> None:
+        """Record each trajectory's model turn, step its environment, and go on or end it."""
+        turns = [self._model_turn(t, o) for t, o in zip(batch, outputs, strict=True)]
+        steps = self._steps(batch, turns)
+        for t, o, step in zip(batch, outputs, steps, strict=True):
+            self._after_step(t, o, step)
+
+    def _steps(self, batch: list[Trajectory], turns: list[dict]) -> list:
+        """Each trajectory's environment step on its turn (a Step, or the EnvFailure), at most
+        ``env.max_concurrent_steps`` at once: a hung step holds one slot, not the batch."""
+        workers = min(self.cfg.max_concurrent_steps, len(batch))
+        with concurrent.futures.ThreadPoolExecutor(workers, "env-steps") as pool:
+            return list(pool.map(self._step, batch, turns))
+
+    def _step(self, t: Trajectory, turn: dict):
+        started = time.perf_counter()
+        try:
+            return environment.check_step(
+                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s),
+                len(turn["tool_calls"]),
+            )
+        except EnvFailure as exc:
+            return exc
+        finally:
+            elapsed = time.perf_counter() - started
+            t.steps += 1
+            t.step_s += elapsed
+            metrics.ENV_STEP_SECONDS.observe(elapsed)
+
+    def _model_turn(self, t: Trajectory, output: Output) -> dict:
+        """Record the model's turn; the assistant message its environment steps on."""
         t.add_model_turn(output)
         turn = self.assistant_turn(output)
         turn["tool_calls"] = environment.parse_tool_calls(turn["raw_content"])
@@ -183,23 +213,15 @@ class Rollouts:
         for _ in range(sum("error" in c for c in turn["tool_calls"])):
             t.tool_failure("parse")
         t.messages.append(turn)
-        started = time.perf_counter()
-        try:
-            step = environment.check_step(
-                environment.call(t.env.step, dict(turn), self.cfg.step_timeout_s),
-                len(turn["tool_calls"]),
-            )
-        except EnvFailure as exc:
-            log.warning("environment step failed, trajectory ends: %s", exc)
-            if isinstance(exc.__cause__, environment.ToolRaised):
+        return turn
+
+    def _after_step(self, t: Trajectory, output: Output, step) -> None:
+        if isinstance(step, EnvFailure):
+            log.warning("environment step failed, trajectory ends: %s", step)
+            if isinstance(step.__cause__, environment.ToolRaised):
                 t.tool_failure("raised")
-            t.end = exc.reason
+            t.end = step.reason
             return
-        finally:
-            elapsed = time.perf_counter() - started
-            t.steps += 1
-            t.step_s += elapsed
-            metrics.ENV_STEP_SECONDS.observe(elapsed)
         for reason in step.tool_failures:
             t.tool_failure(reason)
         if step.reward is not None:

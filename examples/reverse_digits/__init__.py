@@ -3,12 +3,28 @@
 Everything the demo needs that no model hub can give us here, opted into by
 ``configs/demo_cpu.yaml``: ``build_policy`` (``model.build``: a char tokenizer and a
 random-init tiny Qwen2 with a format warm start), ``write_dataset`` (``data.build``:
-the generated prompts) and the rewards ``reverse_digits`` (shaped, what is trained) and
+the generated prompts), the inputs of ``configs/sft_cpu.yaml`` (``build_initial_policy``, the
+random init; ``write_warm_start_dataset``, the warm start's rows), of ``configs/dpo_cpu.yaml``
+(``write_preference_dataset``) and the rewards ``reverse_digits`` (shaped, what is trained) and
 ``reverse_digits_exact`` (the exact-match rate, a target bar). ``python -m
 streamrl.examples.reverse_digits`` builds the policy and dataset folders if they are missing.
 """
 
-from streamrl.examples.reverse_digits.assets import build_policy, write_dataset
+from streamrl.examples.reverse_digits.assets import (
+    build_initial_policy,
+    build_policy,
+    write_dataset,
+    write_preference_dataset,
+    write_warm_start_dataset,
+)
 from streamrl.examples.reverse_digits.rewards import reverse_digits, reverse_digits_exact
 
-__all__ = ["build_policy", "reverse_digits", "reverse_digits_exact", "write_dataset"]
+__all__ = [
+    "build_initial_policy",
+    "build_policy",
+    "reverse_digits",
+    "reverse_digits_exact",
+    "write_dataset",
+    "write_preference_dataset",
+    "write_warm_start_dataset",
+]

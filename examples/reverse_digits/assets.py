@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from streamrl.examples.reverse_digits.task import (
-    WARM_START_BETAS,
     build_model,
     build_tokenizer,
     distinct_examples,
-    format_warm_start,
     make_example,
+    warm_start_rows,
 )
 
 # The warm start of grpo_toy, the synchronous one-file loop the demo is measured against: 60 steps
@@ -27,6 +30,43 @@ from streamrl.examples.reverse_digits.task import (
 WARM_START_STEPS = 60
 WARM_START_LR = 3e-4
 WARM_START_BATCH = 256
+
+
+def build_initial_policy(path: str | os.PathLike, seed: int = 0) -> Path:
+    """The ``model.build`` hook of ``configs/sft_cpu.yaml``: the demo's char tokenizer and its tiny
+    Qwen2, randomly initialised from ``seed``, as a Hugging Face folder (written once, atomically)."""
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    tokenizer = build_tokenizer()
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _replace(tmp, path)
+    return path
+
+
+def write_warm_start_dataset(
+    path: str | os.PathLike,
+    seed: int = 0,
+    steps: int = WARM_START_STEPS,
+    batch: int = WARM_START_BATCH,
+    make=make_example,
+) -> Path:
+    """The ``supervised.build`` hook of ``configs/sft_cpu.yaml``: the format warm start's
+    ``steps`` x ``batch`` prompt/completion rows (``task.warm_start_rows``) as JSONL, once."""
+    return write_rows(path, warm_start_rows(steps, batch, seed, make))
+
+
+def write_preference_dataset(path: str | os.PathLike, seed: int = 0, size: int = 1000) -> Path:
+    """The ``supervised.build`` hook of ``configs/dpo_cpu.yaml``: ``size`` distinct prompts, each
+    with its reversed digits as ``chosen`` and its digits as they stand as ``rejected``."""
+    rows = [
+        {"prompt": ex["prompt"], "chosen": ex["answer"], "rejected": ex["answer"][::-1]}
+        for ex in distinct_examples(size, seed)
+    ]
+    return write_rows(path, rows)
 
 
 def build_policy(
@@ -41,40 +81,66 @@ def build_policy(
     """The ``model.build`` hook: build (once) the warmed demo policy as a Hugging Face folder
     (``make``: the task whose answer format the warm start teaches).
 
-    ``keep_optimizer``: the warm start's AdamW state goes next to the weights
-    (``learner.init_optimizer``), so RL continues it rather than starting a fresh one.
+    The warm start is a ``streamrl sft`` run (``configs/sft_cpu.yaml``, in a process of its own:
+    the learner's process group never enters the caller's) from the random init on the
+    generated rows, one epoch in their order, ``warm_start_batch`` rows a step.
+    ``keep_optimizer``: its AdamW state goes next to the weights (``learner.init_optimizer``),
+    so RL continues it rather than starting a fresh one.
     """
-    import torch
-
-    from streamrl.learner import init_optimizer
-
     path = Path(path)
     if (path / "config.json").exists():
         return path
-    tokenizer = build_tokenizer()
-    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=warm_start_lr, betas=WARM_START_BETAS, weight_decay=0.0
-    )
-    if warm_start_steps:
-        format_warm_start(
-            model,
-            tokenizer,
-            steps=warm_start_steps,
-            batch=warm_start_batch,
-            lr=warm_start_lr,
-            seed=seed,
-            optimizer=optimizer,
-            make=make,
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        initial = build_initial_policy(work / "initial", seed)
+        if not warm_start_steps:
+            _replace(initial, path)
+            return path
+        data = write_warm_start_dataset(
+            work / "warm_start.jsonl", seed, warm_start_steps, warm_start_batch, make
         )
-    tmp = path.with_name(path.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if warm_start_steps and keep_optimizer:
-        init_optimizer.save(tmp, model, optimizer)
-    # atomic: concurrent builders never see half a folder
-    os.replace(tmp, path)
+        run_sft(
+            [
+                f"model.path={initial}",
+                f"supervised.path={data}",
+                f"supervised.batch_size={warm_start_batch}",
+                f"supervised.save_optimizer={str(keep_optimizer).lower()}",
+                f"learner.lr={warm_start_lr}",
+                f"run.dir={work / 'run'}",
+                f"run.seed={seed}",
+                # a throw-away run folder: no event files
+                "run.report_to=[]",
+            ]
+        )
+        # atomic: concurrent builders never see half a folder
+        _replace(work / "run" / "policy", path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return path
+
+
+def run_sft(overrides: list[str]) -> None:
+    """``streamrl sft --config sft_cpu`` with ``overrides``, in a child process (its output is
+    shown only when it fails)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "streamrl", "sft", "--config", "sft_cpu", *overrides],
+        capture_output=True,
+        text=True,
+        # the child's one torch thread, as the caller's; not the learner's pinning of a run
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    if done.returncode:
+        raise RuntimeError(f"streamrl sft failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` unless a concurrent builder got there first."""
+    try:
+        os.replace(src, dst)
+    except OSError:
+        if not (dst / "config.json").exists():
+            raise
 
 
 def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:

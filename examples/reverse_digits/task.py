@@ -68,6 +68,22 @@ def make_example(rng: random.Random, digits: int = 3) -> dict[str, str]:
     return {"prompt": number + PROMPT_SUFFIX, "answer": number[::-1]}
 
 
+def warm_start_rows(
+    steps: int, batch: int, seed: int = 0, make=make_example
+) -> list[dict[str, str]]:
+    """The format warm start's examples, ``steps`` batches of ``batch`` in order: a prompt of
+    ``make`` and a *random* digit string of its answer's length as the completion (the format,
+    not the answer). ``format_warm_start`` trains on the same rows; the policy builders train on
+    them with ``streamrl sft``."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(steps * batch):
+        ex = make(rng)
+        target = "".join(rng.choice(string.digits) for _ in range(len(ex["answer"])))
+        rows.append({"prompt": ex["prompt"], "completion": target})
+    return rows
+
+
 def format_warm_start(
     model,
     tokenizer,
@@ -89,11 +105,13 @@ def format_warm_start(
     and the prompt not ignored (docs/bench/longtail.md). ``optimizer`` (an AdamW over ``model``, its lr set
     to ``lr`` here) lets a caller keep the moments for RL; by default a fresh one is
     made and dropped. ``make(rng)`` draws an example (another task's prompts and answer
-    lengths). Returns the last loss.
+    lengths). Returns the last loss. The policy builders run the same rows
+    (``warm_start_rows``) through ``streamrl sft``; this loop is the warm start of the
+    synchronous reference loop the benchmarks compare with (``bench.tasks``).
     """
     import torch
 
-    rng = random.Random(seed)
+    rows = warm_start_rows(steps, batch, seed, make)
     if optimizer is None:
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=lr, betas=WARM_START_BETAS, weight_decay=0.0
@@ -102,13 +120,10 @@ def format_warm_start(
         group["lr"] = lr
     model.train()
     loss = torch.tensor(0.0)
-    for _ in range(steps):
-        texts, prompt_lens = [], []
-        for _ in range(batch):
-            ex = make(rng)
-            target = "".join(rng.choice(string.digits) for _ in range(len(ex["answer"])))
-            texts.append(ex["prompt"] + target)
-            prompt_lens.append(len(tokenizer(ex["prompt"])["input_ids"]))
+    for step in range(steps):
+        chunk = rows[step * batch : (step + 1) * batch]
+        texts = [row["prompt"] + row["completion"] for row in chunk]
+        prompt_lens = [len(tokenizer(row["prompt"])["input_ids"]) for row in chunk]
         ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
         # right padding, never a label: under causal attention no real token sees it
         width = max(len(row) for row in ids)

@@ -116,12 +116,22 @@ class Transport(ABC):
     # actors join the learner's torch.distributed group (over ``weightsync.backend``): under NCCL
     # no two of its processes may share a GPU
     process_group: ClassVar[bool] = False
+    # with ``weightsync.relay`` one relay per actor host receives for all its actors (``weightsync.relay``)
+    relays: ClassVar[bool] = False
 
     @abstractmethod
     def sender(
-        self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, layout: Layout
+        self,
+        ws: WeightSyncConfig,
+        client: redis.Redis,
+        keys: Keys,
+        layout: Layout,
+        *,
+        publisher: str = "",
+        host_id: str = "",
     ) -> Sender:
-        """The learner side, for one model's ``layout``."""
+        """The learner side, for one model's ``layout``; ``publisher``: the publisher's id, ``host_id``:
+        the learner's ``run.host_id``."""
 
     @abstractmethod
     def receiver(

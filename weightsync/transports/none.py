@@ -46,7 +46,14 @@ class NoTransport(Transport):
     publishes = False
 
     def sender(
-        self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, layout: Layout
+        self,
+        ws: WeightSyncConfig,
+        client: redis.Redis,
+        keys: Keys,
+        layout: Layout,
+        *,
+        publisher: str = "",
+        host_id: str = "",
     ) -> NoSender:
         return NoSender()
 

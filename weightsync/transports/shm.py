@@ -121,7 +121,14 @@ class Shm(Transport):
     background = True
 
     def sender(
-        self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, layout: Layout
+        self,
+        ws: WeightSyncConfig,
+        client: redis.Redis,
+        keys: Keys,
+        layout: Layout,
+        *,
+        publisher: str = "",
+        host_id: str = "",
     ) -> ShmSender:
         from streamrl.weightsync.shm import ShmWriter
 

@@ -1,0 +1,15 @@
+"""``streamrl sft --config sft_cpu [key=value ...]``: supervised fine-tuning on the learner."""
+
+from __future__ import annotations
+
+import sys
+
+from streamrl.launch.supervised import main as supervised_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return supervised_main("sft", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""``streamrl sft`` and ``streamrl dpo``: build the missing inputs, then train on the learner.
+
+The policy at ``model.path`` and the dataset at ``supervised.path`` are filled by their hooks
+(``model.build``, ``supervised.build``: ``fn(path, seed=run.seed)``) where missing, as ``make
+run`` fills its inputs; then ``learner.supervised_loop`` trains in this process. Several ranks:
+``torchrun --nproc_per_node N -m streamrl.launch.sft --config ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import torch
+
+from streamrl.actors import plugins
+from streamrl.configs import config_from_cli
+from streamrl.configs.errors import ConfigError
+from streamrl.configs.schema import ModelConfig, SupervisedConfig
+
+
+def build_inputs(model: ModelConfig, supervised: SupervisedConfig, seed: int) -> None:
+    """Run the hooks of the missing inputs (each writes atomically, so ranks may race)."""
+    if not supervised.path:
+        raise ConfigError("supervised.path is not set: name the dataset file (JSONL)")
+    for key, ref, path in (
+        ("model.build", model.build, model.path),
+        ("supervised.build", supervised.build, supervised.path),
+    ):
+        if ref and not os.path.exists(path):
+            logging.info("building %s with %s %s (once)", path, key, ref)
+            try:
+                build = plugins.load(ref, key)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            build(path, seed=seed)
+    if not os.path.exists(supervised.path):
+        raise ConfigError(f"supervised.path={supervised.path}: no such file")
+
+
+def main(kind: str, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"streamrl {kind}",
+        description=f"{kind.upper()} on the streamrl learner from supervised.path (no actors, no Redis)",
+    )
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    _args, cfg = config_from_cli(parser, argv)
+    torch.set_num_threads(cfg.run.torch_threads)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
+    build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
+    from streamrl.learner.supervised_loop import train
+
+    train(cfg, kind, echo=lambda line: print(line, flush=True))
+    return 0

@@ -1,0 +1,129 @@
+"""``streamrl sft`` / ``streamrl dpo`` runs on the learner: step rows, exact resume, export.
+
+Runs are driven in-process (``SupervisedRun``), a handful of steps on the demo policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from streamrl.configs import Config
+from streamrl.learner import init_optimizer
+from streamrl.learner.supervised_loop import SupervisedRun
+
+ROWS = [{"prompt": f"{n:03d}>", "completion": f"{n:03d}"[::-1]} for n in range(100, 900, 100)]
+
+
+def _dataset(tmp_path: Path, rows: list[dict]) -> str:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _cfg(policy: str, data: str, run_dir: Path, **overrides) -> Config:
+    tree = {
+        "run": {"dir": str(run_dir), "report_to": [], "seed": 3},
+        "model": {"path": policy},
+        "supervised": {"path": data, "batch_size": 4, "epochs": 2},
+        # constant: the first half's run.max_steps would otherwise be a shorter decay horizon
+        "learner": {
+            "lr": 1e-3,
+            "betas": [0.9, 0.99],
+            "micro_batch_tokens": 64,
+            "lr_scheduler": "constant",
+        },
+    }
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        tree.setdefault(section, {})[name] = value
+    return Config.model_validate(tree)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "learner_steps.jsonl").read_text().splitlines()]
+
+
+def _run(cfg: Config, kind: str = "sft") -> SupervisedRun:
+    runner = SupervisedRun(cfg, kind)
+    runner.run(echo=lambda _line: None)
+    return runner
+
+
+@pytest.mark.timeout(300)
+def test_sft_resumed_midway_ends_with_the_weights_of_an_uninterrupted_run(demo_policy, tmp_path):
+    data = _dataset(tmp_path, ROWS)
+    whole = tmp_path / "whole"
+    _run(_cfg(demo_policy, data, whole, supervised__save_optimizer=True))
+    halves = tmp_path / "halves"
+    _run(_cfg(demo_policy, data, halves, run__max_steps=2))
+    assert (halves / "policy").exists() and len(_rows(halves)) == 2
+    _run(_cfg(demo_policy, data, halves))
+
+    rows = _rows(whole)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["epoch"] for r in rows] == [0, 0, 1, 1]
+    # 4 rows of 3 digits + the end token a step, the 4 samples of 8 tokens packed into one row
+    assert all(r["tokens"] == 16 and r["packed_tokens"] == 64 for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert [r["loss"] for r in _rows(halves)] == [r["loss"] for r in rows]
+    ours, theirs = (load_file(d / "policy" / "model.safetensors") for d in (halves, whole))
+    assert all((ours[name] == theirs[name]).all() for name in theirs)
+    info = json.loads((whole / "policy" / "streamrl_export.json").read_text())
+    assert info["step"] == 4
+    moments = init_optimizer.read(whole / "policy")
+    assert moments.step == 4 and moments.betas == (0.9, 0.99)
+    assert all(m["exp_avg_sq"].abs().sum() > 0 for m in moments.tensors.values())
+
+
+PAIRS = [
+    {"prompt": f"{n:03d}>", "chosen": f"{n:03d}"[::-1], "rejected": f"{n:03d}"}
+    for n in range(120, 920, 100)
+]
+
+
+@pytest.mark.timeout(300)
+def test_dpo_on_lora_starts_at_log_2_against_its_adapters_off_and_learns_the_preference(
+    demo_policy, tmp_path
+):
+    data = _dataset(tmp_path, PAIRS)
+    run_dir = tmp_path / "dpo"
+    cfg = _cfg(
+        demo_policy,
+        data,
+        run_dir,
+        supervised__epochs=3,
+        learner__lr=1e-2,
+        learner__lr_scheduler="linear",
+        run__max_steps=6,
+        model__lora={"rank": 4, "alpha": 8},
+    )
+    _run(cfg, "dpo")
+    rows = _rows(run_dir)
+    # fresh adapters add nothing: the policy is its reference, every margin 0
+    assert rows[0]["loss"] == pytest.approx(math.log(2), rel=1e-6)
+    assert rows[-1]["reward_margin"] > 0 and rows[-1]["loss"] < math.log(2)
+    # the learner's LR schedule, over the run's 6 steps
+    assert [r["lr"] for r in rows] == pytest.approx([1e-2 * (6 - k) / 6 for k in range(6)])
+    assert (run_dir / "policy" / "adapter").is_dir()
+
+
+def test_the_sft_preset_builds_its_policy_and_dataset_where_missing(tmp_path):
+    from streamrl.configs.errors import ConfigError
+    from streamrl.configs.load import load_config
+    from streamrl.launch.supervised import build_inputs
+    from streamrl.policy.load import load_policy
+
+    preset = load_config("sft_cpu", [], env={})
+    model = preset.model.model_copy(update={"path": str(tmp_path / "init")})
+    data = preset.supervised.model_copy(update={"path": str(tmp_path / "sft" / "train.jsonl")})
+    build_inputs(model, data, seed=0)
+    assert load_policy(model.path).config.num_hidden_layers == 2
+    rows = (tmp_path / "sft" / "train.jsonl").read_text().splitlines()
+    assert len(rows) == 60 * preset.supervised.batch_size
+    assert set(json.loads(rows[0])) == {"prompt", "completion"}
+    with pytest.raises(ConfigError, match="supervised.path"):
+        build_inputs(model, data.model_copy(update={"build": None, "path": "nothere"}), 0)
