@@ -18,7 +18,7 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: debian iproute2 redis chromium run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: debian iproute2 vllm-stream-1 vllm-stream-2 redis chromium run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -88,8 +88,11 @@ SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_sys
 
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
-# failure instead of a skip.
-VLLM_TESTS := tests/test_actors_vllm_adapter.py tests/test_actors_vllm_engine.py tests/test_actors_vllm_lora.py tests/test_actors_vllm_multiturn.py tests/test_system_vllm_hf.py tests/test_agent_api_vllm.py
+# failure instead of a skip. Two streams of modules run side by side (each process mostly waits on
+# one core while its engine starts): about 1.3x faster than one after the other on 2 cores.
+VLLM_STREAM_1 := tests/test_actors_vllm_multiturn.py tests/test_actors_vllm_adapter.py tests/test_actors_vllm_lora.py
+VLLM_STREAM_2 := tests/test_system_vllm_hf.py tests/test_agent_api_vllm.py tests/test_actors_vllm_engine.py
+VLLM_TESTS := $(VLLM_STREAM_1) $(VLLM_STREAM_2)
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 
 # All other tests run first, on TEST_WORKERS pytest-xdist workers, each test module on one worker
@@ -98,14 +101,23 @@ TEST_WORKERS ?= 2
 
 # The two venvs and Debian's packages install side by side (one pip or apt process each, mostly
 # unpacking and byte-compiling on one core), not one after the other.
+# STREAMRL_TEST_SHARED: a 0700 folder of this invocation's, where its pytest processes (xdist
+# workers, the system tests, each vLLM module) build the demo policy once between them
+# (tests/conftest.py); emptied at the start, removed at the end.
+test: export STREAMRL_TEST_SHARED = $(CURDIR)/build/test-shared
 test:
 	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) debian
+	rm -rf $(STREAMRL_TEST_SHARED) && mkdir -p -m 0700 $(STREAMRL_TEST_SHARED)
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 	$(MAKE) test-vllm
+	rm -rf $(STREAMRL_TEST_SHARED)
 
 test-vllm: $(VLLM_STAMP)
-	for t in $(VLLM_TESTS); do $(VLLM_ENV) $(VLLM_BIN)/python -m pytest -q -ra $$t $(PYTEST_ARGS) || exit 1; done
+	$(MAKE) -j2 --output-sync=target vllm-stream-1 vllm-stream-2
+
+vllm-stream-%:
+	for t in $(VLLM_STREAM_$*); do $(VLLM_ENV) $(VLLM_BIN)/python -m pytest -q -ra $$t $(PYTEST_ARGS) || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,30 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# `make test` points this at a 0700 folder of its own for one invocation: the pytest processes
+# it starts (xdist workers, the system tests, each vLLM module) build the demo policy once between
+# them, not once each (an `streamrl sft` run of its own, ~8 s on 2 cores)
+SHARED_ENV = "STREAMRL_TEST_SHARED"
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """``build(path)`` in this session, or once per `make test` under ``SHARED_ENV`` (a file lock
+    makes the other processes wait for the first and reuse what it built)."""
+    shared = os.environ.get(SHARED_ENV)
+    if not shared:
+        path = tmp_path_factory.mktemp(name) / name
+        build(path)
+        return path
+    path, done = Path(shared) / name, Path(shared) / f"{name}.done"
+    with open(Path(shared) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def demo_policy(tmp_path_factory) -> str:
     """Path of a warmed demo policy (char tokenizer + tiny Qwen2), built once per session.
@@ -27,12 +55,12 @@ def demo_policy(tmp_path_factory) -> str:
     that check the learner's steps against a by-hand AdamW start it fresh."""
     from streamrl.examples.reverse_digits.assets import build_policy
 
-    path = tmp_path_factory.mktemp("policy") / "demo-policy"
-    return str(
+    def build(path: Path) -> None:
         build_policy(
             path, warm_start_steps=60, warm_start_lr=3e-4, warm_start_batch=64, keep_optimizer=False
         )
-    )
+
+    return str(built_once(tmp_path_factory, "demo-policy", build))
 
 
 @pytest.fixture(scope="session")
