@@ -23,6 +23,7 @@ PARTS = [
     "broker",
     "learner",
     "learner_cost",
+    "sft",
     "weightsync",
     "shm_checksum",
     "actors",

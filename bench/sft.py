@@ -167,6 +167,12 @@ def render(results: list[dict], steps: int, rounds: int, argv: list[str] | None)
     return "\n".join(lines) + "\n"
 
 
+def run(quick: bool = False) -> str:
+    """The section, for `make bench` (``bench.__main__`` writes it)."""
+    steps, rounds = (5, 1) if quick else (30, 2)
+    return render(measure(steps, rounds), steps, rounds, [])
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
