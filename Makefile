@@ -116,7 +116,7 @@ test:
 test-vllm: $(VLLM_STAMP)
 	$(MAKE) -j2 --output-sync=target vllm-stream-1 vllm-stream-2
 
-vllm-stream-%:
+vllm-stream-1 vllm-stream-2: vllm-stream-%:
 	for t in $(VLLM_STREAM_$*); do $(VLLM_ENV) $(VLLM_BIN)/python -m pytest -q -ra $$t $(PYTEST_ARGS) || exit 1; done
 
 lint: $(STAMP)
