@@ -18,13 +18,17 @@ gathered back, so the RL math never sees the packing.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from streamrl.broker.wire import RolloutGroup
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,14 +82,17 @@ def samples_from_group(group: RolloutGroup, advantages) -> list[Sample]:
     ]
 
 
-def partition_across_ranks(samples: list[Sample], world_size: int) -> list[list[Sample]]:
-    """Balanced shares: longest sample first, each to the rank with the fewest tokens so far (ties: lowest rank)."""
-    shares: list[list[Sample]] = [[] for _ in range(world_size)]
+def partition_across_ranks(
+    samples: Sequence[T], world_size: int, size: Callable[[T], int] = len
+) -> list[list[T]]:
+    """Balanced shares: longest sample first (``size``: its tokens), each to the rank with the
+    fewest tokens so far (ties: lowest rank)."""
+    shares: list[list[T]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
-    for sample in sorted(samples, key=len, reverse=True):
+    for sample in sorted(samples, key=size, reverse=True):
         rank = min(range(world_size), key=lambda r: (loads[r], r))
         shares[rank].append(sample)
-        loads[rank] += len(sample)
+        loads[rank] += size(sample)
     return shares
 
 

@@ -20,6 +20,7 @@ from streamrl.learner.batching import (
     collate,
     masked_out,
     pack_micro_batches,
+    partition_across_ranks,
     plan_rank_micro_batches,
 )
 
@@ -63,17 +64,6 @@ def _pair_len(pair: Pair) -> int:
     return len(pair[0]) + len(pair[1])
 
 
-def _pairs_across_ranks(pairs: Sequence[Pair], world: int) -> list[list[Pair]]:
-    """Balanced shares: longest pair first, each to the rank with the fewest tokens (ties: lowest)."""
-    shares: list[list[Pair]] = [[] for _ in range(world)]
-    loads = [0] * world
-    for pair in sorted(pairs, key=_pair_len, reverse=True):
-        rank = min(range(world), key=lambda r: (loads[r], r))
-        shares[rank].append(pair)
-        loads[rank] += _pair_len(pair)
-    return shares
-
-
 def _flat(pairs: Sequence[Pair]) -> list[Sample]:
     """chosen_0, rejected_0, chosen_1, ...: ``collate`` keeps this order in its sample layout."""
     return [s for pair in pairs for s in pair]
@@ -99,7 +89,9 @@ def pair_micro_batches(
 ) -> tuple[list[MicroBatch], int]:
     """This rank's micro-batches of whole pairs (rows 2i and 2i + 1: chosen and rejected of pair
     i), fillers included, and how many of them are real."""
-    per_rank = [group_pairs(share, budget) for share in _pairs_across_ranks(pairs, world)]
+    per_rank = [
+        group_pairs(share, budget) for share in partition_across_ranks(pairs, world, _pair_len)
+    ]
     batches = [collate(_flat(g), pad_id, budget).to(device) for g in per_rank[rank]]
     count = max(len(groups) for groups in per_rank)
     return _with_fillers(batches, count, list(pairs[0]), pad_id, budget, device)
