@@ -13,11 +13,16 @@ the learner's own: AdamW's moments do not depend on them.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from streamrl.learner import checkpoint
+
+log = logging.getLogger(__name__)
 
 # vLLM loads every *.safetensors of a model folder as weights, and skips optimizer.pt
 FILE = "optimizer.pt"
@@ -225,3 +230,16 @@ def start(engine, policy_folder: str | os.PathLike, mode: str) -> str:
         return f"a fresh AdamW: {FILE} does not fit the learner's optimizer ({reason})"
     install(engine.optimizer, params, moments)
     return f"the AdamW state of {Path(policy_folder) / FILE} (step {moments.step})"
+
+
+def resume_or_start(
+    engine, ckpt_root: Path, rank: int, policy_folder: str | os.PathLike, mode: str, who: str
+) -> dict | None:
+    """The latest checkpoint under ``ckpt_root`` loaded into ``engine`` (its state), or, where
+    there is none, ``start``'s AdamW state, logged on rank 0 as ``who``'s."""
+    state = checkpoint.load(engine, ckpt_root, rank)
+    if state is None:
+        started_from = start(engine, policy_folder, mode)
+        if rank == 0:
+            log.info("%s optimizer: %s", who, started_from)
+    return state

@@ -80,13 +80,10 @@ class Learner:
             else None
         )
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
-        state = checkpoint.load(self.engine, self.ckpt_root, self.rank)
-        if state is None:
-            started_from = init_optimizer.start(
-                self.engine, model_folder(cfg.model.path), cfg.learner.init_optimizer
-            )
-            if self.rank == 0:
-                log.info("learner optimizer: %s", started_from)
+        state = init_optimizer.resume_or_start(
+            self.engine, self.ckpt_root, self.rank, model_folder(cfg.model.path),
+            cfg.learner.init_optimizer, "learner",
+        )  # fmt: skip
         self.progress = Progress.from_state(state)
         self.last_ckpt_step = self.progress.step
         # between the start of a step's first update and its end: the weights are not a step's

@@ -103,14 +103,11 @@ class SupervisedRun:
             else None
         )
         self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
-        state = checkpoint.load(self.engine, self.ckpt_root, self.rank)
-        if state is None:
-            # as the RL learner: the AdamW state a warm start left next to the policy, where it fits
-            started_from = init_optimizer.start(
-                self.engine, model_folder(cfg.model.path), cfg.learner.init_optimizer
-            )
-            if self.rank == 0:
-                log.info("%s optimizer: %s", kind, started_from)
+        # as the RL learner: the AdamW state a warm start left next to the policy, where it fits
+        state = init_optimizer.resume_or_start(
+            self.engine, self.ckpt_root, self.rank, model_folder(cfg.model.path),
+            cfg.learner.init_optimizer, kind,
+        )  # fmt: skip
         self.progress = Progress(**state["progress"]) if state else Progress()
         self.saved_step = self.progress.step
         self.steps_log = self.tracker = None
