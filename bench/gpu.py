@@ -1,7 +1,7 @@
 """`python -m bench.gpu`: every check a lent GPU machine runs, one subprocess each with its own
 timeout, then a summary.
 
-    python -m bench.gpu [--only NAME,...] [--budget-s 560] [--out FILE]   (on a CUDA host)
+    python -m bench.gpu [--only NAME,...] [--budget-s 330] [--out FILE]   (on a CUDA host)
     python -m bench.gpu --cpu                                             (smoke run, tiny shapes)
 
 The machine is lent for minutes (one H100/H200, 16 cores, no internet), so the checks run in
@@ -42,41 +42,74 @@ class Check:
 
 
 CUDA_TESTS = ("-q", "-p", "no:cacheprovider", "tests/test_learner_cuda.py",
-              "tests/test_weightsync_cuda.py", "tests/test_weightsync_publisher.py")  # fmt: skip
+              "tests/test_learner_packed_attention_cuda.py", "tests/test_weightsync_cuda.py",
+              "tests/test_actors_cuda.py", "tests/test_weightsync_publisher.py")  # fmt: skip
+# In order of importance. The first four fit the default budget (330 s: with the installs, one
+# call of about 6 minutes); the rest run in a second call (--only packing-0.5b,longtail,...).
 CHECKS = (
     Check(
         "cuda-tests",
         "pytest",
         CUDA_TESTS,
-        CUDA_TESTS,
-        100,
-        "the CUDA tests (they skip on a CPU host) and the publisher's, whose GPU path they include",
+        # on a CPU they would skip, or rerun what make test runs: collecting them is the smoke
+        ("--collect-only", *CUDA_TESTS),
+        75,
+        "the CUDA tests (they skip on a CPU host): learner, packed attention, weight transports "
+        "(cuda_ipc across processes), CUDA-graph decode, and the publisher's GPU path",
     ),
     Check(
-        "publish-0.5b",
+        "publish-ipc-0.5b",
         "bench.weightsync",
-        ("--shape", "qwen05b", "--device", "cuda", "--actor-device", "cpu,cuda"),
-        ("--shape", "tiny", "--device", "cpu", "--actor-device", "cpu"),
+        ("--shape", "qwen05b", "--device", "cuda", "--actor-device", "cuda", "--transport", "cuda_ipc"),
+        ("--shape", "tiny", "--device", "cpu", "--actor-device", "cpu", "--transport", "cuda_ipc"),
+        45,
+        "publish -> applied at Qwen2.5-0.5B's shape to a CUDA actor over cuda_ipc, against a "
+        "device-to-device copy of the same bytes",
+    ),
+    Check(
+        "decode-256",
+        "bench.decode",
+        ("--device", "cuda", "--shape", "qwen05b", "--slots", "256"),
+        ("--cpu",),
         90,
-        "publish -> applied at Qwen2.5-0.5B's shape, to a CPU actor and to a CUDA actor",
+        "hf engine decode tokens/s at 256 slots with CUDA graphs (and without) against "
+        "model.generate with a static cache, compiled",
+    ),
+    Check(
+        "learner-0.5b",
+        "bench.learner_memory",
+        ("--measure", "--device", "cuda", "--rows", "step", "--tokens", "16384", "--seconds", "5"),
+        # its CPU smoke is tests/test_bench_learner_memory.py's
+        ("--help",),
+        120,
+        "the learner's peak memory, tokens/s and MFU at Qwen2.5-0.5B's shape and 16,384-token "
+        "micro-batches, against a plain torch forward and backward and its own unchunked step",
+    ),
+    Check(
+        "packing-0.5b",
+        "bench.learner_memory",
+        ("--measure", "--device", "cuda", "--rows", "packing", "--tokens", "16384", "--seconds", "5"),
+        ("--help",),
+        120,
+        "the learner on a long tail of short samples packed several to a row: transformers' 4D "
+        "mask against torch's variable-length flash attention",
     ),
     Check(
         "longtail",
         "bench.longtail",
-        ("--device", "cuda", "--seeds", "0,1", "--grid", "3e-4:0", "--cap-s", "80"),
+        ("--device", "cuda", "--seeds", "0", "--grid", "3e-4:0", "--cap-s", "80"),
         ("--help",),
-        300,
-        "the long-tail task on the GPU, 2 seeds back to back: the synchronous loop wholly on it "
-        "against streamrl with its learner and actors on it",
+        240,
+        "the long-tail task on the GPU: the synchronous loop wholly on it against streamrl "
+        "with its learner and actors on it",
     ),
     Check(
-        "learner-memory-0.5b",
-        "bench.learner_memory",
-        ("--measure", "--device", "cuda", "--seconds", "5"),
-        # its CPU smoke is tests/test_bench_learner_memory.py's
-        ("--help",),
-        150,
-        "the learner's peak memory and tokens/s at Qwen2.5-0.5B's shape, per memory knob",
+        "publish-shm-0.5b",
+        "bench.weightsync",
+        ("--shape", "qwen05b", "--device", "cuda", "--actor-device", "cpu,cuda"),
+        ("--shape", "tiny", "--device", "cpu", "--actor-device", "cpu"),
+        90,
+        "publish -> applied over shm at Qwen2.5-0.5B's shape, to a CPU actor and to a CUDA actor",
     ),
 )  # fmt: skip
 
@@ -145,7 +178,7 @@ def summary(results: list[Result], cpu: bool) -> str:
         "",
         "One command for a lent GPU machine (one H100/H200, 16 cores, no internet, minutes): "
         "`python -m bench.gpu --out docs/bench/gpu.md` runs each check below as a subprocess "
-        "with its own timeout under one budget (`--budget-s`, 560 s), kills a check's process "
+        "with its own timeout under one budget (`--budget-s`, 330 s), kills a check's process "
         "group when its time is up, and reports a module not in the tree as missing. "
         "`python -m bench.gpu --cpu` is the same run at tiny shapes on CPU (tests/test_bench_gpu.py). "
         "Checks: "
@@ -175,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="smoke run on CPU at tiny shapes")
     parser.add_argument("--only", default=None, help="comma-separated check names")
-    parser.add_argument("--budget-s", type=float, default=560.0, help="for all checks together")
+    parser.add_argument("--budget-s", type=float, default=330.0, help="for all checks together")
     parser.add_argument("--out", type=Path, default=None, help="write the summary here too")
     args = parser.parse_args(argv)
     checks = list(CHECKS)

@@ -2,6 +2,7 @@
 
     python -m bench.learner_memory                        # the estimate table of docs/gpu.md
     python -m bench.learner_memory --measure --device cuda  # measure at the Qwen2.5-0.5B shape
+                                                          # (8,192 and 16,384-token micro-batches)
     python -m bench.learner_memory --measure --cpu          # the same code at a tiny shape on the CPU (smoke)
 
 The estimate counts bytes, per rank, at the peak of a micro-batch's backward pass (bf16 weights,
@@ -28,7 +29,13 @@ the step before packing (``OLD_STEP``: logits at every position, the entropy wit
 that step's count comes out 6-8 % below them. ``--measure`` runs the
 learner's real ``train_batch`` (DeepSpeed, the loss, the optimizer) on a random-init model of the
 shape, once per knob set in a fresh process (about a minute of training in all, plus start-ups),
-and reports PyTorch's peak allocated and reserved memory and trained tokens per second.
+and reports PyTorch's peak allocated and reserved memory and trained tokens per second. Two rows
+train a long tail of short samples (``bench_samples``: some micro-batches pack several to a row),
+under ``learner.packed_attention`` mask and varlen. Beside them, in the same run, a plain torch reference with no streamrl code: the same
+model, dtype and attention, forward + backward (transformers' own loss over every position) on
+rows of one sample each at the same tokens per micro-batch, then an AdamW step; each learner row
+shows its tokens/s over the reference's and both show their MFU (``learner.throughput``: 6N per
+token over the GPU's dense bf16 peak).
 """
 
 from __future__ import annotations
@@ -105,6 +112,9 @@ class Knobs:
     all_positions: bool = False
     # learner.logprob_chunk_tokens; None = the whole micro-batch's logits at once (``OLD_STEP``)
     logprob_chunk_tokens: int | None = 1024
+    # rows that carry transformers' 4D mask (``activation_bytes_per_token``); learner.packed_attention
+    # varlen builds none
+    masked: bool = True
 
     @property
     def row_width(self) -> int:
@@ -206,7 +216,7 @@ def estimate(s: Shape, k: Knobs) -> Estimate:
         trainable_state=on_gpu_state,
         bucket=2 * REDUCE_BUCKET,
         activations=k.micro_batch_tokens
-        * activation_bytes_per_token(s, k.gradient_checkpointing, k.row_width),
+        * activation_bytes_per_token(s, k.gradient_checkpointing, k.row_width, k.masked),
         logits=head_bytes(s, k),
         host=16 * trainable // k.ranks if k.offload_optimizer else 0,
     )
@@ -270,25 +280,132 @@ def table(**step) -> str:
 
 
 # ---- measurement -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    """A measured row: its learner knobs, and whether its samples are ``bench_samples``' long tail
+    (``mixed``: some rows hold several, so how packed samples are kept apart matters) or full rows."""
+
+    knobs: dict
+    mixed: bool = False
+
+    def estimate_knobs(self, tokens: int) -> Knobs:
+        """The estimate's knobs: the memory ones, and no mask under varlen."""
+        names = {"gradient_checkpointing", "offload_optimizer", "lora_rank", "logprob_chunk_tokens"}
+        memory = {k: v for k, v in self.knobs.items() if k in names}
+        return Knobs(tokens, **memory, masked=self.knobs.get("packed_attention") != "varlen")
+
+
+# logprob_chunk_tokens above any micro-batch: the output layer over all completion tokens at
+# once, as the step scored before chunking (issue 41's "today's"), measured beside it
+UNCHUNKED = 1 << 30
 MEASURED = {
-    "ZeRO-2": {},
-    "+ gradient checkpointing": {"gradient_checkpointing": True},
-    "+ optimizer offload": {"offload_optimizer": True},
+    "ZeRO-2": Variant({}),
+    "ZeRO-2, unchunked log-probs, mask": Variant(
+        {"logprob_chunk_tokens": UNCHUNKED, "packed_attention": "mask"}
+    ),
+    "ZeRO-2, long tail, mask": Variant({"packed_attention": "mask"}, mixed=True),
+    "ZeRO-2, long tail, varlen": Variant({"packed_attention": "varlen"}, mixed=True),
+    "+ gradient checkpointing": Variant({"gradient_checkpointing": True}),
+    "+ optimizer offload": Variant({"offload_optimizer": True}),
 }
+# the plain torch row each learner row's tokens/s is compared with
+REFERENCE = "plain torch (no streamrl)"
+# ``--rows``: the measured rows by purpose (bench.gpu measures one set per check)
+ROW_SETS = {
+    # the step against its plain torch reference and against itself before chunking
+    "step": ("ZeRO-2", "ZeRO-2, unchunked log-probs, mask"),
+    # how packed samples are kept apart, on rows that hold several
+    "packing": ("ZeRO-2, long tail, mask", "ZeRO-2, long tail, varlen"),
+    "knobs": ("+ gradient checkpointing", "+ optimizer offload"),
+}
+MEASURED_TOKENS = (8192, 16384)
+
+
+def row_lengths(device: str) -> tuple[int, int]:
+    """(prompt, longest completion): GSM8K-like on a GPU, tiny on the CPU smoke."""
+    return (128, 512) if device == "cuda" else (8, 24)
+
+
+def bench_samples(tokens: int, vocab: int, device: str, mixed: bool) -> list:
+    """About 4 micro-batches of ``tokens``: full-length rows, or with ``mixed`` a long tail of
+    short samples (seeded): a prompt 1/8 as long and completions Zipf(1.2) x ``completion`` / 128
+    tokens, up to the full row.
+
+    The planner sorts samples by length before packing, so a micro-batch's rows hold several
+    samples only where its lengths run 2x apart: GSM8K-like rows (a 128-token prompt, completions
+    of 64-512) pack none, so transformers builds no mask for them and the two
+    ``learner.packed_attention`` settings run alike; the long tail packs some micro-batches."""
+    import numpy as np
+
+    from bench.learner import random_samples
+
+    prompt, completion = row_lengths(device)
+    if not mixed:
+        return random_samples(4 * (tokens // (prompt + completion)), vocab, 0, prompt, completion)
+    rng = np.random.default_rng(0)
+    short_prompt = max(prompt // 8, 1)
+    longest = prompt + completion - short_prompt
+    samples: list = []
+    while sum(len(s) for s in samples) < 4 * tokens:
+        length = min(int(rng.zipf(1.2)) * max(completion // 128, 1), longest)
+        samples += random_samples(1, vocab, len(samples), short_prompt, length)
+    return samples
+
+
+def packed_layout(samples: list, tokens: int) -> dict:
+    """How the learner packs ``samples`` (one rank): samples per row, and the micro-batches whose
+    rows hold several samples (those carry transformers' 4D mask under packed_attention mask)."""
+    from streamrl.learner.batching import collate, pack_micro_batches
+
+    batches = [collate(part, 0, tokens) for part in pack_micro_batches(samples, tokens)]
+    rows = sum(b.packed_ids.shape[0] for b in batches)
+    restarts = [(b.position_ids[:, 1:] != b.position_ids[:, :-1] + 1).any() for b in batches]
+    return {
+        "samples_per_row": len(samples) / rows,
+        "micro_batches": len(batches),
+        "micro_batches_packed": int(sum(restarts)),
+    }
+
+
+def timed_steps(step, device: str, seconds: float, steps_min: int) -> tuple[int, float]:
+    """One warm-up ``step`` (allocator, DeepSpeed buckets, kernels), the peak memory reset, then
+    steps for ``seconds`` (at least ``steps_min``): (steps, their seconds)."""
+    import torch
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    step()
+    sync()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    steps, t0 = 0, time.perf_counter()
+    while steps < steps_min or time.perf_counter() - t0 < seconds:
+        step()
+        steps += 1
+    sync()
+    return steps, time.perf_counter() - t0
 
 
 def measure_one(
-    shape: Shape, knobs: dict, tokens: int, seconds: float, device: str, steps_min: int = 2
+    shape: Shape,
+    knobs: dict,
+    tokens: int,
+    seconds: float,
+    device: str,
+    steps_min: int = 2,
+    mixed: bool = False,
 ) -> dict:
     """Train the learner's real step on a random-init model of ``shape`` for ``seconds`` (at least
-    ``steps_min`` steps); peak memory and trained tokens/s. Run in a fresh process per knob set."""
+    ``steps_min`` steps); peak memory, trained tokens/s and MFU. Run in a fresh process per knob set."""
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from bench.learner import random_samples
     from streamrl.configs import Config
     from streamrl.learner.engine import build_engine, init_distributed
     from streamrl.learner.step import train_batch
+    from streamrl.learner.throughput import Throughput
 
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device == "cuda" else "cpu")
     rank, world = init_distributed()
@@ -313,11 +430,8 @@ def measure_one(
     phase("model built")
     engine = build_engine(cfg.learner, model, world)
     phase("engine built")
-    # GSM8K-like rows: a 128-token prompt and a 512-token completion; 4 micro-batches per step
-    prompt, completion = (128, 512) if device == "cuda" else (8, 24)
-    samples = random_samples(
-        4 * (tokens // (prompt + completion)), shape.vocab, 0, prompt, completion
-    )
+    # GSM8K-like rows: a 128-token prompt and up to a 512-token completion; 4 micro-batches a step
+    samples = bench_samples(tokens, shape.vocab, device, mixed)
 
     def step() -> None:
         train_batch(
@@ -325,25 +439,57 @@ def measure_one(
             seed=0, rank=rank, world=world, pad_id=0,
         )  # fmt: skip
 
-    def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    step()  # warm-up: allocator, DeepSpeed buckets, kernels
-    sync()
-    phase("warm-up step done")
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    steps, t0 = 0, time.perf_counter()
-    while steps < steps_min or time.perf_counter() - t0 < seconds:
-        step()
-        steps += 1
-    sync()
-    elapsed = time.perf_counter() - t0
+    steps, elapsed = timed_steps(step, device, seconds, steps_min)
+    phase("measured")
+    tokens_per_s = steps * sum(len(s) for s in samples) / elapsed
     return {
         "steps": steps,
-        "tokens_per_s": steps * len(samples) * (prompt + completion) / elapsed,
+        "tokens_per_s": tokens_per_s,
+        "mfu": Throughput.of(engine.module, None, world).mfu(tokens_per_s, 1.0),
+        "attention": engine.module.config._attn_implementation,
+        **packed_layout(samples, tokens),
         "optimizer": type(engine.basic_optimizer).__name__,
+        **_peak_memory(device),
+    }
+
+
+def measure_reference(
+    shape: Shape, tokens: int, seconds: float, device: str, steps_min: int = 2
+) -> dict:
+    """The plain torch step the learner is compared with: the same random-init model, dtype and
+    attention (sdpa), forward + backward through transformers' own loss over every position on
+    4 micro-batches of ``tokens`` (rows of one full-length sample, so no mask), then torch's AdamW.
+    No streamrl code but the MFU formula."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from streamrl.learner.throughput import Throughput
+
+    config = _qwen2_config(shape)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    width = sum(row_lengths(device))
+    rows = max(tokens // width, 1)
+    batches = [torch.randint(0, shape.vocab, (rows, width), device=device) for _ in range(4)]
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        for ids in batches:
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+
+    steps, elapsed = timed_steps(step, device, seconds, steps_min)
+    tokens_per_s = steps * 4 * rows * width / elapsed
+    return {
+        "steps": steps,
+        "tokens_per_s": tokens_per_s,
+        "mfu": Throughput.of(model, None, 1).mfu(tokens_per_s, 1.0),
+        "attention": model.config._attn_implementation,
+        "optimizer": type(optimizer).__name__,
         **_peak_memory(device),
     }
 
@@ -376,12 +522,19 @@ def _peak_memory(device: str) -> dict:
     return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def measure(shape_name: str, tokens: int, seconds: float, device: str) -> list[tuple[str, dict]]:
-    """``measure_one`` per row of ``MEASURED``, each in its own process (DeepSpeed engines do not
-    free all of their memory in-process); a row that runs out of memory reports the error."""
+def measure(
+    shape_name: str, tokens: int, seconds: float, device: str, labels=tuple(MEASURED)
+) -> list[tuple[str, dict]]:
+    """The plain torch reference, then ``measure_one`` per row of ``MEASURED`` named in ``labels``,
+    each in its own process (DeepSpeed engines do not free all of their memory in-process); a row
+    that runs out of memory reports the error."""
     rows = []
-    for label, knobs in MEASURED.items():
-        job = {"shape": shape_name, "knobs": knobs, "tokens": tokens, "seconds": seconds}
+    jobs = [(REFERENCE, {"reference": True})] + [
+        (label, {"knobs": MEASURED[label].knobs, "mixed": MEASURED[label].mixed})
+        for label in labels
+    ]
+    for label, what in jobs:
+        job = {"shape": shape_name, "tokens": tokens, "seconds": seconds, **what}
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.learner_memory", "--one", json.dumps(job), "--device", device],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -403,29 +556,43 @@ def measure(shape_name: str, tokens: int, seconds: float, device: str) -> list[t
     return rows
 
 
+def _ratio(r: dict, reference: dict) -> str:
+    if "tokens_per_s" not in r or not reference.get("tokens_per_s"):
+        return ""
+    return f"{r['tokens_per_s'] / reference['tokens_per_s']:.2f}x"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def measured_table(shape_name: str, tokens: int, rows: list[tuple[str, dict]], device: str) -> str:
-    """Markdown: each measured knob set beside its estimate. On the CPU the peak is the process's
-    resident size (model, libraries and all), which the estimate of GPU memory does not predict."""
+    """Markdown: each measured knob set beside its estimate, its tokens/s over the plain torch
+    reference's, and MFU. On the CPU the peak is the process's resident size (model, libraries
+    and all), which the estimate of GPU memory does not predict; MFU has no CPU peak."""
     shape = SHAPES.get(shape_name, TINY)
     peak = "peak allocated GiB | peak reserved GiB" if device == "cuda" else "peak RSS GiB | -"
     name = next((r["device_name"] for _, r in rows if "device_name" in r), device)
+    reference = dict(rows).get(REFERENCE, {})
     lines = [
         f"Measured: {shape_name} shape, random init, {tokens:,}-token micro-batches, on {name}.",
         "",
-        f"| knobs | {peak} | estimate GiB | tokens/s | steps | optimizer |",
-        "|---|---|---|---|---|---|---|",
+        f"| knobs | {peak} | estimate GiB | tokens/s | vs plain torch | MFU | steps | optimizer |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, r in rows:
-        est = estimate(shape, Knobs(tokens, **MEASURED[label])).gpu / GiB
+        variant = MEASURED.get(label)
+        est = f"{estimate(shape, variant.estimate_knobs(tokens)).gpu / GiB:.1f}" if variant else "-"
         if "error" in r:
-            lines.append(f"| {label} | {r['error']} | | {est:.1f} | | | |")
+            lines.append(f"| {label} | {r['error']} | | {est} | | | | | |")
             continue
         if device == "cuda":
             cells = f"{r['peak_allocated'] / GiB:.2f} | {r['peak_reserved'] / GiB:.2f}"
         else:
             cells = f"{r['peak_rss'] / GiB:.2f} | -"
         lines.append(
-            f"| {label} | {cells} | {est:.1f} | {r['tokens_per_s']:,.0f} | {r['steps']} | {r['optimizer']} |"
+            f"| {label} | {cells} | {est} | {r['tokens_per_s']:,.0f} | {_ratio(r, reference)} "
+            f"| {_percent(r.get('mfu'))} | {r['steps']} | {r['optimizer']} |"
         )
     return "\n".join(lines)
 
@@ -437,7 +604,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true", help="measure instead of estimating")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--cpu", action="store_true", help="smoke: tiny shape on the CPU")
-    parser.add_argument("--tokens", type=int, default=8192, help="micro-batch tokens to measure")
+    parser.add_argument(
+        "--tokens",
+        default=",".join(map(str, MEASURED_TOKENS)),
+        help="micro-batch tokens to measure, comma-separated",
+    )
     parser.add_argument(
         "--seconds", type=float, default=20.0, help="training time per measured knob set"
     )
@@ -449,6 +620,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the step the H200 measurements were taken on: logits at every position, entropy gradients",
     )
+    parser.add_argument(
+        "--rows",
+        default=",".join(ROW_SETS),
+        help=f"comma-separated row sets to measure, of {', '.join(ROW_SETS)} (the plain torch reference always runs)",
+    )
     parser.add_argument("--config", help="estimate this run config's learner instead of the table")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of --config")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -458,9 +634,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         job = json.loads(args.one)
         shape = TINY if job["shape"] == "tiny" else SHAPES[job["shape"]]
-        print(
-            json.dumps(measure_one(shape, job["knobs"], job["tokens"], job["seconds"], args.device))
-        )
+        if job.get("reference"):
+            out = measure_reference(shape, job["tokens"], job["seconds"], args.device)
+        else:
+            out = measure_one(
+                shape, job["knobs"], job["tokens"], job["seconds"], args.device,
+                mixed=job["mixed"],
+            )  # fmt: skip
+        print(json.dumps(out))
         return 0
     if args.config:
         from streamrl.configs import load_config
@@ -487,13 +668,21 @@ def main(argv: list[str] | None = None) -> int:
                 "--device cuda: no CUDA device here (use --cpu for the smoke run)", file=sys.stderr
             )
             return 2
+    unknown = sorted(set(args.rows.split(",")) - set(ROW_SETS))
+    if unknown:
+        parser.error(f"--rows: unknown row sets {unknown}; known: {', '.join(ROW_SETS)}")
+    labels = tuple(label for name in args.rows.split(",") for label in ROW_SETS[name])
     shape_name = "tiny" if args.cpu else "Qwen2.5-0.5B"
-    tokens = 256 if args.cpu else args.tokens
+    sizes = [256] if args.cpu else [int(t) for t in args.tokens.split(",")]
     seconds = 0.0 if args.cpu else args.seconds
-    rows = measure(shape_name, tokens, seconds, args.device)
-    print(measured_table(shape_name, tokens, rows, args.device))
-    print(json.dumps({"measured": [{"knobs": k, **r} for k, r in rows]}))
-    return 0 if all("error" not in r for _, r in rows) else 1
+    measured, ok = [], True
+    for tokens in sizes:
+        rows = measure(shape_name, tokens, seconds, args.device, labels)
+        print(measured_table(shape_name, tokens, rows, args.device), flush=True)
+        measured += [{"knobs": k, "tokens": tokens, **r} for k, r in rows]
+        ok = ok and all("error" not in r for _, r in rows)
+    print(json.dumps({"measured": measured}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ host relay against a raw gloo broadcast, bytes per version on an actor host's li
 
     python -m bench --only weightsync            (part of `make bench`: synthetic fp32 tensors)
     python -m bench.weightsync --shape qwen05b --device cuda [--actor-device cuda]
+    python -m bench.weightsync --shape qwen05b --device cuda --actor-device cuda --transport cuda_ipc
 
 The publisher and the subscriber are separate processes (``python -m
 bench.weightsync pub|sub``) talking through a real embedded Redis; the
@@ -18,7 +19,10 @@ Qwen2.5-0.5B's architecture built from its config with random weights (no hub),
 ``--actor-device``, each converting as a real run does. The reference is the
 plain copy of the published bytes on the publisher's side: into pre-faulted
 memory on CPU, device -> pinned host memory on a GPU (the bytes converted to
-the transfer dtype on the device first, as the publisher does).
+the transfer dtype on the device first, as the publisher does). ``--transport
+cuda_ipc`` (learner and actor on the GPU) measures against a device-to-device copy
+of the same bytes instead, and reports ms per billion parameters; without CUDA its
+row says it was skipped.
 """
 
 from __future__ import annotations
@@ -106,9 +110,10 @@ def _memory_mib() -> dict:
 
 def _memcpy_seconds(weights: dict[str, torch.Tensor], flat: torch.Tensor) -> float:
     """The baseline: the same tensors copied into pre-faulted private memory (on a GPU: converted
-    to ``flat``'s dtype on the device, then copied into pinned ``flat``), best of 3."""
+    to ``flat``'s dtype on the device, then copied into pinned ``flat``, or into ``flat`` on the
+    device: a device-to-device copy), best of 3."""
     best = float("inf")
-    cuda = flat.is_pinned()
+    cuda = flat.is_pinned() or flat.is_cuda
     for _ in range(3):
         if cuda:
             torch.cuda.synchronize()
@@ -148,7 +153,10 @@ def publisher_main(
     pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run, dtype)
     weights = _learner_weights(params, shape, device)
     numel = sum(t.numel() for t in weights.values() if t.is_floating_point())
-    flat = torch.zeros(numel, dtype=pub.dtype, pin_memory=device == "cuda")
+    if pub.transport.device_ipc:
+        flat = torch.zeros(numel, dtype=pub.dtype, device=device)
+    else:
+        flat = torch.zeros(numel, dtype=pub.dtype, pin_memory=device == "cuda")
     _emit(event="ready")
     for line in sys.stdin:
         command = line.split()
@@ -166,6 +174,7 @@ def publisher_main(
                 seconds=time.time() - started,
                 stage=stage,
                 bytes=pub._layout.total_bytes if pub.transport.publishes else 0,
+                params=numel,
                 memcpy=memcpy,
             )
         elif command[0] == "quit":
@@ -361,17 +370,28 @@ def run(quick: bool = False) -> str:
     return "\n".join(lines) + "\n\n" + hosts
 
 
-def model_run(shape: str, device: str, actor_devices: list[str]) -> str:
-    """publish -> applied for ``shape``'s parameters, learner on ``device``, one row per actor device."""
+def model_run(shape: str, device: str, actor_devices: list[str], transport: str = "shm") -> str:
+    """publish -> applied for ``shape``'s parameters, learner on ``device``, one row per actor
+    device, over ``transport``."""
     from bench.__main__ import machine
     from streamrl.broker.server import EmbeddedRedis
     from streamrl.configs.schema import Config
+    from streamrl.weightsync import transports
 
+    device_ipc = transports.get(transport).device_ipc
     gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
-    reference = "device -> pinned host copy" if device == "cuda" else "copy into pre-faulted memory"
-    command = f"python -m bench.weightsync --shape {shape} --device {device} --actor-device {','.join(actor_devices)}"
+    if device_ipc:
+        reference = "device -> device copy"
+    elif device == "cuda":
+        reference = "device -> pinned host copy"
+    else:
+        reference = "copy into pre-faulted memory"
+    command = (
+        f"python -m bench.weightsync --shape {shape} --device {device} "
+        f"--actor-device {','.join(actor_devices)} --transport {transport}"
+    )
     lines = [
-        f"## weightsync at a model's shape: {shape}, learner on {device}",
+        f"## weightsync at a model's shape: {shape}, learner on {device}, {transport}",
         "",
         f"{time.strftime('%Y-%m-%d')} · {machine()} · {gpu} · load average "
         f"{os.getloadavg()[0]:.1f} · command: `{command}`",
@@ -381,23 +401,34 @@ def model_run(shape: str, device: str, actor_devices: list[str]) -> str:
         f"*reference* = {reference} of the same bytes, measured right before each publish. "
         "*learner* = what the learner waits for (`Publisher.submit`: the staging copy); "
         "*e2e* = submit -> the subscriber process has swapped the version into its model. "
-        "Goal (GPU): e2e <= 2x a device -> pinned copy.",
+        + (
+            "Goal (cuda_ipc): e2e <= 2x a device -> device copy and <= 25 ms per billion parameters."
+            if device_ipc
+            else "Goal (GPU): e2e <= 2x a device -> pinned copy."
+        ),
         "",
         "| actor device | transfer dtype | MB | reference ms | learner ms | receive ms | apply ms "
-        "| e2e ms | learner / reference | e2e / reference |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| e2e ms | learner / reference | e2e / reference | e2e ms per 1B params |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     with EmbeddedRedis(Config().broker, tempfile.mkdtemp(prefix="bench-ws-")) as server:
         for actor_device in actor_devices:
-            r = _one_size(server.url, "shm", 0, 3, shape, device, actor_device)
+            if device_ipc and not (device == actor_device == "cuda" and torch.cuda.is_available()):
+                lines.append(
+                    f"| {actor_device} | skipped: {transport} needs CUDA and --device cuda "
+                    "--actor-device cuda |"
+                )
+                continue
+            r = _one_size(server.url, transport, 0, 3, shape, device, actor_device)
             from streamrl.weightsync.publisher import transfer_dtype
 
-            cfg = _cfg(server.url, "x", "shm", 3, actor_device)
+            cfg = _cfg(server.url, "x", transport, 3, actor_device)
             dtype = str(transfer_dtype(cfg.weightsync, cfg.model, cfg.actor)).removeprefix("torch.")
             lines.append(
                 f"| {actor_device} | {dtype} | {r['bytes'] / 1e6:.0f} | {r['memcpy'] * 1e3:.1f} "
                 f"| {r['stage'] * 1e3:.1f} | {r['receive'] * 1e3:.1f} | {r['apply'] * 1e3:.1f} "
-                f"| {r['e2e'] * 1e3:.1f} | {r['stage'] / r['memcpy']:.2f} | {r['e2e'] / r['memcpy']:.2f} |"
+                f"| {r['e2e'] * 1e3:.1f} | {r['stage'] / r['memcpy']:.2f} | {r['e2e'] / r['memcpy']:.2f} "
+                f"| {r['e2e'] * 1e3 / (r['params'] / 1e9):.1f} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -409,13 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--actor-device", default=None, help="comma-separated (default: cpu, plus cuda on a GPU)"
     )
+    parser.add_argument("--transport", choices=["shm", "cuda_ipc"], default="shm")
     parser.add_argument("--out", type=Path, default=None, help="write the table to this file too")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     actors = (args.actor_device or ("cpu,cuda" if args.device == "cuda" else "cpu")).split(",")
     torch.set_num_threads(1)
-    text = model_run(args.shape, args.device, actors)
+    text = model_run(args.shape, args.device, actors, args.transport)
     print(text, flush=True)
     if args.out is not None:
         args.out.write_text(text)

@@ -602,6 +602,11 @@ class AgentConfig(Section):
 # engines themselves are ``actors.engines``' registry, which tests/test_structure.py holds to this.
 ENGINE_PLACEMENT = {"hf": "device", "vllm": "gpu"}
 
+# The transports whose actors open the learner's GPU memory by CUDA IPC handle (the transport's
+# ``device_ipc`` capability, which tests/test_weightsync_cuda_ipc.py holds to this): they need the
+# learner's GPU visible to every actor on its host.
+DEVICE_IPC_TRANSPORTS = frozenset({"cuda_ipc"})
+
 
 class ActorConfig(Section):
     """Actor processes and their generation engine."""
@@ -616,6 +621,10 @@ class ActorConfig(Section):
         description="Per-actor engines of a supervised run (`make run`): actor i runs engines[i % len], passed to it as `actor.engine`; e.g. [vllm, hf] mixes the two. None = every actor runs `engine`. With vllm in it the whole run needs the vLLM venv.",
     )
     device: str = Field("cpu", description="torch device of the hf engine.")
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="hf engine decode on CUDA: on = a static KV cache per slot and each decode step replayed as a CUDA graph captured per batch-size bucket (powers of two up to batch_slots), weights copied into the parameters in place; off = the dynamic cache (each step launched from Python); auto = on when actor.device is CUDA, off on CPU. on with a CPU actor.device is refused.",
+    )
     batch_slots: int = Field(
         64,
         ge=1,
@@ -661,6 +670,20 @@ class ActorConfig(Section):
         None,
         description='CPU cores the supervised actors run on once each has started (start-up uses every core), as indices into the cores the launcher may use (its affinity: `taskset`, a cgroup cpuset); every actor gets the whole list, its threads and child processes (reward workers) included. "auto" = the launcher\'s cores that `learner.cpus` "auto" does not take, for hf actors only (vLLM places its own threads), and only when the learner gets cores of its own. None = no pinning.',
     )
+
+    @field_validator("cuda_graphs", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value):
+        # YAML reads a bare on / off as a boolean
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _graphs_need_cuda(self) -> ActorConfig:
+        if self.cuda_graphs == "on" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"actor.cuda_graphs=on needs a CUDA actor.device (CUDA graphs), not {self.device!r}: use auto or off"
+            )
+        return self
 
     def engine_of(self, index: int) -> str:
         """The engine of the supervised actor with this index (a0, a1, ...)."""
@@ -829,6 +852,15 @@ class LearnerConfig(Section):
         ge=1,
         description="Completion tokens whose logits (tokens x vocabulary, float32) the learner's log-prob and entropy pass holds at once; each chunk is recomputed in the backward pass, so autograd keeps only the hidden states (one more output-layer forward per step). 1024 x Qwen's 151,936 = 0.6 GB per chunk.",
     )
+    packed_attention: Literal["auto", "varlen", "mask"] = Field(
+        "auto",
+        description="How an sdpa policy keeps the samples of a packed row apart in the learner's passes (other attention implementations are left as they are). mask = transformers' 4D mask from the position ids ([rows, width, width]; on a GPU it keeps sdpa off its flash kernel); varlen = no mask: causal attention within each sample's bounds (policy.packed_attention: torch's variable-length flash kernel on a CUDA GPU in bf16/fp16, one causal sdpa per sample elsewhere), the same arithmetic; auto = varlen on a CUDA learner, mask on a CPU one.",
+    )
+    peak_tflops: float | None = Field(
+        None,
+        ge=0,
+        description="The learner GPU's dense bf16 peak, TFLOP/s per rank, that the step row's mfu divides by (x the learner's ranks). None or 0 = from the table of known GPUs by CUDA device name (learner.throughput); on a CPU learner or an unknown GPU mfu is left empty unless this is set.",
+    )
     zero_stage: Literal[0, 1, 2] = Field(2, description="DeepSpeed ZeRO stage.")
     offload_optimizer: bool = Field(
         False,
@@ -929,14 +961,14 @@ def _check_indices(key: str, indices: list[int], what: str = "GPU") -> None:
 class WeightSyncConfig(Section):
     """Moving new weights from the learner to the actors."""
 
-    transport: Literal["shm", "dist", "none"] = Field(
+    transport: Literal["shm", "cuda_ipc", "dist", "none"] = Field(
         "shm",
-        description="shm = POSIX shared memory (one host); dist = torch.distributed broadcast (NCCL/gloo); none = actors keep version 0.",
+        description="shm = POSIX shared memory (one host); cuda_ipc = GPU actors on the learner's host copy each version device to device from slots on the learner's GPU, shared once as CUDA IPC handles (needs CUDA actors on the learner's host, actor.device cuda, no relay; with actor.gpus a list each actor also sees the learner's GPU, after its own, and copies from it peer to peer; costs `slots` copies of the weights in GPU memory on the learner's GPU); dist = torch.distributed broadcast (NCCL/gloo); none = actors keep version 0.",
     )
     slots: int = Field(
         3,
         ge=2,
-        description="shm: ring of slots, so the publisher never overwrites a slot a reader is copying.",
+        description="shm, cuda_ipc: ring of slots, so the publisher never overwrites a slot a reader is copying (cuda_ipc: on the learner's GPU).",
     )
     staging_buffers: int = Field(
         2,
@@ -1100,6 +1132,23 @@ class Config(Section):
         a source or an engine gets exactly the settings it reads."""
         params = inspect.signature(build).parameters.values()
         return {p.name: getattr(self, p.name) for p in params if p.kind is p.KEYWORD_ONLY}
+
+    @model_validator(mode="after")
+    def _device_ipc_actors(self) -> Config:
+        ws, actor = self.weightsync, self.actor
+        if ws.transport not in DEVICE_IPC_TRANSPORTS:
+            return self
+        why = f"weightsync.transport={ws.transport} copies weights from the learner's GPU into GPU actors on its host"
+        if ws.relay:
+            raise ValueError(
+                f"weightsync.relay=true: relays serve actors on other hosts over shm, but {why}; use weightsync.transport=dist with relays"
+            )
+        on_device = [e for e in sorted(actor.engines_in_use) if ENGINE_PLACEMENT[e] == "device"]
+        if on_device and not actor.device.startswith("cuda"):
+            raise ValueError(
+                f"actor.device={actor.device} for the {', '.join(on_device)} engine: {why}; use weightsync.transport=shm for CPU actors"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lr_horizon(self) -> Config:

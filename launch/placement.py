@@ -41,15 +41,26 @@ def launcher_devices(env: Mapping[str, str] = os.environ) -> list[str] | None:
 
 
 def actor_gpus(cfg: Config, index: int) -> list[int] | None:
-    """The GPU indices of supervised actor ``index`` (a0 = 0), or None without placement."""
+    """The GPU indices of supervised actor ``index`` (a0 = 0), or None without placement.
+
+    Under a transport whose actors open the learner's GPU memory (``device_ipc``: cuda_ipc) an
+    actor on GPUs of its own sees the learner's GPU too, after its own: its engine keeps
+    ``cuda:0`` (and its tensor-parallel ``cuda:1..``), and the slots open on the learner's GPU
+    by its UUID (``weightsync.device_ipc``), read by a peer copy."""
     gpus = cfg.actor.gpus
     if gpus is None:
         return None
+    learner_gpu = cfg.learner.gpus[0] if cfg.learner.gpus else 0
     if gpus == "share":
-        return [cfg.learner.gpus[0] if cfg.learner.gpus else 0]
+        return [learner_gpu]
     tp = cfg.actor.tensor_parallel_size
     group = index % (len(gpus) // tp)
-    return gpus[group * tp : (group + 1) * tp]
+    own = gpus[group * tp : (group + 1) * tp]
+    from streamrl.weightsync import transports
+
+    if transports.get(cfg.weightsync.transport).device_ipc:
+        return [*own, learner_gpu]
+    return own
 
 
 def visible_devices(indices: list[int], launcher: list[str] | None) -> str:
@@ -98,9 +109,25 @@ def check(cfg: Config, available: int, learner_here: bool = True) -> None:
 
 
 def check_launcher(cfg: Config, launcher: list[str] | None, learner_here: bool = True) -> None:
-    """``check`` against the devices the launcher sees; nothing to count (or import) without placement."""
+    """``check`` against the devices the launcher sees (nothing to count without placement), and
+    on an actors host ``check_actors_host``."""
+    if not learner_here:
+        check_actors_host(cfg)
     if cfg.learner.gpus is not None or cfg.actor.gpus is not None:
         check(cfg, gpu_count(launcher), learner_here)
+
+
+def check_actors_host(cfg: Config) -> None:
+    """An actors host (``streamrl actors``, the learner elsewhere) cannot take weights over a
+    transport that opens the learner's GPU memory."""
+    from streamrl.weightsync import transports
+
+    if transports.get(cfg.weightsync.transport).device_ipc:
+        raise PlacementError(
+            f"weightsync.transport={cfg.weightsync.transport} copies weights from the learner's GPU "
+            "on its own host, and the learner does not run here: use weightsync.transport=dist "
+            "(with weightsync.relay) for actors on other hosts"
+        )
 
 
 def gpu_count(launcher: list[str] | None) -> int:

@@ -135,6 +135,9 @@ def live_table(
         table.add_row("turns / trajectory", _env_line(env))
     table.add_row("tokens/s generated", f"{snap.generate_tokens_per_s:,.0f}")
     table.add_row("tokens/s trained", _fmt(trained_tokens_per_s(step), ",.0f"))
+    # the learner's model FLOP utilisation (docs/benchmarks.md): absent where the peak is unknown
+    if step.get("mfu") is not None:
+        table.add_row("learner MFU", _fmt(step["mfu"], ".1%"))
     table.add_row(
         "stream: unread / awaiting ack", f"{snap.stream_length - snap.pending} / {snap.pending}"
     )

@@ -24,6 +24,7 @@ from torch import Tensor
 from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
+from streamrl.policy import packed_attention
 from streamrl.policy.lora import trainable_parameters
 from streamrl.policy.scoring import DEFAULT_CHUNK_TOKENS, Sampling, sequence_logprobs
 
@@ -236,6 +237,8 @@ def build_engine(lc: LearnerConfig, model: torch.nn.Module, world_size: int, max
 
     bf16 = next(model.parameters()).dtype == torch.bfloat16
     model.train()
+    if packs_by_bounds(lc.packed_attention, model, accelerator() == "cuda"):
+        packed_attention.use_varlen(model)
     if lc.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     optimizer = make_optimizer(lc, trainable_parameters(model))
@@ -261,8 +264,17 @@ def mark_micro_batch(engine, index: int, count: int) -> None:
 
 # transformers keeps packed samples apart through the mask it builds from their position ids
 # (these implementations), or, for flash attention, through the position ids alone and only in
-# a batch of one row
+# a batch of one row; policy.packed_attention's function through the samples' bounds
 MASKED_PACKING = ("sdpa", "eager", "flex_attention")
+
+
+def packs_by_bounds(choice: str, model, on_cuda: bool) -> bool:
+    """Whether ``learner.packed_attention`` (``choice``) switches this sdpa policy to
+    ``policy.packed_attention``: varlen, or auto on a CUDA learner; any other implementation
+    keeps its own way of packing."""
+    if attention_implementation(model) != "sdpa":
+        return False
+    return choice == "varlen" or (choice == "auto" and on_cuda)
 
 
 def attention_implementation(model) -> str:
@@ -289,12 +301,13 @@ def token_logprobs(
 
     ``one_row`` runs the rows end to end as a single row, as flash attention needs; None picks
     it from the model's attention implementation, and refuses one that cannot keep packed
-    samples apart.
+    samples apart. A policy on ``policy.packed_attention`` gets the samples' bounds.
     """
     attention = attention_implementation(model)
+    by_bounds = attention == packed_attention.NAME
     if one_row is None:
         one_row = attention.startswith("flash_attention")
-        if not one_row and attention not in MASKED_PACKING:
+        if not (one_row or by_bounds) and attention not in MASKED_PACKING:
             raise ValueError(
                 f"attention implementation {attention!r} cannot keep packed samples apart: "
                 f"use one of {', '.join(MASKED_PACKING)} or flash_attention_*"
@@ -314,6 +327,7 @@ def token_logprobs(
         entropy_grad=entropy_grad,
         keep=target + target // (width - 1),
         chunk_tokens=chunk_tokens,
+        attention_kwargs=packed_attention.varlen_kwargs(positions) if by_bounds else None,
     )
     outs = out if with_entropy else (out,)
     mask = completions.to(outs[0].device)

@@ -44,6 +44,7 @@ from streamrl.learner.export import export_at_end
 from streamrl.learner.prepare import Batch
 from streamrl.learner.rollout_io import NoBatch, RolloutIO
 from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
+from streamrl.learner.throughput import Throughput
 from streamrl.policy.lora import reference_policy, training_policy
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,16 @@ class Learner:
         self.failing_steps: dict[str, int] = {}
         # why the run must stop (a reward that keeps failing); rank 0 decides, None while fine
         self.failure: str | None = None
-        self.io = RolloutIO(cfg, model.config.vocab_size, self.progress) if self.rank == 0 else None
+        self.io = (
+            RolloutIO(
+                cfg,
+                model.config.vocab_size,
+                self.progress,
+                Throughput.of(self.engine.module, cfg.learner.peak_tflops, self.world),
+            )
+            if self.rank == 0
+            else None
+        )
         self.commits = (
             self.io.commits
             if self.io is not None

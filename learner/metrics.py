@@ -26,6 +26,12 @@ TOKENS_PER_SECOND = Gauge(
     "streamrl_learner_tokens_per_second",
     "Prompt + completion tokens trained (every pass) per second of the last learner step.",
 )
+MFU = Gauge(
+    "streamrl_learner_mfu",
+    "Model FLOP utilisation of the last learner step: 6N (LoRA: 4N + 2 x trained) FLOPs per token "
+    "trained (every pass) over the step's seconds x the learner GPUs' bf16 peak (learner.throughput; "
+    "learner.peak_tflops). Not set while the peak is unknown (CPU, a GPU not in the table).",
+)
 STEP_PHASE = Histogram(
     "streamrl_learner_step_phase_seconds",
     "Time of each phase of a learner step.",

@@ -42,6 +42,7 @@ from streamrl.learner import metrics as m
 from streamrl.learner.commits import Commits, Progress
 from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
 from streamrl.learner.step import UpdateStats, first_pass_tokens
+from streamrl.learner.throughput import Throughput
 from streamrl.learner.tracking import Tracker
 from streamrl.policy.lora import published_tensors
 from streamrl.weightsync import transports
@@ -66,8 +67,16 @@ class NoBatch(enum.Enum):
 class RolloutIO:
     """Everything rank 0 does outside the math: stream, admission, weights, metrics, step log."""
 
-    def __init__(self, cfg: Config, vocab_size: int, progress: Progress | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        vocab_size: int,
+        progress: Progress | None = None,
+        throughput: Throughput | None = None,
+    ):
+        """``throughput``: what the step row's mfu divides by (None: the row's mfu stays empty)."""
         self.cfg = cfg
+        self.throughput = throughput
         self.progress = progress if progress is not None else Progress()
         # the learner's commit bookkeeping: a Redis wipe seen while reading resets its count
         self.commits = Commits(self.progress, cfg.learner.ack_policy, self)
@@ -265,6 +274,9 @@ class RolloutIO:
             "sequence_tokens": first_pass_tokens(updates, "sequence_tokens"),
             "packed_tokens": first_pass_tokens(updates, "packed_tokens"),
             "tokens_per_s": trained / step_s if step_s > 0 else math.nan,
+            # the share of the learner GPUs' peak those tokens needed (learner.throughput); None
+            # (empty, not 0) where the peak is unknown: a CPU learner, a GPU not in the table
+            "mfu": self.throughput.mfu(trained, step_s) if self.throughput and updates else None,
             "loss": last.loss if last else math.nan,
             "clip_fraction": last.clip_fraction if last else math.nan,
             "is_weight_mean": last.is_weight_mean if last else math.nan,
@@ -289,6 +301,8 @@ class RolloutIO:
             m.SEQUENCE_TOKENS.inc(trained)
             m.PACKED_TOKENS.inc(sum(u.packed_tokens for u in updates))
             m.TOKENS_PER_SECOND.set(row["tokens_per_s"])
+            if row["mfu"] is not None:
+                m.MFU.set(row["mfu"])
             m.LOSS.observe(last.loss)
             m.CLIP_RATIO.set(last.clip_fraction)
             m.IS_WEIGHT_MEAN.set(last.is_weight_mean)

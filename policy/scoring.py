@@ -69,6 +69,7 @@ def sequence_logprobs(
     entropy_grad: bool = True,
     keep: torch.Tensor | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    attention_kwargs: dict | None = None,
 ):
     """log mu_theta(token_{t+1} | prefix) at every position [B, L - 1] of right-padded rows (or at
     the ``keep`` positions), mu_theta being ``sampling``'s distribution over the model's logits.
@@ -86,6 +87,8 @@ def sequence_logprobs(
     The scored token always counts as kept: a token sampled from another policy's kept set (a
     stale one, or the reference's scores) gets a finite log-prob, the renormalised mass it would
     have had, rather than -inf.
+
+    ``attention_kwargs`` go to every attention layer (``policy.packed_attention``'s sample bounds).
     """
     sampling = as_sampling(sampling)
     dev = next(model.parameters()).device
@@ -110,6 +113,7 @@ def sequence_logprobs(
             # a training or scoring pass never decodes on: building a KV cache is wasted work, and
             # transformers ignores packed position ids while a cache is present
             use_cache=False,
+            **(attention_kwargs or {}),
         )
     finally:
         hook.remove()

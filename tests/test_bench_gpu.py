@@ -53,3 +53,8 @@ def test_the_cpu_smoke_run_runs_every_present_check_and_names_the_missing_ones(t
         assert f"| {check.name} | {'ok' if present else 'module missing'} |" in table
     # the publish check measured something at the tiny shape
     assert "| cpu | float32 |" in table
+    # the decode check measured the hf engine and generate back to back: 4 slots x 6 tokens each
+    for run in ("hf engine, static", "hf engine, dynamic", "generate, static cache"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {run} |"))
+        assert row.split("|")[2].strip() == "24", row
+    assert "ratio hf engine (static) / generate (static cache): " in table

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from bench.learner_memory import (
+    MEASURED,
     OLD_STEP,
+    ROW_SETS,
     SHAPES,
     TINY,
     GiB,
@@ -232,19 +234,28 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_the_cpu_smoke_measures_every_knob_set_with_the_learners_step():
-    done = _bench("--measure", "--cpu")
+def test_the_cpu_smoke_measures_the_packing_rows_with_the_learners_step():
+    # every row runs measure_one alike, its knobs aside (checked below, in-process): the packing
+    # rows are the ones whose samples and attention differ
+    done = _bench("--measure", "--cpu", "--rows", "packing")
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])["measured"]
-    assert [m["knobs"] for m in measured] == [
-        "ZeRO-2",
-        "+ gradient checkpointing",
-        "+ optimizer offload",
-    ]
+    assert [m["knobs"] for m in measured] == ["plain torch (no streamrl)", *ROW_SETS["packing"]]
     assert all(m["steps"] >= 2 and m["tokens_per_s"] > 0 and m["peak_rss"] > 0 for m in measured)
-    # on a CPU learner the offloaded optimizer stays torch's (DeepSpeedCPUAdam would compile)
-    assert {m["optimizer"] for m in measured} == {"AdamW"}
-    assert "| + gradient checkpointing |" in done.stdout
+    # the knob reaches the learner's model; a CPU has no peak, so no MFU (empty, not 0)
+    attention = {m["knobs"]: m["attention"] for m in measured}
+    assert attention["ZeRO-2, long tail, varlen"] == "streamrl_varlen"
+    assert attention["ZeRO-2, long tail, mask"] == "sdpa"
+    assert all(m["mfu"] is None for m in measured)
+    assert "| ZeRO-2, long tail, varlen | " in done.stdout and "x | - |" in done.stdout
+
+
+def test_every_measured_rows_knobs_are_a_valid_learner_config():
+    from streamrl.configs import Config
+
+    assert {label for labels in ROW_SETS.values() for label in labels} == set(MEASURED)
+    for variant in MEASURED.values():
+        Config.model_validate({"learner": {"micro_batch_tokens": 256, **variant.knobs}})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without CUDA")
@@ -299,3 +310,19 @@ def test_the_gpu_recipes_fit_the_learner_bar_at_their_defaults(preset):
 
     est = config_estimate(load_config(preset, env={}))
     assert est.gpu * SHORTFALL < LEARNER_BAR_GIB * GiB, est.gpu / GiB
+
+
+def test_the_long_tail_rows_pack_several_samples_to_a_row_and_the_full_ones_do_not():
+    """The mask and varlen rows measure how packed samples are kept apart, so some of their
+    micro-batches must hold rows of several samples; at the 0.5B run's shapes the full-length
+    rows hold one each (no mask is ever built for them)."""
+    from bench.learner_memory import bench_samples, packed_layout
+
+    for tokens in (8192, 16384):
+        full = packed_layout(bench_samples(tokens, 512, "cuda", False), tokens)
+        assert full["samples_per_row"] == 1.0 and full["micro_batches_packed"] == 0
+        tail = bench_samples(tokens, 512, "cuda", True)
+        assert 4 * tokens <= sum(len(s) for s in tail) < 4 * tokens + 640
+        assert packed_layout(tail, tokens)["micro_batches_packed"] >= 1
+    smoke = packed_layout(bench_samples(256, 512, "cpu", True), 256)
+    assert smoke["micro_batches_packed"] == smoke["micro_batches"]

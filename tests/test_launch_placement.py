@@ -34,6 +34,20 @@ def test_actors_take_their_gpus_round_robin_one_or_tensor_parallel_groups():
     assert actor_gpus(_cfg(), 3) is None
 
 
+def test_under_cuda_ipc_an_actor_on_its_own_gpus_sees_the_learners_after_them():
+    ipc = {"transport": "cuda_ipc"}
+    cfg = _cfg(learner={"gpus": [0]}, actor={"gpus": [1, 2], "device": "cuda"}, weightsync=ipc)
+    assert [actor_gpus(cfg, i) for i in range(3)] == [[1, 0], [2, 0], [1, 0]]
+    tp = _cfg(
+        learner={"gpus": [3]},
+        actor={"gpus": [4, 5], "tensor_parallel_size": 2, "engine": "vllm"},
+        weightsync=ipc,
+    )
+    assert actor_gpus(tp, 0) == [4, 5, 3]
+    share = _cfg(learner={"gpus": [3]}, actor={"gpus": "share", "device": "cuda"}, weightsync=ipc)
+    assert actor_gpus(share, 1) == [3]
+
+
 def test_share_puts_every_actor_on_the_learners_gpu():
     cfg = _cfg(learner={"gpus": [3]}, actor={"gpus": "share"})
     assert [actor_gpus(cfg, i) for i in range(3)] == [[3], [3], [3]]

@@ -34,7 +34,13 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
         run={"max_steps": 1},
         algo={"max_staleness": 0, "skip_zero_variance": True},
         # two optimizer steps over the run's one step: the linear schedule's LR is lr, then lr / 2
-        learner={"groups_per_step": 4, "minibatches": 2, "lr_scheduler": "linear"},
+        learner={
+            "groups_per_step": 4,
+            "minibatches": 2,
+            "lr_scheduler": "linear",
+            # a CPU learner has no peak of its own: mfu is over the one set here
+            "peak_tflops": 0.001,
+        },
         rollout={"group_size": 4},
     )
     xadd_groups(cfg, groups)
@@ -58,6 +64,10 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
     )
     assert rows[1]["sequence_tokens"] == real <= rows[1]["packed_tokens"]
     assert rows[1]["tokens_per_s"] == pytest.approx(real / rows[1]["step_s"])
+    # 6N per token (N: every parameter, the tied embedding counted once as the output layer)
+    n = sum(p.numel() for p in load_policy(demo_policy).parameters())
+    assert rows[1]["mfu"] == pytest.approx(6 * n * rows[1]["tokens_per_s"] / 1e9)
+    assert rows[0]["mfu"] is None
     client = redis.Redis.from_url(cfg.broker.redis_url)
     try:
         assert int(client.get(Keys.from_config(cfg.run, cfg.broker).consumed)) == 8

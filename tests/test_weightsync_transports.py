@@ -34,7 +34,7 @@ def test_the_registered_transports_are_exactly_the_schemas_choices():
 
 
 def test_an_unknown_transport_is_refused_naming_the_known_ones():
-    with pytest.raises(transports.UnknownTransport, match="shm, dist, none"):
+    with pytest.raises(transports.UnknownTransport, match="shm, cuda_ipc, dist, none"):
         transports.get("pigeon")
 
 
@@ -58,6 +58,7 @@ def test_the_capabilities_say_who_publishes_reads_shared_memory_and_writes_in_th
     }
     assert capabilities == {
         "shm": (True, True, True),
+        "cuda_ipc": (True, False, False),
         "dist": (True, False, False),
         "none": (False, False, False),
     }

@@ -23,6 +23,13 @@ SIGSTOPped reader can block the writer for longer than that. The writer never
 touches the newest complete slot, so with 3+ slots one frozen reader never
 delays it at all.
 
+The header, stamps and leases are ``SegmentWriter``/``SegmentReader``'s; what a
+slot's bytes are lies with the subclass: ``ShmWriter``/``ShmReader`` keep each
+slot's data and checksum table in the segment's body, the ``cuda_ipc`` transport
+(``weightsync.ipc_slots``) keeps only checksum tables and handle fields there
+and the data on a GPU. Header word 5 says which (``KIND_*``): a reader refuses a
+segment of the other kind.
+
 Pages are allocated (posix_fallocate: a full /dev/shm is an error here, not a
 SIGBUS later) and pre-faulted once (the first touch of a page is the real cost),
 then reused for every version.
@@ -62,6 +69,10 @@ HEADER_BYTES = 4096
 PAGE = 4096
 MAX_SLOTS = 16
 MAX_READERS = 64
+# header word 5: what the segment's body holds
+KIND_SLOTS = 0
+KIND_CONTROL = 1
+_KIND = 5
 # word index of slot 0's begin stamp
 _STAMPS = 8
 # word index of reader row 0
@@ -257,25 +268,34 @@ def _held_checksum(out: torch.Tensor, published: torch.Tensor, version: int) -> 
     return checksum(published, version)
 
 
-class ShmWriter:
-    """Publisher side. Creates the segment on construction; ``write`` copies one version into a free slot."""
+class SegmentWriter:
+    """The creating side of a segment: its header, per-slot stamps and the choice of a slot no
+    reader holds. Creates the segment on construction; the body (``body``, after the header) is
+    the subclass's."""
 
     def __init__(
-        self, run_name: str, layout: Layout, slots: int, lease_s: float, host_id: str = ""
+        self,
+        run_name: str,
+        slots: int,
+        stride: int,
+        body_bytes: int,
+        lease_s: float,
+        host_id: str = "",
+        kind: int = KIND_SLOTS,
     ):
-        """``host_id``: the host whose actors read the segment, in its name (hosts may share /dev/shm)."""
+        """``stride``: bytes per slot in the body; ``body_bytes``: the whole body; ``host_id``: the
+        host whose actors read the segment, in its name (hosts may share /dev/shm)."""
         if not 2 <= slots <= MAX_SLOTS:
             raise ValueError(f"shm slots must be in [2, {MAX_SLOTS}], got {slots}")
         cleanup_stale_segments(run_name)
-        self.layout = layout
         self.slots = slots
         self.lease_s = lease_s
-        self.stride = _slot_stride(layout)
+        self.stride = stride
         # 128 random bits: nobody can pre-create (or guess and replace) the segment's name.
         host = f"{host_id}." if host_id else ""
         self.name = f"{segment_prefix(run_name)}{host}{os.getpid()}.{secrets.token_hex(16)}"
         self.path = SHM_DIR / self.name
-        size = HEADER_BYTES + slots * self.stride
+        size = HEADER_BYTES + -(-body_bytes // PAGE) * PAGE
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._closed = False
         try:
@@ -289,17 +309,14 @@ class ShmWriter:
         w = self._map.words
         w[_STAMPS : _STAMPS + 2 * MAX_SLOTS] = -1
         w[_ROWS : _ROWS + MAX_READERS * _ROW_WORDS] = -1
-        w[1], w[2], w[3], w[4] = slots, self.stride, MAX_READERS, HEADER_BYTES
+        w[1], w[2], w[3], w[4], w[_KIND] = slots, stride, MAX_READERS, HEADER_BYTES, kind
         w[0] = MAGIC
         self._versions = [-1] * slots
         self._newest = -1
-        slot_bytes = [
-            self._map.data[HEADER_BYTES + s * self.stride : HEADER_BYTES + (s + 1) * self.stride]
-            for s in range(slots)
-        ]
-        self._flat = [b[: layout.total_bytes] for b in slot_bytes]
-        self._views = [layout.views(b) for b in slot_bytes]
-        self._sums = [_sums(b, layout) for b in slot_bytes]
+
+    @property
+    def body(self) -> torch.Tensor:
+        return self._map.data[HEADER_BYTES:]
 
     def _leased(self, slot: int) -> bool:
         w, now = self._map.words, time.monotonic_ns()
@@ -328,6 +345,48 @@ class ShmWriter:
                 return candidates[0], True
             time.sleep(0.001)
 
+    def start_slot(self, version: int) -> tuple[int, bool]:
+        """A free slot, marked as being written (begin != end: readers refuse it) until ``stamp``;
+        returns (slot, had to override a lease)."""
+        slot, overrode = self._free_slot()
+        self._versions[slot] = -1
+        self._map.words[_STAMPS + 2 * slot] = version
+        return slot, overrode
+
+    def stamp(self, slot: int, version: int) -> None:
+        """``slot`` holds ``version`` in full: readers may take it."""
+        self._map.words[_STAMPS + 2 * slot + 1] = version
+        self._versions[slot] = version
+        self._newest = slot
+
+    def _release_body(self) -> None:
+        """Drop the subclass's views into the body before the mapping closes."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.path.unlink(missing_ok=True)
+        self._release_body()
+        self._map.close()
+        _unregister_cleanup(self)
+
+
+class ShmWriter(SegmentWriter):
+    """Publisher side. Creates the segment on construction; ``write`` copies one version into a free slot."""
+
+    def __init__(
+        self, run_name: str, layout: Layout, slots: int, lease_s: float, host_id: str = ""
+    ):
+        """``host_id``: the host whose actors read the segment, in its name (hosts may share /dev/shm)."""
+        stride = _slot_stride(layout)
+        super().__init__(run_name, slots, stride, slots * stride, lease_s, host_id)
+        self.layout = layout
+        slot_bytes = [self.body[s * stride : (s + 1) * stride] for s in range(slots)]
+        self._flat = [b[: layout.total_bytes] for b in slot_bytes]
+        self._views = [layout.views(b) for b in slot_bytes]
+        self._sums = [_sums(b, layout) for b in slot_bytes]
+
     def write(
         self,
         version: int,
@@ -340,10 +399,7 @@ class ShmWriter:
         as published (a GPU's, before they were copied to the host), so the slot is not summed
         again; a reader still checks what it copied against them.
         """
-        slot, overrode = self._free_slot()
-        w = self._map.words
-        # begin != end: readers see the slot as being written
-        w[_STAMPS + 2 * slot] = version
+        slot, overrode = self.start_slot(version)
         views, sums = self._views[slot], self._sums[slot]
         with torch.no_grad():
             for i, spec in enumerate(self.layout.specs):
@@ -356,19 +412,15 @@ class ShmWriter:
                 else:
                     view.copy_(src)
                     sums[i] = checksum(view, version)
-        w[_STAMPS + 2 * slot + 1] = version
-        self._versions[slot] = version
-        self._newest = slot
+        self.stamp(slot, version)
         return slot, overrode
 
     def begin(self, version: int) -> tuple[int, torch.Tensor]:
         """A free slot to fill in place: (slot, its bytes as the layout's flat stream), marked as
         being written until ``commit`` (readers keep to the newest complete slot meanwhile)."""
-        slot, overrode = self._free_slot()
+        slot, overrode = self.start_slot(version)
         if overrode:
             log.warning("shm slot %d: a reader's lease ran out; writing over it", slot)
-        self._versions[slot] = -1
-        self._map.words[_STAMPS + 2 * slot] = version
         return slot, self._flat[slot]
 
     def commit(self, slot: int, version: int, checksums: list[int] | None = None) -> None:
@@ -378,9 +430,7 @@ class ShmWriter:
         views, sums = self._views[slot], self._sums[slot]
         for i, spec in enumerate(self.layout.specs):
             sums[i] = checksum(views[spec.name], version) if checksums is None else checksums[i]
-        self._map.words[_STAMPS + 2 * slot + 1] = version
-        self._versions[slot] = version
-        self._newest = slot
+        self.stamp(slot, version)
 
     def checksums(self, slot: int) -> list[int]:
         """``slot``'s checksums in the layout's order."""
@@ -390,20 +440,16 @@ class ShmWriter:
         """``slot``'s bytes as the layout's flat stream (padding included), for reading."""
         return self._flat[slot]
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.path.unlink(missing_ok=True)
+    def _release_body(self) -> None:
         self._flat = self._views = self._sums = []
-        self._map.close()
-        _unregister_cleanup(self)
 
 
-class ShmReader:
-    """Subscriber side: maps a segment by name and copies announced slots out under a lease."""
+class SegmentReader:
+    """The reading side of a segment of this user: maps it by name, checks its header and kind,
+    and takes a reader row whose lease keeps the writer off the slot being read."""
 
-    def __init__(self, name: str, lease_s: float):
+    def __init__(self, name: str, lease_s: float, kind: int | None = KIND_SLOTS):
+        """``kind``: what the body must hold (``KIND_*``; None: either, for a stamps-only look)."""
         if "/" in name or not name.startswith("streamrl."):
             raise ValueError(f"not a streamrl weight segment name: {name!r}")
         self.name = name
@@ -425,10 +471,13 @@ class ShmReader:
             os.close(fd)
             raise
         w = self._map.words
-        if w[0] != MAGIC:
+        if w[0] != MAGIC or (kind is not None and w[_KIND] != kind):
             self._map.close()
-            raise ValueError(f"shm segment {name} has no streamrl header")
+            raise ValueError(f"shm segment {name} has no streamrl header of kind {kind}")
         self.slots, self.stride = int(w[1]), int(w[2])
+        if not 0 <= self.slots <= MAX_SLOTS or HEADER_BYTES + self.slots * self.stride > size:
+            self._map.close()
+            raise ValueError(f"shm segment {name}: its header does not fit its size")
         self.row = self._claim_row()
 
     def _claim_row(self) -> int:
@@ -444,72 +493,33 @@ class ShmReader:
         self._map.close()
         raise RuntimeError(f"shm segment {self.name}: all {MAX_READERS} reader rows are taken")
 
-    def read_into(
-        self,
-        version: int,
-        slot: int,
-        layout: Layout,
-        pairs: list[tuple[str, str]],
-        dest: dict[str, torch.Tensor],
-    ) -> str:
-        """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer
-        version) or "torn" (overwritten meanwhile, or a tensor that does not match its checksum)."""
-        if not 0 <= slot < self.slots or _slot_bytes_used(layout) > self.stride:
+    def _check_slot(self, slot: int, needed: int) -> None:
+        """``slot`` exists and ``needed`` bytes of it fit its stride (an announcement is data)."""
+        if not 0 <= slot < self.slots or needed > self.stride:
             raise ValueError(
-                f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes"
+                f"announcement does not fit segment {self.name}: slot {slot}, {needed} bytes"
             )
-        w = self._map.words
-        row = _ROWS + self.row * _ROW_WORDS
-        begin, end = _STAMPS + 2 * slot, _STAMPS + 2 * slot + 1
-        w[row + _EXPIRY] = time.monotonic_ns() + int(self.lease_s * 1e9)
-        w[row + _VERSION] = version
-        w[row + _SLOT] = slot
-        try:
-            if w[begin] != version or w[end] != version:
-                return "stale"
-            slot_bytes = self._slot_bytes(slot)
-            src, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
-            index = {spec.name: i for i, spec in enumerate(layout.specs)}
-            with torch.no_grad():
-                for engine_name, published_name in pairs:
-                    out, published = dest[engine_name], src[published_name]
-                    if _held_checksum(out, published, version) != int(sums[index[published_name]]):
-                        return "torn"
-            return "ok" if w[begin] == version else "torn"
-        finally:
-            w[row + _SLOT] = -1
 
-    def lease(self, version: int, slot: int, layout: Layout) -> dict[str, torch.Tensor] | None:
-        """Lease ``slot`` and return zero-copy views of ``version`` in it (None: the slot no longer holds it).
-
-        For a consumer that reads the slot in place over a while (vLLM's workers
-        load straight from it): the lease lasts ``lease_s`` from now, ``renew``
-        extends it, and ``release`` ends it and says whether the slot held
-        ``version`` all along.
-        """
-        if not 0 <= slot < self.slots or _slot_bytes_used(layout) > self.stride:
-            raise ValueError(
-                f"announcement does not fit segment {self.name}: slot {slot}, {layout.total_bytes} bytes"
-            )
+    def hold(self, version: int, slot: int) -> bool:
+        """Lease ``slot`` for ``lease_s`` from now; True if it holds ``version`` in full (else the
+        lease is dropped at once). ``holds`` after the read says whether the read was intact."""
         w = self._map.words
         row = _ROWS + self.row * _ROW_WORDS
         self.renew()
         w[row + _VERSION] = version
         w[row + _SLOT] = slot
-        begin, end = _STAMPS + 2 * slot, _STAMPS + 2 * slot + 1
-        slot_bytes = self._slot_bytes(slot)
-        views, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
-        if (
-            w[begin] != version
-            or w[end] != version
-            or any(
-                checksum(views[spec.name], version) != int(sums[i])
-                for i, spec in enumerate(layout.specs)
-            )
-        ):
-            w[row + _SLOT] = -1
-            return None
-        return views
+        if self.holds(version, slot):
+            return True
+        self._drop_lease()
+        return False
+
+    def _drop_lease(self) -> None:
+        self._map.words[_ROWS + self.row * _ROW_WORDS + _SLOT] = -1
+
+    def holds(self, version: int, slot: int) -> bool:
+        """The slot's stamps both say ``version`` right now."""
+        w = self._map.words
+        return w[_STAMPS + 2 * slot] == version == w[_STAMPS + 2 * slot + 1]
 
     def _slot_bytes(self, slot: int) -> torch.Tensor:
         start = HEADER_BYTES + slot * self.stride
@@ -521,24 +531,75 @@ class ShmReader:
         )
 
     def release(self) -> bool:
-        """End the lease ``lease`` took; True if no writer touched the slot since."""
+        """End the lease ``hold`` took; True if no writer touched the slot since."""
         w = self._map.words
         row = _ROWS + self.row * _ROW_WORDS
         slot, version = int(w[row + _SLOT]), int(w[row + _VERSION])
-        w[row + _SLOT] = -1
-        return slot >= 0 and w[_STAMPS + 2 * slot] == version == w[_STAMPS + 2 * slot + 1]
+        self._drop_lease()
+        return slot >= 0 and self.holds(version, slot)
 
     def close(self) -> None:
         # closing the descriptor drops the row lock
         self._map.close()
 
 
-_writers: set[ShmWriter] = set()
+class ShmReader(SegmentReader):
+    """Subscriber side: maps a segment by name and copies announced slots out under a lease."""
+
+    def read_into(
+        self,
+        version: int,
+        slot: int,
+        layout: Layout,
+        pairs: list[tuple[str, str]],
+        dest: dict[str, torch.Tensor],
+    ) -> str:
+        """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer
+        version) or "torn" (overwritten meanwhile, or a tensor that does not match its checksum)."""
+        self._check_slot(slot, _slot_bytes_used(layout))
+        if not self.hold(version, slot):
+            return "stale"
+        try:
+            slot_bytes = self._slot_bytes(slot)
+            src, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
+            index = {spec.name: i for i, spec in enumerate(layout.specs)}
+            with torch.no_grad():
+                for engine_name, published_name in pairs:
+                    out, published = dest[engine_name], src[published_name]
+                    if _held_checksum(out, published, version) != int(sums[index[published_name]]):
+                        return "torn"
+            return "ok" if self._map.words[_STAMPS + 2 * slot] == version else "torn"
+        finally:
+            self._drop_lease()
+
+    def lease(self, version: int, slot: int, layout: Layout) -> dict[str, torch.Tensor] | None:
+        """Lease ``slot`` and return zero-copy views of ``version`` in it (None: the slot no longer holds it).
+
+        For a consumer that reads the slot in place over a while (vLLM's workers
+        load straight from it): the lease lasts ``lease_s`` from now, ``renew``
+        extends it, and ``release`` ends it and says whether the slot held
+        ``version`` all along.
+        """
+        self._check_slot(slot, _slot_bytes_used(layout))
+        if not self.hold(version, slot):
+            return None
+        slot_bytes = self._slot_bytes(slot)
+        views, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
+        if any(
+            checksum(views[spec.name], version) != int(sums[i])
+            for i, spec in enumerate(layout.specs)
+        ):
+            self._drop_lease()
+            return None
+        return views
+
+
+_writers: set[SegmentWriter] = set()
 _lock = threading.Lock()
 _installed = False
 
 
-def _register_cleanup(writer: ShmWriter) -> None:
+def _register_cleanup(writer: SegmentWriter) -> None:
     """Unlink on interpreter exit (a process killed outright leaves it to ``cleanup_stale_segments``)."""
     global _installed
     with _lock:
@@ -549,7 +610,7 @@ def _register_cleanup(writer: ShmWriter) -> None:
     atexit.register(_close_all)
 
 
-def _unregister_cleanup(writer: ShmWriter) -> None:
+def _unregister_cleanup(writer: SegmentWriter) -> None:
     with _lock:
         _writers.discard(writer)
 

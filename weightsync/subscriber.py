@@ -1,7 +1,8 @@
 """The actor-side subscriber: a background thread receives the newest announced version into one staging
 copy while generation goes on; the engine takes it between two decode steps (``take_staged``), swaps it
 into the live model (``swap_into_model``: the staged storages become the parameters and the old
-parameters become the next staging copy, so the engine pauses for pointer swaps, not a copy) and reports
+parameters become the next staging copy, so the engine pauses for pointer swaps, not a copy; an engine
+decoding with CUDA graphs copies in place instead and hands the staged tensors back) and reports
 ``applied(version, recycled)``.
 An engine that fails to apply a lent version hands it back with ``rejected(version)``.
 How a version's bytes arrive is the transport's receiver's job (``weightsync.transports``); it stages
@@ -55,6 +56,7 @@ def swap_into_model(
     model: torch.nn.Module,
     tensors: dict[str, torch.Tensor],
     targets: dict[str, torch.Tensor] | None = None,
+    in_place: bool = False,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """Make the staged tensors the model's parameters; returns (seconds, the replaced tensors).
 
@@ -65,19 +67,32 @@ def swap_into_model(
     become the next staging copy, so the actor still holds exactly one copy
     beyond its live weights. A tensor whose dtype, device or shape differs from
     its parameter is copied in place instead (and is itself handed back).
+    ``in_place`` copies every tensor so, keeping each parameter's storage (a captured CUDA
+    graph reads the parameters by address); the staged tensors are then what is handed back.
     """
     start = time.perf_counter()
     targets = _model_tensors(model, tensors) if targets is None else targets
     replaced = {}
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch.no_grad():
         for name, staged in tensors.items():
             live = targets[name]
-            if (staged.dtype, staged.device, staged.shape) == (live.dtype, live.device, live.shape):
+            swappable = (staged.dtype, staged.device) == (live.dtype, live.device)
+            if swappable and staged.shape == live.shape and not in_place:
                 replaced[name] = live.data
                 live.data = staged
             else:
-                live.copy_(staged)
+                copies.append((live, staged))
                 replaced[name] = staged
+        if copies:
+            # one foreach call: a model has hundreds of tensors, and a GPU launch each would
+            # cost more than their bytes
+            torch._foreach_copy_([live for live, _ in copies], [staged for _, staged in copies])
+        if in_place:
+            # the staged tensors go back to be refilled: the queued copies must have read them
+            for device in {targets[name].device for name in tensors}:
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
     return time.perf_counter() - start, replaced
 
 

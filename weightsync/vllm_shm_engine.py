@@ -125,8 +125,12 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
             if self._reader is not None:
                 self._release()
                 self._reader.close()
-            self._reader = ShmReader(segment, self.lease_s)
+            self._reader = self._new_reader(segment)
         return self._reader
+
+    def _new_reader(self, segment: str) -> ShmReader:
+        """The reader of ``segment`` whose ``lease`` gives the slot's tensors in place."""
+        return ShmReader(segment, self.lease_s)
 
     def _release(self) -> bool:
         if not self._leased or self._reader is None:

@@ -7,6 +7,11 @@ prompt is prefilled on its own and spliced into the row), so up to
 ``batch_slots`` sequences decode together while requests keep arriving. Rows
 with nothing left to do are dropped from the batch.
 
+On a GPU (``actor.cuda_graphs``) the batch is ``static_decode.StaticBatch`` instead: fixed KV
+rows per slot, each decode step replayed as a CUDA graph captured per batch-size bucket; the
+same rows, refill, sessions and per-token versions, and weights copied into the parameters in
+place (a graph holds them by address). Prefill is eager either way (``prefill``).
+
 A caller can keep the batch full across groups: ``refill(room)`` is asked for up to ``room``
 more requests whenever a slot is free and none waits, and ``on_finished`` hears of each
 request as it ends, so a long completion never holds finished slots idle while the
@@ -51,7 +56,9 @@ from streamrl.actors.engines.base import (
     WeightSource,
 )
 from streamrl.actors.engines.kv_sessions import Saved, Sessions
+from streamrl.actors.engines.prefill import prefill
 from streamrl.actors.engines.sampling import sample
+from streamrl.actors.engines.static_decode import StaticBatch
 from streamrl.configs.schema import ActorConfig, ModelConfig
 from streamrl.policy.load import load_policy, parameter_template, resolve_dtype
 from streamrl.policy.lora import adapter_targets, adapter_template, wrap
@@ -85,11 +92,13 @@ class HFEngine(Engine):
         version: int = 0,
         seed: int = 0,
         weight_targets: dict[str, torch.Tensor] | None = None,
+        decode: str = "dynamic",
     ) -> None:
         self.model = model.eval()
         # staged name -> parameter, when the staged names are not the model's (LoRA adapters)
         self.weight_targets = weight_targets
         self.cache_kw = cache_kwarg(model)
+        # read only for stop strings: None serves requests of token ids alone
         self.tokenizer = tokenizer
         self.batch_slots = batch_slots
         self.weight_source = weight_source
@@ -109,6 +118,24 @@ class HFEngine(Engine):
             raise ValueError(
                 f"hf engine: sliding-window attention (window {window}) is not supported by the decode loop; use the vllm engine"
             )
+        if decode not in DECODE_MODES:
+            raise ValueError(f"hf engine: decode={decode!r}; one of {', '.join(DECODE_MODES)}")
+        if decode == "graphs" and self.device.type != "cuda":
+            raise ValueError(f"hf engine: CUDA graphs need a CUDA device, not {self.device}")
+        # the static decode batch, kept across calls with its graphs (None: the dynamic batch)
+        self.static = (
+            None
+            if decode == "dynamic"
+            else StaticBatch(
+                model,
+                self.cache_kw,
+                self.device,
+                self.layer_types,
+                batch_slots,
+                self.max_positions,
+                graphs=decode == "graphs",
+            )
+        )
 
     @classmethod
     def from_config(cls, parts: EngineParts, *, model: ModelConfig, actor: ActorConfig) -> HFEngine:
@@ -131,6 +158,7 @@ class HFEngine(Engine):
             weight_source=subscriber,
             seed=parts.seed,
             weight_targets=targets,
+            decode=decode_mode(actor),
         )
         if subscriber is not None:
             engine.owned = subscriber.start()
@@ -144,7 +172,11 @@ class HFEngine(Engine):
         if staged is None:
             return
         version, tensors = staged
-        seconds, replaced = swap_into_model(self.model, tensors, self.weight_targets)
+        # copied in place on the static batch: a captured graph holds the parameters by address,
+        # and the eager static batch swaps the same way so that CPU tests cover it
+        seconds, replaced = swap_into_model(
+            self.model, tensors, self.weight_targets, in_place=self.static is not None
+        )
         metrics.WEIGHT_SWAP_SECONDS.observe(seconds)
         self.swaps += 1
         self.sessions.clear()
@@ -190,7 +222,15 @@ class HFEngine(Engine):
         metrics.TOKENS_GENERATED.inc(sum(len(row.tokens) for row in run.done.values()))
         return [self._output(run.requests[i], run.done[i]) for i in range(len(run.requests))]
 
-    def _keep_cache(self, request: Request, row: _Row, state: _Batch, slot: int) -> None:
+    def _batch(self, params: SamplingParams) -> _Batch | StaticBatch:
+        """A fresh dynamic batch, or the engine's static one emptied."""
+        if self.static is None:
+            return _Batch(self)
+        return self.static.begin(reserve=params.max_new_tokens)
+
+    def _keep_cache(
+        self, request: Request, row: _Row, state: _Batch | StaticBatch, slot: int
+    ) -> None:
         """Keep a finished row's KV cache for its session's next turn, if it is of one version."""
         if request.session is None or row.swaps != self.swaps:
             return
@@ -232,15 +272,17 @@ class _Run:
         self.stop_ids = torch.tensor(
             sorted(set(params.stop_token_ids)) or [-1], device=engine.device
         )
-        encode = engine.tokenizer.encode
+        if params.stop and engine.tokenizer is None:
+            raise ValueError("hf engine: stop strings need the engine's tokenizer; it has none")
         longest_stop = max(
-            (len(encode(s, add_special_tokens=False)) for s in params.stop), default=0
+            (len(engine.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop),
+            default=0,
         )
         self.stop_window = longest_stop + 2
         self.pending = deque(range(len(self.requests)))
         self.rows: list[_Row] = []
         self.done: dict[int, _Row] = {}
-        self.state = _Batch(engine)
+        self.state = engine._batch(params)
         self.pacer = RefillPacer()
 
     def finish(self, row: _Row, slot: int) -> None:
@@ -344,6 +386,19 @@ class _Run:
         return any(s in tail for s in self.params.stop)
 
 
+# how the engine decodes: "dynamic" = a left-padded DynamicCache (``_Batch``); "static" = fixed
+# KV rows per slot, steps run eagerly; "graphs" = the same, steps replayed as CUDA graphs
+DECODE_MODES = ("dynamic", "static", "graphs")
+
+
+def decode_mode(actor: ActorConfig) -> str:
+    """``actor.cuda_graphs`` on ``actor.device``: auto = graphs on CUDA; off = the dynamic batch."""
+    on_cuda = torch.device(actor.device).type == "cuda"
+    if actor.cuda_graphs == "on" or (actor.cuda_graphs == "auto" and on_cuda):
+        return "graphs"
+    return "dynamic"
+
+
 def cache_kwarg(model) -> str:
     """The name under which ``model.forward`` takes a KV cache: transformers 5.24 renamed
     ``past_key_values`` to ``cache`` (the old name warns that it goes away); the vLLM CPU venv
@@ -374,52 +429,13 @@ class _Batch:
     def prefill(
         self, prompts: list[list[int]], targets: list[int], cached: list[Saved | None]
     ) -> torch.Tensor:
-        """Prefill ``prompts`` into batch rows ``targets``; returns their next-token logits [n, V].
-
-        A prompt with a ``cached`` entry runs only its tokens past the entry's through the model,
-        on top of the entry's keys and values. One forward pass per (cached length, new length)."""
-        # identical prompts without a cache are prefilled once; a cached one is its own
-        keys = [
-            (None if saved is None else id(saved), tuple(p))
-            for p, saved in zip(prompts, cached, strict=True)
-        ]
-        unique: dict[tuple, Saved | None] = {}
-        for key, saved in zip(keys, cached, strict=True):
-            unique.setdefault(key, saved)
-        groups: dict[tuple[int, int], list[tuple]] = {}
-        for key, saved in unique.items():
-            past = 0 if saved is None else len(saved.tokens)
-            groups.setdefault((past, len(key[1]) - past), []).append(key)
-        vocab = self.model.config.vocab_size
-        index = {key: i for i, key in enumerate(unique)}
-        unique_logits = torch.empty(len(unique), vocab, device=self.device)
-        unique_kv: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for (past, _new), group in groups.items():
-            cache = DynamicCache(config=self.model.config)
-            if past:
-                saved = [unique[key] for key in group]
-                for layer in range(len(saved[0].keys)):
-                    cache.update(
-                        torch.stack([s.keys[layer] for s in saved]),
-                        torch.stack([s.values[layer] for s in saved]),
-                        layer,
-                    )
-            ids = torch.tensor(
-                [key[1][past:] for key in group], dtype=torch.long, device=self.device
-            )
-            out = self.model(
-                input_ids=ids, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1
-            )
-            for j, key in enumerate(group):
-                unique_logits[index[key]] = out.logits[j, -1]
-                unique_kv[key] = (
-                    [layer.keys[j] for layer in cache.layers],
-                    [layer.values[j] for layer in cache.layers],
-                )
+        """Prefill ``prompts`` into batch rows ``targets``; returns their next-token logits [n, V]
+        (``prefill.prefill``: a prompt with a ``cached`` entry runs only its tokens past it)."""
+        done = prefill(self.model, self.cache_kw, self.device, prompts, cached)
         if self.cache is None:
-            self._adopt_empty(cache)
-        self._place([unique_kv[key] for key in keys], [len(p) for p in prompts], targets)
-        return unique_logits[[index[key] for key in keys]]
+            self._adopt_empty(done.cache)
+        self._place(done.kvs, [len(p) for p in prompts], targets)
+        return done.logits
 
     def row_cache(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of the keys and values of row ``row``'s last ``length`` positions, per layer."""

@@ -19,6 +19,8 @@ across a swap:
 - ``weightsync.transport=shm``: the task follows the learner's announcements
   and hands each new version's slot to the ``streamrl_shm`` backend, whose
   workers load it straight from shared memory (no subscriber, no staging copy).
+- ``cuda_ipc``: the same with the ``streamrl_cuda_ipc`` backend, whose workers open the
+  learner's GPU slots by CUDA IPC handle and load from them in place.
 - ``dist``: the actor's subscriber stages each version on ``actor.device`` and
   the task pushes it over CUDA IPC (one GPU) or NCCL (tensor parallel).
 
@@ -100,6 +102,9 @@ ABORT_POLL_S = 0.05
 # how often the weight task looks for a new version
 WEIGHT_POLL_S = 0.05
 SHM_BACKEND = "streamrl_shm"
+IPC_BACKEND = "streamrl_cuda_ipc"
+# the backends whose workers load each announced slot themselves (no subscriber, no sender)
+SLOT_BACKENDS = (SHM_BACKEND, IPC_BACKEND)
 
 
 class VLLMUnavailable(StreamRLError, ImportError):
@@ -153,12 +158,15 @@ def weight_transfer_backend(transport: str, tensor_parallel_size: int) -> str:
     """The vLLM weight-transfer backend between this actor process and its own engine's workers.
 
     ``shm``: ``streamrl_shm``, the workers read the learner's published slot
-    themselves (CPU and GPU). ``dist`` moves the weights the subscriber staged
+    themselves (CPU and GPU). ``cuda_ipc``: ``streamrl_cuda_ipc``, the workers open the
+    learner's GPU slots by CUDA IPC handle and load from them in place. ``dist`` moves the weights the subscriber staged
     on ``actor.device`` into the engine: one GPU (``tensor_parallel_size=1``)
     ``ipc``, the staged tensors and the engine share it (NCCL cannot put two
     ranks on one GPU); tensor parallel ``nccl``, a broadcast to every worker,
     so ``actor.device`` must then be a GPU the engine does not use.
     """
+    if transports.get(transport).device_ipc:
+        return IPC_BACKEND
     if transports.get(transport).shared_memory:
         return SHM_BACKEND
     return "ipc" if tensor_parallel_size == 1 else "nccl"
@@ -217,7 +225,7 @@ def engine_args(
 def make_sender(backend: str, actor: ActorConfig) -> BucketSender | None:
     """This process's side of ``backend`` (a ``weight_transfer_backend``; None: the workers read shm
     themselves)."""
-    if backend == SHM_BACKEND:
+    if backend in SLOT_BACKENDS:
         return None
     if backend == "ipc":
         return IPCSender()
@@ -369,7 +377,7 @@ class VLLMEngine(Engine):
         announcements = sender = subscriber = None
         if transport is not None and transport.publishes:
             backend = weight_transfer_backend(transport.name, actor.tensor_parallel_size)
-            if transport.shared_memory:
+            if backend in SLOT_BACKENDS:
                 announcements = feed.announcements()
             else:
                 subscriber = feed.subscriber(
@@ -842,17 +850,18 @@ def _max_num_seqs(llm) -> int:
 
 
 def _slot_holds(meta: dict, version: int) -> bool:
-    """Whether the announced slot still holds ``version`` (the segment may be gone or the slot reused)."""
-    from streamrl.weightsync.layout import Layout
-    from streamrl.weightsync.shm import ShmReader
+    """Whether the announced slot still holds ``version`` (the segment may be gone or the slot
+    reused): its stamps, in a shm segment or a cuda_ipc control segment alike; the workers check
+    the bytes against their checksums when they load them."""
+    from streamrl.weightsync.shm import SegmentReader
 
     try:
-        reader = ShmReader(meta["segment"], lease_s=1.0)
+        reader = SegmentReader(meta["segment"], lease_s=1.0, kind=None)
     except (OSError, ValueError):
         return False
     try:
-        views = reader.lease(version, int(meta["slot"]), Layout.from_json(meta["layout"]))
-        return views is not None and reader.release()
+        slot = int(meta["slot"])
+        return 0 <= slot < reader.slots and reader.hold(version, slot) and reader.release()
     finally:
         reader.close()
 

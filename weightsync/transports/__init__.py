@@ -1,17 +1,17 @@
-"""The weight transports by name (``weightsync.transport``): ``shm``, ``dist`` and ``none``.
+"""The weight transports by name (``weightsync.transport``): ``shm``, ``cuda_ipc``, ``dist`` and ``none``.
 
 A transport is one module here holding its sender (learner side, driven by
 ``weightsync.publisher``) and receiver (actor side, driven by
 ``weightsync.subscriber``) and exporting ``TRANSPORT``; listing it in
 ``TRANSPORTS`` and in the schema's ``weightsync.transport`` literal makes it
 selectable. Callers ask a transport's capabilities (``publishes``,
-``shared_memory``), never its name.
+``shared_memory``, ``device_ipc``), never its name.
 """
 
 from __future__ import annotations
 
 from streamrl.configs.errors import StreamRLError
-from streamrl.weightsync.transports import dist, none, shm
+from streamrl.weightsync.transports import cuda_ipc, dist, none, shm
 from streamrl.weightsync.transports.base import (
     Receiver,
     Sender,
@@ -21,7 +21,7 @@ from streamrl.weightsync.transports.base import (
 )
 
 TRANSPORTS: dict[str, Transport] = {
-    t.name: t for t in (shm.TRANSPORT, dist.TRANSPORT, none.TRANSPORT)
+    t.name: t for t in (shm.TRANSPORT, cuda_ipc.TRANSPORT, dist.TRANSPORT, none.TRANSPORT)
 }
 
 

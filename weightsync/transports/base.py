@@ -3,7 +3,7 @@ receiver on each actor that fills the subscriber's staging copy from it.
 
 The publisher and subscriber own versions, announcements and the staging copy; a transport owns
 only how the bytes travel, and says through its capabilities what its callers need to know
-(``publishes``, ``shared_memory``) so no caller compares transport names.
+(``publishes``, ``shared_memory``, ``device_ipc``) so no caller compares transport names.
 """
 
 from __future__ import annotations
@@ -110,6 +110,9 @@ class Transport(ABC):
     # a version lies in a shared-memory segment on this host that a consumer may read in place
     # (vLLM's workers load it themselves: weightsync.vllm_shm_engine)
     shared_memory: ClassVar[bool] = False
+    # a version lies in GPU memory on this host that a consumer opens by CUDA IPC handle and may
+    # read in place (vLLM's workers load it themselves: weightsync.vllm_ipc_engine)
+    device_ipc: ClassVar[bool] = False
     # the publisher may write versions from its background thread while the learner trains on
     # (False: written before ``Publisher.submit`` returns, e.g. a broadcast the actors take part in)
     background: ClassVar[bool] = False
