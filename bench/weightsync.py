@@ -215,7 +215,9 @@ def subscriber_main(
             time.sleep(0.0005)
             continue
         version, tensors = staged
-        apply_s, replaced = swap_into_model(model, tensors)
+        # as the hf engine applies a version: in place on a GPU (its CUDA graphs hold the
+        # parameters by address, actor.cuda_graphs auto), by pointer swaps on a CPU
+        apply_s, replaced = swap_into_model(model, tensors, in_place=actor_device == "cuda")
         if actor_device == "cuda":
             torch.cuda.synchronize()
         sub.applied(version, recycled=replaced)

@@ -67,6 +67,17 @@ def _dest() -> dict[str, torch.Tensor]:
 PAIRS = [("a", "a"), ("b", "b")]
 
 
+def _read(reader: IpcSlotsReader, version: int, slot: int, flat: bool):
+    """``read_into`` a fresh destination, tensor by tensor or (``flat``) into one buffer in the
+    layout, as the subscriber's flat staging copy is; returns (result, the tensors)."""
+    if not flat:
+        dest = _dest()
+        return reader.read_into(version, slot, LAYOUT, PAIRS, dest), dest
+    buffer = torch.zeros(LAYOUT.padded_bytes, dtype=torch.uint8)
+    dest = LAYOUT.views(buffer)
+    return reader.read_into(version, slot, LAYOUT, PAIRS, dest, buffer), dest
+
+
 def _wait(predicate, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -119,14 +130,15 @@ def test_a_late_actor_process_takes_the_newest_version_then_the_next(redis_cfg, 
     assert actor.returncode == 0
 
 
-def test_a_slot_is_stamped_only_after_its_fence_and_no_reader_takes_it_before(ops):
+@pytest.mark.parametrize("flat", [False, True], ids=["by-tensor", "flat"])
+def test_a_slot_is_stamped_only_after_its_fence_and_no_reader_takes_it_before(ops, flat):
     writer = _writer(ops)
     reader = IpcSlotsReader(ops, writer.name, 1.0)
     seen = []
 
     def at_fence():
         # the copy is queued, not yet known done: the slot still says "being written"
-        seen.append(reader.read_into(2, slot, LAYOUT, PAIRS, _dest()))
+        seen.append(_read(reader, 2, slot, flat)[0])
 
     try:
         slot, _ = writer.write(1, _tensors(1))
@@ -134,8 +146,8 @@ def test_a_slot_is_stamped_only_after_its_fence_and_no_reader_takes_it_before(op
         slot = (slot + 1) % writer.slots
         assert writer.write(2, _tensors(2))[0] == slot
         assert seen == ["stale"]
-        dest = _dest()
-        assert reader.read_into(2, slot, LAYOUT, PAIRS, dest) == "ok"
+        result, dest = _read(reader, 2, slot, flat)
+        assert result == "ok"
         assert torch.equal(dest["a"], _tensors(2)["a"]) and torch.equal(dest["b"], _tensors(2)["b"])
     finally:
         reader.close()
@@ -159,14 +171,15 @@ def test_a_reader_accepts_only_the_version_a_slot_holds(ops):
         writer.close()
 
 
-def test_bytes_that_do_not_match_their_checksums_are_a_torn_read(ops):
+@pytest.mark.parametrize("flat", [False, True], ids=["by-tensor", "flat"])
+def test_bytes_that_do_not_match_their_checksums_are_a_torn_read(ops, flat):
     writer = _writer(ops)
     reader = IpcSlotsReader(ops, writer.name, 1.0)
     try:
         slot, _ = writer.write(1, _tensors(1))
         # a writer's bytes not yet visible to the reader (a weakly ordered copy), stamps already set
         writer._views[slot]["b"][0, 0] += 1
-        assert reader.read_into(1, slot, LAYOUT, PAIRS, _dest()) == "torn"
+        assert _read(reader, 1, slot, flat)[0] == "torn"
         assert reader.lease(1, slot, LAYOUT) is None
     finally:
         reader.close()
@@ -187,6 +200,40 @@ def test_a_lease_held_past_its_timeout_is_written_over_and_the_read_refused(ops)
     finally:
         reader.close()
         writer.close()
+
+
+def test_the_staging_copy_is_one_buffer_until_an_engine_swaps_it_in_then_tensor_by_tensor(
+    redis_cfg, ws, ops
+):
+    pub = Publisher.from_config(ws, redis_cfg.broker, redis_cfg.run)
+    template = engine_template(HIDDEN, LAYERS)
+    sub = Subscriber.from_config(ws, redis_cfg.broker, redis_cfg.run, "a0", template).start()
+
+    def staged(version: int) -> dict[str, torch.Tensor]:
+        pub.publish(version, learner_tensors(version, HIDDEN, LAYERS))
+        _wait(lambda: sub.staged_version == version)
+        got, tensors = sub.take_staged()
+        assert got == version and check(version, tensors, HIDDEN, LAYERS)
+        return tensors
+
+    try:
+        tensors = staged(1)
+        flat = sub.flat
+        assert flat is not None
+        assert all(t.untyped_storage().data_ptr() == flat.data_ptr() for t in tensors.values())
+        # copied in place (CUDA graphs): the same tensors come back, still one buffer
+        sub.applied(1, recycled=tensors)
+        staged(2)
+        assert sub.flat is flat
+        # swapped in: the engine's old parameters are the staging copy from now on
+        sub.applied(2, recycled={name: t.clone() for name, t in tensors.items()})
+        assert sub.flat is None
+        tensors = staged(3)
+        assert all(t.untyped_storage().data_ptr() != flat.data_ptr() for t in tensors.values())
+        sub.applied(3, recycled=tensors)
+    finally:
+        sub.close()
+        pub.close()
 
 
 def test_an_actor_keeps_its_weights_when_the_publisher_is_gone(redis_cfg, ws, ops):

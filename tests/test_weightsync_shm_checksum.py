@@ -148,3 +148,30 @@ def test_checksums_taken_by_the_publisher_are_stored_and_a_mismatch_is_torn(segm
     wrong = dict(sums, w=sums["w"] ^ 1)
     slot, _ = writer.write(7, tensors, wrong)
     assert reader.read_into(7, slot, LAYOUT, PAIRS, _dest()) == "torn"
+
+
+def test_layout_sums_are_each_tensors_word_sum_in_a_zero_padded_buffer():
+    """``layout_sums`` (blocks, running sum, differences) against ``word_sum`` tensor by tensor:
+    odd byte counts (a tail word), an empty tensor, one tensor, several dtypes."""
+    from streamrl.weightsync.layout import Layout, TensorSpec
+    from streamrl.weightsync.shm import layout_sums
+
+    gen = torch.Generator().manual_seed(0)
+    specs = [
+        TensorSpec("a", (3, 5), "bfloat16"),
+        TensorSpec("empty", (0,), "float32"),
+        TensorSpec("c", (7,), "uint8"),
+        TensorSpec("d", (33, 9), "float32"),
+        TensorSpec("e", (1,), "float16"),
+    ]
+    for chosen in (specs, specs[3:4]):
+        layout = Layout.build(chosen)
+        flat = torch.zeros(layout.padded_bytes, dtype=torch.uint8)
+        views = layout.views(flat)
+        for view in views.values():
+            raw = view.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, generator=gen, dtype=torch.uint8))
+        expected = [int(word_sum(views[spec.name])) for spec in layout.specs]
+        assert layout_sums(flat, layout).tolist() == expected
+    with pytest.raises(ValueError, match="flat uint8 buffer"):
+        layout_sums(flat[:-1], layout)

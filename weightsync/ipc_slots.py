@@ -9,7 +9,7 @@ checksum table and, after them, the handle fields as msgpack (never pickle; head
 7 give their offset and length). Redis carries only the segment's name, the slot and the layout.
 
 Writing a version (``IpcSlotsWriter.write``): mark the slot as being written, copy (converting)
-the tensors into it on the GPU, take their word sums there (``shm.word_sum``), record a fence
+the tensors into it on the GPU, take their word sums there (``shm.layout_sums``: a slot's all at once), record a fence
 and wait for it, store the checksums, stamp. A reader (``IpcSlotsReader``) leases the slot,
 checks the stamps, copies device to device into its own tensors, sums what it now holds on its
 device and checks those sums against the table, and the stamp once more after (seqlock): a
@@ -30,6 +30,7 @@ from streamrl.weightsync.shm import (
     SegmentReader,
     SegmentWriter,
     checksum_of_sum,
+    layout_sums,
     word_sum,
 )
 
@@ -95,7 +96,8 @@ class IpcSlotsWriter(SegmentWriter):
         self.layout = layout
         self.device = device
         self.ops = ops
-        buffers = [ops.allocate(layout.total_bytes, device) for _ in range(slots)]
+        # zeroed once: the padding between tensors stays zero, as ``layout_sums`` needs
+        buffers = [ops.allocate(layout.padded_bytes, device).zero_() for _ in range(slots)]
         blob = msgpack.packb([ops.share(b) for b in buffers], use_bin_type=True)
         stride = _table_stride(layout)
         super().__init__(
@@ -122,10 +124,10 @@ class IpcSlotsWriter(SegmentWriter):
         with torch.no_grad():
             # one foreach call: fused kernels where dtypes agree, not a launch per tensor
             torch._foreach_copy_([views[n] for n in names], [tensors[n] for n in names])
-            stacked = torch.stack([word_sum(views[n]) for n in names])
+            sums = layout_sums(self._buffers[slot], self.layout)
             fence = self.ops.fence(self.device)
         fence.synchronize()
-        raw = stacked.tolist()
+        raw = sums.tolist()
         table = self._sums[slot]
         for i, s in enumerate(raw):
             table[i] = checksum_of_sum(s, version)
@@ -163,7 +165,7 @@ class IpcSlotsReader(SegmentReader):
         key = (slot, layout)
         if key not in self._views:
             flat = self.flats[slot]
-            if flat.numel() < layout.total_bytes:
+            if flat.numel() < layout.padded_bytes:
                 raise ValueError(
                     f"announced layout ({layout.total_bytes} bytes) exceeds slot {slot} of {self.name}"
                 )
@@ -183,9 +185,14 @@ class IpcSlotsReader(SegmentReader):
         layout: Layout,
         pairs: list[tuple[str, str]],
         dest: dict[str, torch.Tensor],
+        flat: torch.Tensor | None = None,
     ) -> str:
         """Copy ``version`` from ``slot`` into ``dest`` (device to device); "ok", "stale" (the
-        slot holds another version) or "torn" (overwritten meanwhile, or a checksum mismatch)."""
+        slot holds another version) or "torn" (overwritten meanwhile, or a checksum mismatch).
+
+        ``flat``: the buffer ``dest``'s tensors are views of, in ``layout`` (the subscriber's flat
+        staging copy): the slot is copied into it whole, one copy, and summed by ``layout_sums``;
+        else tensor by tensor (``copy_and_sum``)."""
         self._check_slot(slot, 8 * len(layout.specs))
         src = self.views(slot, layout)
         if not self.hold(version, slot):
@@ -193,10 +200,16 @@ class IpcSlotsReader(SegmentReader):
         try:
             index = {spec.name: i for i, spec in enumerate(layout.specs)}
             table = self._table(slot, layout)
-            device = next(iter(dest.values())).device if dest else torch.device("cpu")
-            held = copy_and_sum(
-                [(dest[engine], src[published]) for engine, published in pairs], version, device
-            )
+            if flat is not None:
+                with torch.no_grad():
+                    flat[: layout.padded_bytes].copy_(self.flats[slot][: layout.padded_bytes])
+                    sums = layout_sums(flat, layout).tolist()
+                held = [checksum_of_sum(sums[index[published]], version) for _, published in pairs]
+            else:
+                device = next(iter(dest.values())).device if dest else torch.device("cpu")
+                held = copy_and_sum(
+                    [(dest[engine], src[published]) for engine, published in pairs], version, device
+                )
         finally:
             # after the sums came back (the copies are done): no writer touched the slot since
             intact = self.release()
@@ -214,8 +227,8 @@ class IpcSlotsReader(SegmentReader):
             return None
         table = self._table(slot, layout)
         with torch.no_grad():
-            sums = [word_sum(views[spec.name]) for spec in layout.specs]
-        held = [checksum_of_sum(s, version) for s in (torch.stack(sums).tolist() if sums else [])]
+            sums = layout_sums(self.flats[slot], layout).tolist()
+        held = [checksum_of_sum(s, version) for s in sums]
         if held != table:
             self.release()
             return None

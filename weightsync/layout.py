@@ -56,6 +56,12 @@ class Layout:
             cursor += spec.nbytes
         return cls(tuple(specs), tuple(offsets), cursor)
 
+    @property
+    def padded_bytes(self) -> int:
+        """``total_bytes`` rounded up to ``ALIGN``: a buffer of this size is whole aligned blocks,
+        each within one tensor (and the padding after it) or padding alone."""
+        return -(-self.total_bytes // ALIGN) * ALIGN
+
     def to_json(self) -> list:
         return [[s.name, list(s.shape), s.dtype] for s in self.specs]
 

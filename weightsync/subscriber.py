@@ -116,6 +116,9 @@ class Subscriber:
         self._cond = threading.Condition()
         self._state = "empty"
         self._staging: dict[str, torch.Tensor] = {}
+        # the one buffer the staging tensors are views of, in the published layout (``begin_fill``
+        # with ``flat``), while they still are
+        self._flat: torch.Tensor | None = None
         self._staging_key: tuple | None = None
         self._staged_version: int | None = None
         self._live_version = initial_version
@@ -198,6 +201,9 @@ class Subscriber:
                         raise ValueError(
                             "recycled tensors must be exactly the ones take_staged lent"
                         )
+                    if any(recycled[k] is not self._staging[k] for k in recycled):
+                        # swapped in: the old parameters are the staging copy now, not views
+                        self._flat = None
                     self._staging = recycled
                 self._state = "empty"
             self._live_version = version
@@ -268,15 +274,26 @@ class Subscriber:
             # a restarted learner (new publisher id) is authoritative even if it restarted the count
             return ann.publisher != self._live_publisher or ann.version > self._live_version
 
+    @property
+    def flat(self) -> torch.Tensor | None:
+        """The staging copy as one buffer in the published layout (its tensors are views of it),
+        or None: then only the tensors by engine name are."""
+        return self._flat
+
     def begin_fill(
-        self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0
+        self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0, flat: bool = False
     ) -> dict[str, torch.Tensor] | None:
-        """Claim the staging copy for writing (allocated for this layout); None while the engine holds it."""
+        """Claim the staging copy for writing (allocated for this layout); None while the engine holds it.
+
+        ``flat``: allocate it as views of one zeroed buffer in ``layout`` (``flat``), so a
+        receiver copies a version in one piece, where every published tensor is staged once, as
+        it is published, on one device; an engine that swaps the staged tensors in for its
+        parameters then hands back separate ones, and the copy stays so."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._state != "lent", timeout=wait_s):
                 return None
             self._state = "filling"
-        key = (layout.specs, tuple(sorted(aliases.items())))
+        key = (layout.specs, tuple(sorted(aliases.items())), flat)
         if key != self._staging_key:
             published = {s.name: s.shape for s in layout.specs}
             dtypes = {s.name: s.torch_dtype for s in layout.specs}
@@ -285,16 +302,35 @@ class Subscriber:
             except NameMappingError:
                 self.end_fill(None, None)
                 raise
-            self._staging = {
-                engine: torch.empty(
-                    self.template[engine].shape,
-                    dtype=dtypes[source],
-                    device=self.template[engine].device,
-                )
-                for engine, source in self._pairs
-            }
+            self._flat = self._flat_staging(layout) if flat else None
+            if self._flat is not None:
+                views = layout.views(self._flat)
+                self._staging = {engine: views[source] for engine, source in self._pairs}
+            else:
+                self._staging = {
+                    engine: torch.empty(
+                        self.template[engine].shape,
+                        dtype=dtypes[source],
+                        device=self.template[engine].device,
+                    )
+                    for engine, source in self._pairs
+                }
             self._staging_key = key
         return self._staging
+
+    def _flat_staging(self, layout: Layout) -> torch.Tensor | None:
+        """One zeroed buffer for ``layout`` on the engine's device, if the pairs allow it: each
+        published tensor staged once, in its published shape, all on one device."""
+        sources = [source for _, source in self._pairs]
+        shapes = {s.name: s.shape for s in layout.specs}
+        devices = {self.template[engine].device for engine, _ in self._pairs}
+        if (
+            len(set(sources)) != len(sources)
+            or len(devices) != 1
+            or any(tuple(self.template[e].shape) != shapes[src] for e, src in self._pairs)
+        ):
+            return None
+        return torch.zeros(layout.padded_bytes, dtype=torch.uint8, device=devices.pop())
 
     def end_fill(self, version: int | None, publisher: str | None) -> None:
         with self._cond:

@@ -74,9 +74,15 @@ class Staging(Protocol):
         ...
 
     def begin_fill(
-        self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0
+        self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0, flat: bool = False
     ) -> dict[str, torch.Tensor] | None:
-        """Claim the staging copy (by engine name) for writing; None while the engine holds it."""
+        """Claim the staging copy (by engine name) for writing; None while the engine holds it.
+        ``flat``: as views of one buffer in ``layout`` where it can be (``flat``)."""
+        ...
+
+    @property
+    def flat(self) -> torch.Tensor | None:
+        """The staging copy as one buffer in the published layout, or None (tensors alone)."""
         ...
 
     def end_fill(self, version: int | None, publisher: str | None) -> None:

@@ -84,11 +84,18 @@ class CudaIpcSender:
 
 
 class CudaIpcReceiver(ShmReceiver):
-    """The shm receiver's loop (leases, stale and torn reads retried) over the learner's GPU slots."""
+    """The shm receiver's loop (leases, stale and torn reads retried) over the learner's GPU
+    slots, into a staging copy that is one buffer in the slot's layout where it can be: a version
+    is then one device-to-device copy and one checksum pass (``IpcSlotsReader.read_into``)."""
+
+    FLAT = True
 
     def __init__(self, ops: DeviceIpc, timeout_s: float):
         super().__init__(timeout_s)
         self.ops = ops
+
+    def _read(self, staging: Staging, version: int, slot: int, layout, dest: dict) -> str:
+        return self.reader.read_into(version, slot, layout, staging.pairs, dest, staging.flat)
 
     def _open(self, staging: Staging, ann) -> bool:
         """Open the announced control segment and its slots (once per publisher); False, with the

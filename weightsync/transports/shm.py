@@ -55,8 +55,15 @@ class ShmReceiver:
         self.timeout_s = timeout_s
         self.reader: ShmReader | None = None
 
+    # whether the staging copy is asked for as one buffer (``Staging.begin_fill``'s ``flat``)
+    FLAT = False
+
     def step(self, staging: Staging) -> float:
         return BUSY_WAIT_S if self._receive(staging) else IDLE_WAIT_S
+
+    def _read(self, staging: Staging, version: int, slot: int, layout: Layout, dest: dict) -> str:
+        """Copy ``version`` from ``slot`` into ``dest``: the reader's "ok", "stale" or "torn"."""
+        return self.reader.read_into(version, slot, layout, staging.pairs, dest)
 
     def _receive(self, staging: Staging) -> bool:
         """Receive the newest announced version if wanted; returns True if one is still pending."""
@@ -69,7 +76,7 @@ class ShmReceiver:
                 return False
             start = time.perf_counter()
             try:
-                dest = staging.begin_fill(layout, ann.meta["aliases"])
+                dest = staging.begin_fill(layout, ann.meta["aliases"], flat=self.FLAT)
             except NameMappingError as exc:
                 staging.skip(ann)
                 staging.fail("name_mismatch", str(exc))
@@ -78,9 +85,7 @@ class ShmReceiver:
                 return True
             result = "error"
             try:
-                result = self.reader.read_into(
-                    ann.version, int(ann.meta["slot"]), layout, staging.pairs, dest
-                )
+                result = self._read(staging, ann.version, int(ann.meta["slot"]), layout, dest)
             finally:
                 staging.end_fill(ann.version if result == "ok" else None, ann.publisher)
             if result == "ok":
