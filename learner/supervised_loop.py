@@ -42,6 +42,7 @@ from streamrl.learner.engine import (
     token_logprobs,
 )
 from streamrl.learner.export import default_out, export_at_end
+from streamrl.learner.throughput import Throughput
 from streamrl.learner.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class SupervisedRun:
         # one optimizer step a step: the schedule's horizon is the run's steps, whatever the RL knobs
         one_update = cfg.learner.model_copy(update={"minibatches": 1, "updates_per_batch": 1})
         self.engine = build_engine(one_update, model, self.world, self.total_steps)
+        # the step row's mfu, as the RL learner's (learner.throughput)
+        self.throughput = Throughput.of(self.engine.module, cfg.learner.peak_tflops, self.world)
         self.ref_model = (
             reference_policy(cfg.model, self.engine.module, str(device()))
             if kind == "dpo"
@@ -173,6 +176,7 @@ class SupervisedRun:
             "sequence_tokens": int(sums["sequence_tokens"]),
             "packed_tokens": int(sums["packed_tokens"]),
             "tokens_per_s": sums["sequence_tokens"] / step_s if step_s > 0 else 0.0,
+            "mfu": self.throughput.mfu(sums["sequence_tokens"], step_s),
             "loss": sums["loss"],
             "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
             "lr": lr,

@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 from streamrl.configs import Config
 from streamrl.learner import init_optimizer
 from streamrl.learner.supervised_loop import SupervisedRun
+from streamrl.learner.throughput import matmul_parameters, training_flops_per_token
+from streamrl.policy.load import load_policy
 
 ROWS = [{"prompt": f"{n:03d}>", "completion": f"{n:03d}"[::-1]} for n in range(100, 900, 100)]
 
@@ -58,7 +60,7 @@ def _run(cfg: Config, kind: str = "sft") -> SupervisedRun:
 def test_sft_resumed_midway_ends_with_the_weights_of_an_uninterrupted_run(demo_policy, tmp_path):
     data = _dataset(tmp_path, ROWS)
     whole = tmp_path / "whole"
-    _run(_cfg(demo_policy, data, whole, supervised__save_optimizer=True))
+    _run(_cfg(demo_policy, data, whole, supervised__save_optimizer=True, learner__peak_tflops=1e-3))
     halves = tmp_path / "halves"
     _run(_cfg(demo_policy, data, halves, run__max_steps=2))
     assert (halves / "policy").exists() and len(_rows(halves)) == 2
@@ -70,6 +72,12 @@ def test_sft_resumed_midway_ends_with_the_weights_of_an_uninterrupted_run(demo_p
     assert all(r["tokens"] == 16 and r["packed_tokens"] == 64 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert [r["loss"] for r in _rows(halves)] == [r["loss"] for r in rows]
+    # mfu as the RL step row's: 6N per trained token over the peak the config names (a CPU has
+    # none in the table: the halves' rows leave it empty)
+    flops = training_flops_per_token(*matmul_parameters(load_policy(demo_policy)))
+    for r in rows:
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * flops / 1e9, rel=1e-9)
+    assert all(r["mfu"] is None for r in _rows(halves))
     ours, theirs = (load_file(d / "policy" / "model.safetensors") for d in (halves, whole))
     assert all((ours[name] == theirs[name]).all() for name in theirs)
     info = json.loads((whole / "policy" / "streamrl_export.json").read_text())
