@@ -15,6 +15,7 @@ import signal
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from streamrl.broker.client import connect_sync
@@ -24,11 +25,6 @@ from streamrl.launch import placement
 from streamrl.launch.host import HostSupervisor, control_key, host_dir
 
 CONFIG = "configs/demo_cpu.yaml"
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
 @pytest.mark.slow
@@ -61,11 +57,11 @@ def test_an_actor_host_places_restarts_and_scales_its_actors_behind_its_relay(
         relay = sup.helpers[0]
         assert relay.argv[2] == "streamrl.weightsync.relay" and "--host-id" in relay.argv
         assert relay.proc.pid < min(a.proc.pid for a in sup.actors), "relay not started first"
-        envs = {a.name: _environ(a.proc.pid) for a in sup.actors}
+        envs = {a.name: psutil.Process(a.proc.pid).environ() for a in sup.actors}
         killed = sup.actors[0].proc.pid
         os.kill(killed, signal.SIGKILL)
         assert sup.wait_until(lambda: sup.actors[0].restarts == 1, timeout=30)
-        again = _environ(sup.actors[0].proc.pid)
+        again = psutil.Process(sup.actors[0].proc.pid).environ()
         first_exit = sup.actors[0].exit_codes[0]
         # `streamrl run`'s scale list is not this host's
         client.rpush(keys.launch_control, json.dumps({"actors": 0}))

@@ -12,6 +12,7 @@ import json
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from pydantic import ValidationError
 
@@ -125,11 +126,6 @@ def test_an_index_past_the_launchers_devices_is_refused_before_anything_starts()
     placement.check_launcher(_cfg(), [])
 
 
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_supervisor_starts_each_child_with_its_own_devices_and_records_them(
@@ -156,7 +152,7 @@ def test_the_supervisor_starts_each_child_with_its_own_devices_and_records_them(
     sup = Supervisor(cfg, actors=3)
     try:
         sup.start()
-        envs = {c.name: _environ(c.proc.pid) for c in [sup.learner, *sup.actors]}
+        envs = {c.name: psutil.Process(c.proc.pid).environ() for c in [sup.learner, *sup.actors]}
         recorded = json.loads((Path(cfg.run.dir) / placement.PLACEMENT_FILE).read_text())
         sup.scale(2)
         after_scale = placement.read(cfg.run.dir)
