@@ -3,18 +3,16 @@
 ``FileIpc`` "allocates device memory" as a file-backed CPU tensor and "shares" it by the file's
 path, so two unrelated processes see the same bytes as two processes see one GPU buffer through
 CUDA IPC handles: the cuda_ipc protocol (control segment, stamps, leases, fence, checksums) runs
-unchanged on CPU. ``python tests/ipc_standin.py actor ...`` is an actor process taking versions
-over it and printing one JSON line per version it applied.
+unchanged on CPU. ``python tests/ipc_standin.py --dir D subscriber ...`` is
+``tests/weightsync_procs.py``'s subscriber process taking versions over it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -81,45 +79,15 @@ class FileIpc:
         return self.uuid
 
 
-def actor(args) -> None:
-    """Apply every version the subscriber stages; one JSON line each, until stdin closes."""
-    import threading
+if __name__ == "__main__":
+    # ipc_standin.py --dir D <weightsync_procs.py's arguments>: that process, its cuda_ipc calls
+    # answered by the stand-in over the files in D
+    from weightsync_procs import main
 
-    from weightsync_procs import check, engine_template
-
-    from streamrl.broker.client import connect_sync
-    from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import BrokerConfig, RunConfig, WeightSyncConfig
-    from streamrl.weightsync.subscriber import Subscriber
     from streamrl.weightsync.transports import cuda_ipc
 
-    cuda_ipc.TRANSPORT.ops = FileIpc(args.dir)
-    ws = WeightSyncConfig(transport="cuda_ipc", timeout_s=5.0)
-    broker, run = BrokerConfig(redis_url=args.redis), RunConfig(name=args.run, dir=args.run_dir)
-    template = engine_template(args.hidden, args.layers)
-    sub = Subscriber(
-        ws, Keys.from_config(run, broker), connect_sync(broker, run.dir), "a0", template
-    ).start()
-    done = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    print(json.dumps({"event": "started"}), flush=True)
-    while not done.is_set():
-        staged = sub.take_staged()
-        if staged is None:
-            time.sleep(0.002)
-            continue
-        version, tensors = staged
-        ok = check(version, tensors, args.hidden, args.layers)
-        sub.applied(version)
-        print(json.dumps({"event": "applied", "version": version, "ok": ok}), flush=True)
-    sub.close()
-
-
-if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["actor"])
-    for name in ("--redis", "--run", "--run-dir", "--dir"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--hidden", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=2)
-    actor(parser.parse_args())
+    parser.add_argument("--dir", required=True)
+    args, rest = parser.parse_known_args()
+    cuda_ipc.TRANSPORT.ops = FileIpc(args.dir)
+    main(rest)

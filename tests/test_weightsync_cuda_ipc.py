@@ -101,17 +101,24 @@ def test_a_late_actor_process_takes_the_newest_version_then_the_next(redis_cfg, 
             [
                 sys.executable,
                 str(Path(__file__).with_name("ipc_standin.py")),
-                "actor",
+                "--dir",
+                str(tmp_path),
+                "subscriber",
                 "--redis",
                 redis_cfg.broker.redis_url,
                 "--run",
                 redis_cfg.run.name,
-                "--run-dir",
-                redis_cfg.run.dir,
-                "--dir",
-                str(tmp_path),
+                "--transport",
+                "cuda_ipc",
+                "--hidden",
+                str(HIDDEN),
+                "--layers",
+                str(LAYERS),
+                "--until",
+                "3",
+                "--duration",
+                "60",
             ],
-            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -120,14 +127,15 @@ def test_a_late_actor_process_takes_the_newest_version_then_the_next(redis_cfg, 
         assert json.loads(next(lines)) == {"event": "applied", "version": 2, "ok": True}
         pub.publish(3, learner_tensors(3, HIDDEN, LAYERS))
         assert json.loads(next(lines)) == {"event": "applied", "version": 3, "ok": True}
+        assert json.loads(next(lines))["event"] == "done"
+        assert actor.wait(timeout=60) == 0
         # no pinned host staging, no thread: the slot on the device is the staging buffer
         assert pub._stages == [] and pub._thread is None and ops.fences == 3
     finally:
-        if actor is not None:
-            actor.stdin.close()
-            actor.wait(timeout=20)
+        if actor is not None and actor.poll() is None:
+            actor.kill()
+            actor.wait()
         pub.close()
-    assert actor.returncode == 0
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["by-tensor", "flat"])

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -52,20 +53,20 @@ def check(version: int, tensors: dict[str, torch.Tensor], hidden: int, layers: i
     return all(bool((tensors[n] == fill(version, names.index(n))).all()) for n in tensors)
 
 
-def config(args):
-    from streamrl.configs.schema import Config
+def config(args) -> SimpleNamespace:
+    """The three sections a publisher and a subscriber take (a whole ``Config`` would also check
+    the actors it has none of, e.g. the CUDA actors cuda_ipc wants)."""
+    from streamrl.configs.schema import BrokerConfig, RunConfig, WeightSyncConfig
 
-    return Config.model_validate(
-        {
-            "run": {"name": args.run, "dir": "/tmp"},
-            "broker": {"redis_url": args.redis},
-            "weightsync": {
-                "transport": args.transport,
-                "timeout_s": args.timeout,
-                "slots": args.slots,
-                "bucket_bytes": args.bucket,
-            },
-        }
+    return SimpleNamespace(
+        run=RunConfig(name=args.run, dir="/tmp"),
+        broker=BrokerConfig(redis_url=args.redis),
+        weightsync=WeightSyncConfig(
+            transport=args.transport,
+            timeout_s=args.timeout,
+            slots=args.slots,
+            bucket_bytes=args.bucket,
+        ),
     )
 
 
@@ -113,7 +114,7 @@ def publisher(args) -> None:
     pub.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["subscriber", "publisher"])
@@ -129,7 +130,7 @@ def main() -> None:
     parser.add_argument("--until", type=int, default=10)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--period", type=float, default=0.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     {"subscriber": subscriber, "publisher": publisher}[args.role](args)
 
 
