@@ -17,7 +17,7 @@ from streamrl.actors.engines.base import (
     WeightSource,
 )
 from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.engines.vllm import VLLMEngine
+from streamrl.actors.engines.vllm.engine import VLLMEngine
 from streamrl.configs.errors import StreamRLError
 
 ENGINES: dict[str, type[Engine]] = {e.name: e for e in (HFEngine, VLLMEngine)}

@@ -44,6 +44,11 @@ class NoReceiver:
 class NoTransport(Transport):
     name = "none"
     publishes = False
+    shared_memory = False
+    device_ipc = False
+    background = False
+    process_group = False
+    relays = False
 
     def sender(
         self,
