@@ -79,15 +79,10 @@ from streamrl.actors.engines.vllm.push import (
     PushFailed,
     connect_engine,
     push_weights,
+    sender_plan,
     shm_step,
 )
-from streamrl.actors.engines.vllm.senders import (
-    BucketSender,
-    IPCSender,
-    NCCLSender,
-    sender_plan,
-    staged_buckets,
-)
+from streamrl.actors.engines.vllm.senders import BucketSender, IPCSender, NCCLSender, staged_buckets
 from streamrl.configs.errors import StreamRLError
 from streamrl.policy.load import parameter_template
 from streamrl.policy.lora import MAX_LORAS, AdapterVersions, adapter_template, vllm_max_rank

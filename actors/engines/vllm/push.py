@@ -14,7 +14,7 @@ https://docs.vllm.ai/en/latest/training/async_rl/). Each final
 wire format carries (``outputs.token_versions``).
 
 A version is a plan of steps: one per bucket of a staged set for the ``ipc`` and ``nccl``
-backends (``senders.sender_plan``), or one naming an announced slot for the ``streamrl_shm`` and
+backends (``sender_plan``), or one naming an announced slot for the ``streamrl_shm`` and
 ``streamrl_cuda_ipc`` backends, whose workers load it themselves (``shm_step``). Nothing here
 touches vLLM or CUDA: the AsyncLLM and vLLM's request classes come in as arguments.
 """
@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 from streamrl.configs.errors import StreamRLError
 
 if TYPE_CHECKING:
-    from streamrl.actors.engines.vllm.senders import BucketSender
+    import torch
+
+    from streamrl.actors.engines.vllm.senders import Bucket, BucketSender
 
 
 class PushFailed(StreamRLError, RuntimeError):
@@ -80,6 +82,22 @@ async def connect_engine(
         timeout_s,
         "init_weight_transfer_engine",
     )
+
+
+def sender_plan(
+    buckets: Sequence[Bucket], staged: Mapping[str, torch.Tensor], sender: BucketSender
+) -> list[Step]:
+    """One step per bucket of a staged set, sent by ``sender`` (the ipc and nccl backends)."""
+    steps = []
+    for bucket in buckets:
+        tensors = bucket.tensors(staged)
+        steps.append(
+            Step(
+                sender.update_info(bucket, tensors),
+                lambda b=bucket, t=tensors: sender.send(b, t),
+            )
+        )
+    return steps
 
 
 def shm_step(version: int, meta: Mapping[str, Any]) -> Step:

@@ -32,7 +32,6 @@ from typing import Protocol
 
 import torch
 
-from streamrl.actors.engines.vllm.push import Step
 from streamrl.weightsync.layout import TensorSpec
 
 
@@ -78,22 +77,6 @@ def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[Bucket]
 def staged_buckets(staged: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[Bucket]:
     """Buckets over a staged set (its names, shapes and dtypes, in its order)."""
     return plan_buckets([TensorSpec.of(name, t) for name, t in staged.items()], bucket_bytes)
-
-
-def sender_plan(
-    buckets: Sequence[Bucket], staged: Mapping[str, torch.Tensor], sender: BucketSender
-) -> list[Step]:
-    """One step per bucket of a staged set, sent by ``sender`` (the ipc and nccl backends)."""
-    steps = []
-    for bucket in buckets:
-        tensors = bucket.tensors(staged)
-        steps.append(
-            Step(
-                sender.update_info(bucket, tensors),
-                lambda b=bucket, t=tensors: sender.send(b, t),
-            )
-        )
-    return steps
 
 
 class BucketSender(Protocol):
