@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.announce import Announcement
     from streamrl.weightsync.layout import Layout
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.layout import Layout
 
 # a receiver has nothing to wait for: look again this rarely

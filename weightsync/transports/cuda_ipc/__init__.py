@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import redis
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.layout import Layout
     from streamrl.weightsync.transports.cuda_ipc.device import DeviceIpc
     from streamrl.weightsync.transports.cuda_ipc.receiver import CudaIpcReceiver

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import redis
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.layout import Layout
     from streamrl.weightsync.transports.dist.receiver import DistTransportReceiver
     from streamrl.weightsync.transports.dist.sender import DistSender, HostSender

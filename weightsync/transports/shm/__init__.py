@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import redis
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.layout import Layout
     from streamrl.weightsync.transports.shm.receiver import ShmReceiver
     from streamrl.weightsync.transports.shm.sender import ShmSender
