@@ -21,6 +21,7 @@ from streamrl.weightsync.naming import NameMappingError
 if TYPE_CHECKING:
     from streamrl.weightsync.announce import Announcement
     from streamrl.weightsync.transports.base import Fill, Staging
+    from streamrl.weightsync.transports.shm.segment import SegmentReader
 
 # re-read the announcement at least this often even without a notification
 IDLE_WAIT_S = 1.0
@@ -47,17 +48,18 @@ class SlotReceiver(ABC):
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
-        self.reader = None
+        self.reader: SegmentReader | None = None
 
     @abstractmethod
-    def open(self, segment: str):
-        """The reader of ``segment`` (it has a ``name`` and a ``close``). Raises
-        ``FileNotFoundError`` when the segment is gone, ``CannotOpen`` when it cannot be read here."""
+    def open(self, segment: str) -> SegmentReader:
+        """The reader of ``segment``. Raises ``FileNotFoundError`` when the segment is gone,
+        ``CannotOpen`` when it cannot be read here."""
 
     @abstractmethod
     def read(self, version: int, slot: int, layout: Layout, fill: Fill) -> str:
-        """Copy ``version`` from ``slot`` of ``reader`` into ``fill``: "ok", "stale" (the slot holds
-        another version) or "torn" (overwritten meanwhile, or a checksum mismatch)."""
+        """Copy ``version`` from ``slot`` of the open segment (``reader``) into ``fill``: "ok",
+        "stale" (the slot holds another version) or "torn" (overwritten meanwhile, or a checksum
+        mismatch)."""
 
     def step(self, staging: Staging) -> float:
         return BUSY_WAIT_S if self._receive(staging) else IDLE_WAIT_S

@@ -49,7 +49,8 @@ class CudaIpcTransport(Transport):
     relays = False
 
     def __init__(self) -> None:
-        # every CUDA call of the transport: ``device.CudaIpc`` once one is needed (a stand-in if set)
+        # every CUDA call of the transport; None: a ``device.CudaIpc``, made when a sender or
+        # receiver is (importing it imports torch). Tests set a stand-in here.
         self.ops: DeviceIpc | None = None
 
     def _ops(self) -> DeviceIpc:
