@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from streamrl.actors import metrics
-from streamrl.actors.engines import Engine
+from streamrl.actors.engines.base import Engine
 from streamrl.actors.group import Group
 from streamrl.actors.prompts import PromptCursor
 from streamrl.broker.admission import Admission

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamrl.actors.engines import Request
+from streamrl.actors.engines.base import Request
 from streamrl.actors.prompts import PromptDataset
 from streamrl.actors.rewards import RewardPool
 from streamrl.broker.audit import JsonlLog

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamrl.actors.engines import Output
+from streamrl.actors.engines.base import Output
 from streamrl.actors.prompts import Prompt
 from streamrl.actors.rewards import RewardInput, Score
 

@@ -31,7 +31,7 @@ import torch
 
 from streamrl.actors import engines, inputs, sources
 from streamrl.actors.admit import Admit
-from streamrl.actors.engines import EngineParts, SamplingParams
+from streamrl.actors.engines.base import EngineParts, SamplingParams
 from streamrl.actors.evaluation import EvalClaims, Evaluator
 from streamrl.actors.group import Group
 from streamrl.actors.prompts import PromptCursor, PromptDataset

@@ -19,7 +19,7 @@ import time
 import torch
 
 from streamrl.actors.engines.base import Request, SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.examples.reverse_digits.assets import build_policy
 from streamrl.examples.reverse_digits.task import make_example
 from streamrl.policy.load import load_policy, load_tokenizer

@@ -9,7 +9,7 @@ exactly ``--new-tokens`` tokens each (no stop token: ``min_new_tokens`` holds ``
 count), prefill included. ``generate`` takes ``cache_implementation="static"``, with which
 transformers compiles the decode step (``torch.compile`` mode reduce-overhead: CUDA graphs) on a
 GPU by itself. Each side runs once untimed first (graph capture, compilation), then timed. The
-engine is measured with ``actor.cuda_graphs`` on (``graphs``) and off (``dynamic``, the decode
+engine is measured with ``actor.hf.cuda_graphs`` on (``graphs``) and off (``dynamic``, the decode
 loop the issue measured). The exit status is 1 when graphs / generate falls below
 ``--min-ratio`` (the issue's bar, 0.8; 0 on the CPU smoke, whose ``static`` runs eagerly).
 """
@@ -24,7 +24,7 @@ import torch
 
 from bench.weightsync import SHAPES, build_model
 from streamrl.actors.engines.base import Request, SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.policy.load import resolve_dtype
 
 

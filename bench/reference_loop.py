@@ -57,7 +57,7 @@ import torch
 from transformers import DynamicCache
 
 from bench.tasks import DEMO, TASKS, Task
-from streamrl.actors.engines.hf import cache_kwarg
+from streamrl.actors.engines.hf.engine import cache_kwarg
 from streamrl.actors.prompts import position
 from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.examples.reverse_digits.task import build_model, build_tokenizer

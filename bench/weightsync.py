@@ -78,6 +78,13 @@ def _shapes(params: int) -> list[int]:
     return [min(CHUNK, params - start) for start in range(0, params, CHUNK)]
 
 
+def _options(transport: str, slots: int) -> dict:
+    """The transport's own section: a ring of ``slots``, or dist's gloo group."""
+    if transport == "dist":
+        return {"dist": {"backend": "gloo", "bucket_bytes": 64 << 20}}
+    return {transport: {"slots": slots}} if transport in ("shm", "cuda_ipc") else {}
+
+
 def _cfg(url: str, run: str, transport: str, slots: int, actor_device: str = "cpu"):
     from streamrl.configs.schema import Config
 
@@ -86,13 +93,7 @@ def _cfg(url: str, run: str, transport: str, slots: int, actor_device: str = "cp
             "run": {"name": run, "dir": tempfile.gettempdir()},
             "broker": {"redis_url": url},
             "actor": {"device": actor_device},
-            "weightsync": {
-                "transport": transport,
-                "slots": slots,
-                "timeout_s": 120,
-                "backend": "gloo",
-                "bucket_bytes": 64 << 20,
-            },
+            "weightsync": {"transport": transport, "timeout_s": 120, **_options(transport, slots)},
         }
     )
 
@@ -216,7 +217,7 @@ def subscriber_main(
             continue
         version, tensors = staged
         # as the hf engine applies a version: in place on a GPU (its CUDA graphs hold the
-        # parameters by address, actor.cuda_graphs auto), by pointer swaps on a CPU
+        # parameters by address, actor.hf.cuda_graphs auto), by pointer swaps on a CPU
         apply_s, replaced = swap_into_model(model, tensors, in_place=actor_device == "cuda")
         if actor_device == "cuda":
             torch.cuda.synchronize()

@@ -4,8 +4,8 @@ needs root, as CI has).
 
     python -m bench.weightsync_hosts [--params N] [--out FILE]   (also part of `--only weightsync`)
 
-Host A runs Redis and the learner's publisher (``weightsync.transport=dist``, ``relay=true``, the
-default ``dist_host``); host C runs the relay (``python -m streamrl.weightsync.relay``) and 1 or 4
+Host A runs Redis and the learner's publisher (``weightsync.transport=dist``, ``dist.relay=true``, the
+default ``dist.host``); host C runs the relay (``python -m streamrl.weightsync.relay``) and 1 or 4
 actor processes reading it through the actor's own feed. *relay ms* = publish start on A -> the
 relay on C has the version in its shm segment, announced (its announcement's timestamp; one
 machine, one clock). *gloo ms* = a bare two-process gloo broadcast of the same bytes in the same
@@ -54,9 +54,7 @@ def _cfg(url: str, host_id: str):
             "broker": {"redis_url": url},
             "weightsync": {
                 "transport": "dist",
-                "relay": True,
-                "backend": "gloo",
-                "bucket_bytes": BUCKET,
+                "dist": {"relay": True, "backend": "gloo", "bucket_bytes": BUCKET},
                 "timeout_s": 60,
             },
             "metrics": {"enabled": False},
@@ -186,8 +184,8 @@ def _relay_case(hosts, params: int, actors: int) -> dict:
         [
             sys.executable, "-m", "streamrl.weightsync.relay", "--host-id", "C",
             "run.name=bench-hosts", f"run.dir={tempfile.gettempdir()}", f"broker.redis_url={url}",
-            "weightsync.transport=dist", "weightsync.relay=true", "weightsync.backend=gloo",
-            f"weightsync.bucket_bytes={BUCKET}", "weightsync.timeout_s=60", "metrics.enabled=false",
+            "weightsync.transport=dist", "weightsync.dist.relay=true",
+            "weightsync.dist.backend=gloo", f"weightsync.dist.bucket_bytes={BUCKET}", "weightsync.timeout_s=60", "metrics.enabled=false",
         ],
     )  # fmt: skip
     subs = [_Child(c, _me("actor", url, f"c{i}", params)) for i in range(actors)]
@@ -260,7 +258,7 @@ def run(params: int = 25_000_000) -> str:
         "on C before the next). Goals: relay / gloo <= 1.5; link bytes per version <= 1.05 models "
         "with 1 and with 4 actors on C.",
         "",
-        "| actors on C | MB | learner's dist_host | gloo ms | relay ms | relay / gloo "
+        "| actors on C | MB | learner's dist.host | gloo ms | relay ms | relay / gloo "
         "| link bytes per version / model |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -1,36 +1,40 @@
-"""Actor processes and their generation engine (``actor``)."""
+"""Actor processes and their generation engine (``actor``).
+
+What every engine shares is declared here; each engine's own settings are its ``options`` class in
+its own module (``actors.engines.<name>``), which becomes the section ``actor.<name>`` of the
+registry's every engine. So an engine is one module plus one line in the registry, and nothing
+here names one.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, model_validator
 
-from streamrl.configs.section import Section
+from streamrl.actors.engines import ENGINES
+from streamrl.configs.section import Section, backend_sections, unread_options_kept
 
-# Where each engine (``actor.engine``) computes: "device" = on ``actor.device``; "gpu" = on the
-# host's GPU when it has one, else on the CPU (vLLM, whose CPU build runs there). The learner
-# publishes in the dtype the engines compute in (``weightsync.publisher.transfer_dtype``); the
-# engines themselves are ``actors.engines``' registry, which tests/test_structure.py holds to this.
-ENGINE_PLACEMENT = {"hf": "device", "vllm": "gpu"}
+EngineName = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
 
 
-class ActorConfig(Section):
+class _Shared(Section):
     """Actor processes and their generation engine."""
 
-    engine: Literal["hf", "vllm"] = Field(
+    engine: EngineName = Field(
         "hf",
-        description="Generation engine: hf (transformers, any device) or vllm (vLLM on GPUs, or its CPU build: make .venv-vllm).",
+        description="Generation engine: "
+        + " or ".join(e.summary for e in ENGINES.values())
+        + ". Its own settings are the section of its name below.",
     )
-    engines: list[Literal["hf", "vllm"]] | None = Field(
+    engines: list[EngineName] | None = Field(
         None,
         min_length=1,
         description="Per-actor engines of a supervised run (`make run`): actor i runs engines[i % len], passed to it as `actor.engine`; e.g. [vllm, hf] mixes the two. None = every actor runs `engine`. With vllm in it the whole run needs the vLLM venv.",
     )
-    device: str = Field("cpu", description="torch device of the hf engine.")
-    cuda_graphs: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="hf engine decode on CUDA: on = a static KV cache per slot and each decode step replayed as a CUDA graph captured per batch-size bucket (powers of two up to batch_slots), weights copied into the parameters in place; off = the dynamic cache (each step launched from Python); auto = on when actor.device is CUDA, off on CPU. on with a CPU actor.device is refused.",
+    device: str = Field(
+        "cpu",
+        description="torch device of the engines that compute on it (hf), and where an actor stages the versions it receives for its engine.",
     )
     batch_slots: int = Field(
         64,
@@ -50,12 +54,6 @@ class ActorConfig(Section):
         le=65535,
         description="Prometheus port of the first actor (0 = free port); later actors use free ports.",
     )
-    gpu_memory_utilization: float = Field(
-        0.85, gt=0, le=1, description="vLLM: fraction of GPU memory for weights and KV cache."
-    )
-    tensor_parallel_size: int = Field(
-        1, ge=1, description="vLLM: tensor parallel degree of one actor."
-    )
     max_actors: int = Field(
         64,
         ge=0,
@@ -67,7 +65,7 @@ class ActorConfig(Section):
     )
     gpus: list[int] | Literal["share"] | None = Field(
         None,
-        description='GPUs of the supervised actors (of `streamrl run`, and of `streamrl actors` on each actors host), as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of `tensor_parallel_size` indices as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
+        description='GPUs of the supervised actors (of `streamrl run`, and of `streamrl actors` on each actors host), as indices into the devices the launcher sees (its CUDA_VISIBLE_DEVICES, else all): actor i gets the (i mod n)-th group of the GPUs one actor takes (`actor.vllm.tensor_parallel_size` for vLLM, else 1) as its CUDA_VISIBLE_DEVICES, so more actors than GPUs share them round-robin (each vLLM actor then takes `actor.vllm.gpu_memory_utilization` of its GPU). "share" = every actor on the learner\'s one GPU (`learner.gpus` of length 1, else GPU 0), beside it. None = no placement: children inherit CUDA_VISIBLE_DEVICES.',
     )
     staggered_start: bool = Field(
         False,
@@ -78,18 +76,15 @@ class ActorConfig(Section):
         description='CPU cores the supervised actors run on once each has started (start-up uses every core), as indices into the cores the launcher may use (its affinity: `taskset`, a cgroup cpuset); every actor gets the whole list, its threads and child processes (reward workers) included. "auto" = the launcher\'s cores that `learner.cpus` "auto" does not take, for hf actors only (vLLM places its own threads), and only when the learner gets cores of its own. None = no pinning.',
     )
 
-    @field_validator("cuda_graphs", mode="before")
-    @classmethod
-    def _yaml_on_off(cls, value):
-        # YAML reads a bare on / off as a boolean
-        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
     @model_validator(mode="after")
-    def _graphs_need_cuda(self) -> ActorConfig:
-        if self.cuda_graphs == "on" and not self.device.startswith("cuda"):
-            raise ValueError(
-                f"actor.cuda_graphs=on needs a CUDA actor.device (CUDA graphs), not {self.device!r}: use auto or off"
-            )
+    def _engines_fit(self) -> _Shared:
+        in_use = self.engines_in_use
+        unread_options_kept(
+            self, "actor", [name for name in ENGINES if name not in in_use],
+            f"no actor runs that engine (actor.engine={self.engine}, actor.engines={self.engines})",
+        )  # fmt: skip
+        for name in sorted(in_use):
+            ENGINES[name].check(self)
         return self
 
     def engine_of(self, index: int) -> str:
@@ -100,3 +95,31 @@ class ActorConfig(Section):
     def engines_in_use(self) -> set[str]:
         """Every engine some actor of the run computes with."""
         return set(self.engines) if self.engines else {self.engine}
+
+    @property
+    def computes_on(self) -> set[str]:
+        """Where the engines in use compute (``EngineSpec.computes_on``: "device", "gpu")."""
+        return {ENGINES[e].computes_on for e in self.engines_in_use}
+
+    def engines_computing_on(self, where: str) -> list[str]:
+        """The engines in use that compute ``where`` (``EngineSpec.computes_on``: "device" or
+        "gpu")."""
+        return [e for e in sorted(self.engines_in_use) if ENGINES[e].computes_on == where]
+
+    @property
+    def gpus_per_actor(self) -> int:
+        """The GPUs one supervised actor takes: the most any engine in use needs (``actor.gpus``
+        hands them out in groups of this many)."""
+        return max(ENGINES[e].gpus_per_actor(getattr(self, e, None)) for e in self.engines_in_use)
+
+
+ActorConfig = create_model(
+    "ActorConfig",
+    __base__=_Shared,
+    __doc__=_Shared.__doc__,
+    __module__=__name__,
+    **backend_sections(
+        {name: e.options for name, e in ENGINES.items()},
+        "The {name} engine's own settings, read while an actor runs it.",
+    ),
+)

@@ -38,7 +38,7 @@ class Refused(Exception):
 VERL_PATHS: dict[str, str] = {
     "actor_rollout_ref.model.path": "model.path",
     "actor_rollout_ref.rollout.n": "rollout.group_size",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "actor.tensor_parallel_size",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "actor.vllm.tensor_parallel_size",
     "actor_rollout_ref.rollout.name": "actor.engine",
     "actor_rollout_ref.actor.optim.lr_warmup_steps": "learner.warmup_steps",
     "actor_rollout_ref.actor.grad_clip": "learner.grad_clip",

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from streamrl.configs import foreign
+from streamrl.configs import foreign, renamed
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.redact import redact_text, redacted, restore, shown_value
 from streamrl.configs.runfiles import write_new
@@ -209,7 +209,10 @@ def _model_at(loc: tuple) -> type | None:
 
 
 def _did_you_mean(loc: tuple) -> str:
-    """TRL's or verl's name for the key, else the closest key of its section."""
+    """Where an older streamrl's key went, TRL's or verl's name for the key, else the closest key
+    of its section."""
+    if renamed.hint(".".join(map(str, loc))):
+        return renamed.hint(".".join(map(str, loc)))
     if isinstance(loc[-1], str) and foreign.hint(loc[-1]):
         return foreign.hint(loc[-1])
     model = _model_at(loc)

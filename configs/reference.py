@@ -29,7 +29,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `configs/schema.py` by `python -m streamrl.configs.reference`; do not edit by hand.",
+        "Generated from the schema (`configs/`, and each engine's and transport's own options) by `python -m streamrl.configs.reference`; do not edit by hand.",
         "Set keys in a YAML preset (`configs/*.yaml`) or on the command line as `section.key=value`.",
         "`REDIS_URL` in the environment overrides `broker.redis_url`.",
         "",
@@ -48,6 +48,10 @@ def _rows(prefix: str, section: type[BaseModel]) -> list[str]:
     rows = []
     for name, field in section.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            # a section of its own (``model.lora``, an engine's or transport's options): a row
+            # saying what it is and when it is read, then a row per knob
+            said = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{prefix}.{name}` | section | | {said} |")
             rows += _rows(f"{prefix}.{name}", field.annotation)
             continue
         kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace(

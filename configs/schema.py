@@ -13,7 +13,7 @@ import inspect
 
 from pydantic import Field, model_validator
 
-from streamrl.configs.actor import ENGINE_PLACEMENT, ActorConfig
+from streamrl.configs.actor import ActorConfig
 from streamrl.configs.broker import BrokerConfig
 from streamrl.configs.data import DataConfig
 from streamrl.configs.learner import AlgoConfig, LearnerConfig, SupervisedConfig
@@ -22,7 +22,8 @@ from streamrl.configs.reward import BUILTIN_REWARD_RANGES, RewardConfig, RewardS
 from streamrl.configs.rollout import AgentConfig, EnvConfig, RolloutConfig
 from streamrl.configs.run import MetricsConfig, RunConfig
 from streamrl.configs.section import Section, check_indices
-from streamrl.configs.weightsync import DEVICE_IPC_TRANSPORTS, WeightSyncConfig
+from streamrl.configs.weightsync import WeightSyncConfig
+from streamrl.weightsync.transports import TRANSPORTS
 
 __all__ = [
     "ActorConfig",
@@ -31,9 +32,7 @@ __all__ = [
     "BUILTIN_REWARD_RANGES",
     "BrokerConfig",
     "Config",
-    "DEVICE_IPC_TRANSPORTS",
     "DataConfig",
-    "ENGINE_PLACEMENT",
     "EnvConfig",
     "LearnerConfig",
     "LoraConfig",
@@ -84,13 +83,13 @@ class Config(Section):
                 raise ValueError(
                     f'actor.gpus="share" puts the actors on the learner\'s one GPU, but learner.ranks={learner.ranks}'
                 )
-            if actor.tensor_parallel_size != 1:
+            if actor.gpus_per_actor != 1:
                 raise ValueError(
-                    f'actor.gpus="share" gives each actor one GPU; actor.tensor_parallel_size={actor.tensor_parallel_size}'
+                    f'actor.gpus="share" gives each actor one GPU, but one actor of this run takes {actor.gpus_per_actor} (its engine\'s options)'
                 )
         if actor.gpus is not None:
             # a placed actor sees only its own GPUs, numbered from 0
-            group = 1 if actor.gpus == "share" else actor.tensor_parallel_size
+            group = 1 if actor.gpus == "share" else actor.gpus_per_actor
             kind, _, index = actor.device.partition(":")
             if kind == "cuda" and index.isdigit() and int(index) >= group:
                 raise ValueError(
@@ -99,9 +98,9 @@ class Config(Section):
                 )
         if isinstance(actor.gpus, list):
             check_indices("actor.gpus", actor.gpus)
-            if len(actor.gpus) % actor.tensor_parallel_size:
+            if len(actor.gpus) % actor.gpus_per_actor:
                 raise ValueError(
-                    f"actor.gpus={actor.gpus}: its length must be a multiple of actor.tensor_parallel_size={actor.tensor_parallel_size}"
+                    f"actor.gpus={actor.gpus}: its length must be a multiple of the {actor.gpus_per_actor} GPUs one actor takes"
                 )
             # whether they overlap the learner's GPUs is the launcher's to check: on an actors
             # host (`streamrl actors`) the learner is elsewhere (launch.placement.check)
@@ -162,20 +161,8 @@ class Config(Section):
         return {p.name: getattr(self, p.name) for p in params if p.kind is p.KEYWORD_ONLY}
 
     @model_validator(mode="after")
-    def _device_ipc_actors(self) -> Config:
-        ws, actor = self.weightsync, self.actor
-        if ws.transport not in DEVICE_IPC_TRANSPORTS:
-            return self
-        why = f"weightsync.transport={ws.transport} copies weights from the learner's GPU into GPU actors on its host"
-        if ws.relay:
-            raise ValueError(
-                f"weightsync.relay=true: relays serve actors on other hosts over shm, but {why}; use weightsync.transport=dist with relays"
-            )
-        on_device = [e for e in sorted(actor.engines_in_use) if ENGINE_PLACEMENT[e] == "device"]
-        if on_device and not actor.device.startswith("cuda"):
-            raise ValueError(
-                f"actor.device={actor.device} for the {', '.join(on_device)} engine: {why}; use weightsync.transport=shm for CPU actors"
-            )
+    def _transport_serves_the_actors(self) -> Config:
+        TRANSPORTS[self.weightsync.transport].check(self.weightsync, self.actor)
         return self
 
     @model_validator(mode="after")

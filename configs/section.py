@@ -11,7 +11,7 @@ from __future__ import annotations
 import types
 import typing
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def _takes_list(annotation) -> bool:
@@ -57,3 +57,32 @@ def check_indices(key: str, indices: list[int], what: str = "GPU") -> None:
         raise ValueError(f"{key}={indices}: {what} indices must be >= 0")
     if len(set(indices)) != len(indices):
         raise ValueError(f"{key}={indices}: an index is listed twice")
+
+
+def backend_sections(options: dict[str, type[Section] | None], read_when: str) -> dict:
+    """The fields a section gains from a registry of backends (engines, transports): one section
+    per backend that has options, named after it, with those options' defaults. ``read_when``
+    says when a backend's section is read (``{name}`` is its name)."""
+    return {
+        name: (cls, Field(default_factory=cls, description=read_when.format(name=name)))
+        for name, cls in options.items()
+        if cls is not None
+    }
+
+
+def unread_options_kept(section: BaseModel, where: str, unread: list[str], why: str) -> None:
+    """Raise ``ValueError`` naming the first knob of an unread backend's section (``unread``: their
+    names) that is not at its default: a knob another setting ignores would otherwise do nothing
+    in silence. A saved run config spells every default out, and loads."""
+    for name in unread:
+        options = getattr(section, name, None)
+        if options is None:
+            continue
+        defaults = type(options)()
+        for key in type(options).model_fields:
+            value, default = getattr(options, key), getattr(defaults, key)
+            if value != default:
+                raise ValueError(
+                    f"{where}.{name}.{key}={value!r} is set, but {why}: leave it at its default "
+                    f"({default!r}) or choose a setting that reads it"
+                )

@@ -7,7 +7,7 @@ when set (so ``learner.gpus: [0]`` under ``CUDA_VISIBLE_DEVICES=4,5`` is physica
 every GPU of the host. A child's value is written in the launcher's own terms (ids, UUIDs or MIG
 names pass through unchanged). The learner process gets all of its ranks' GPUs and rank r takes
 ``cuda:r`` of them (``LOCAL_RANK``), one GPU per rank; actor i gets the (i mod n)-th group of
-``actor.tensor_parallel_size`` indices, so more actors than groups share them round-robin.
+``actor.gpus_per_actor`` indices, so more actors than groups share them round-robin.
 The schema checks the lists against each other (``Config._placement``); ``check`` checks them
 against the devices present. The supervisor records what it gave in ``<run.dir>/placement.json``,
 which the live view and ``streamrl inspect`` show. Imports the config schema (and torch, to count GPUs).
@@ -53,7 +53,7 @@ def actor_gpus(cfg: Config, index: int) -> list[int] | None:
     learner_gpu = cfg.learner.gpus[0] if cfg.learner.gpus else 0
     if gpus == "share":
         return [learner_gpu]
-    tp = cfg.actor.tensor_parallel_size
+    tp = cfg.actor.gpus_per_actor
     group = index % (len(gpus) // tp)
     own = gpus[group * tp : (group + 1) * tp]
     from streamrl.weightsync import transports
@@ -98,9 +98,9 @@ def check(cfg: Config, available: int, learner_here: bool = True) -> None:
         from streamrl.weightsync import transports
 
         # NCCL refuses two ranks of one communicator on one GPU
-        if (
-            transports.get(cfg.weightsync.transport).process_group
-            and cfg.weightsync.backend != "gloo"
+        if transports.get(cfg.weightsync.transport).group_backend(cfg.weightsync) not in (
+            None,
+            "gloo",
         ):
             raise PlacementError(
                 'actor.gpus="share" puts learner and actors on one GPU, where NCCL cannot join '
@@ -126,7 +126,7 @@ def check_actors_host(cfg: Config) -> None:
         raise PlacementError(
             f"weightsync.transport={cfg.weightsync.transport} copies weights from the learner's GPU "
             "on its own host, and the learner does not run here: use weightsync.transport=dist "
-            "(with weightsync.relay) for actors on other hosts"
+            "(with weightsync.dist.relay) for actors on other hosts"
         )
 
 

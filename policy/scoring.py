@@ -2,7 +2,7 @@
 
 The learner's loss, its proximal and KL reference passes and the actors' reference pass all call
 it, so the log-probs they compare come from the same arithmetic, and the sampler
-(``actors.engines.sampling``) truncates with the same ``kept_floor``: a token's log-prob is taken
+(``actors.engines.hf.sampling``) truncates with the same ``kept_floor``: a token's log-prob is taken
 under the distribution the actors sample from (mu's family, docs/guarantees.md "What mu is"):
 logits divided by the temperature, then top-k, then top-p, renormalised over the kept tokens.
 """

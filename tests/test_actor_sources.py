@@ -14,8 +14,8 @@ import pytest
 from multiturn_envs import FEEDBACK, terse_tokenizer
 
 from streamrl.actors.admit import Admit
-from streamrl.actors.engines import SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.base import SamplingParams
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.actors.prompts import PromptCursor, PromptDataset
 from streamrl.actors.sources import Generation
 from streamrl.actors.sources.agent import AgentSource

@@ -1,4 +1,4 @@
-"""The hf engine's CUDA-graph decode (``actor.cuda_graphs``) on a real GPU: replayed graphs give
+"""The hf engine's CUDA-graph decode (``actor.hf.cuda_graphs``) on a real GPU: replayed graphs give
 the eager static batch's tokens, a weight swap (copied in place) shows in the very next replay's
 logits, and the graphs switch buckets as rows finish.
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from streamrl.actors.engines.base import Request, SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.policy.load import load_policy, load_tokenizer
 from streamrl.weightsync.subscriber import swap_into_model
 

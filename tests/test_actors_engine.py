@@ -11,8 +11,8 @@ import torch
 from rounding import assert_within_rounding
 
 from streamrl.actors.engines.base import Request, SamplingParams
-from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.engines.sampling import processed_logprobs
+from streamrl.actors.engines.hf.engine import HFEngine
+from streamrl.actors.engines.hf.sampling import processed_logprobs
 from streamrl.policy.load import load_policy, load_tokenizer
 
 PROMPTS = ["314>", "12>", "98765>", "1>", "4444>", "abcdefgh>", "70>"]
@@ -236,10 +236,11 @@ def test_top_k_and_top_p_keep_exactly_the_tokens_they_should():
 def test_built_from_its_sections_the_engine_takes_each_published_version_from_its_feed(
     demo_policy, redis_cfg, sync
 ):
-    """``HFEngine.from_config`` reads ``model`` and ``actor`` only, and subscribes through the
+    """``HF.from_config`` reads ``model`` and ``actor`` only, and subscribes through the
     feed: full weights into the policy, or with ``model.lora.sync: adapter`` the adapters into a
     peft-wrapped copy of it."""
-    from streamrl.actors.engines import EngineParts
+    from streamrl.actors.engines.base import EngineParts
+    from streamrl.actors.engines.hf import HF
     from streamrl.configs.schema import ActorConfig, LoraConfig, ModelConfig
     from streamrl.policy import lora
     from streamrl.weightsync.feed import WeightFeed
@@ -250,7 +251,7 @@ def test_built_from_its_sections_the_engine_takes_each_published_version_from_it
     ws = redis_cfg.weightsync.model_copy(update={"transport": "shm"})
     feed = WeightFeed.from_config(ws, redis_cfg.broker, redis_cfg.run, "a0")
     parts = EngineParts(feed, load_tokenizer(demo_policy), seed=0)
-    engine = HFEngine.from_config(parts, model=model, actor=ActorConfig(batch_slots=4))
+    engine = HF.from_config(parts, model=model, actor=ActorConfig(batch_slots=4))
     learner = lora.wrap(load_policy(demo_policy), lora_cfg)
     with torch.no_grad():
         for name, p in learner.named_parameters():

@@ -26,7 +26,7 @@ def test_an_evaluation_logs_sampled_and_greedy_reward_and_pass_at_1(
 ):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from streamrl.actors.engines.hf import HFEngine
+    from streamrl.actors.engines.hf.engine import HFEngine
 
     cfg = Config.model_validate(
         {

@@ -1,4 +1,4 @@
-"""The hf engine's static decode batch (``actor.cuda_graphs``), run by its eager runner on CPU: the
+"""The hf engine's static decode batch (``actor.hf.cuda_graphs``), run by its eager runner on CPU: the
 same tokens, log-probs, versions and finish reasons as the dynamic batch, through slot refill,
 stops, length limits, a weight swap mid-decode (copied in place) and multi-turn sessions; the
 step's pieces against slow references. Graph capture and replay: tests/test_actors_cuda.py."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.actors.engines import static_decode
 from streamrl.actors.engines.base import Request, SamplingParams
-from streamrl.actors.engines.hf import HFEngine, _Batch
-from streamrl.actors.engines.static_decode import (
+from streamrl.actors.engines.hf import static_decode
+from streamrl.actors.engines.hf.engine import HFEngine, _Batch
+from streamrl.actors.engines.hf.static_decode import (
     SlotLayer,
     bucket_for,
     buckets,
@@ -258,7 +258,7 @@ def test_cuda_graphs_follow_the_device_and_on_is_refused_on_a_cpu_actor():
 
     assert mode() == "dynamic"
     assert mode("actor.device=cuda:0") == "graphs"
-    assert mode("actor.device=cuda", "actor.cuda_graphs=on") == "graphs"
-    assert mode("actor.device=cuda:0", "actor.cuda_graphs=off") == "dynamic"
-    with pytest.raises(ConfigError, match="actor.cuda_graphs=on needs a CUDA actor.device"):
-        load_config(None, ["actor.cuda_graphs=on"], env={})
+    assert mode("actor.device=cuda", "actor.hf.cuda_graphs=on") == "graphs"
+    assert mode("actor.device=cuda:0", "actor.hf.cuda_graphs=off") == "dynamic"
+    with pytest.raises(ConfigError, match="actor.hf.cuda_graphs=on needs a CUDA actor.device"):
+        load_config(None, ["actor.hf.cuda_graphs=on"], env={})

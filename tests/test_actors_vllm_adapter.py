@@ -24,15 +24,15 @@ from prometheus_client import REGISTRY
 from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams
-from streamrl.actors.engines.vllm.engine import (
+from streamrl.actors.engines.spec import EngineUnavailable
+from streamrl.actors.engines.vllm import (
     INSECURE_SERIALIZATION,
-    VLLMEngine,
-    VLLMUnavailable,
     engine_args,
     insecure_serialization,
     make_sender,
     weight_transfer_backend,
 )
+from streamrl.actors.engines.vllm.engine import VLLMEngine
 from streamrl.actors.engines.vllm.outputs import sampling_kwargs, to_output
 from streamrl.actors.engines.vllm.push import EngineFailed
 from streamrl.actors.engines.vllm.senders import IPCSender, NCCLSender, staged_buckets
@@ -79,7 +79,7 @@ class WeightVersionSpan:
 def test_engine_args_ask_for_processed_logprobs_and_native_weight_transfer(tmp_path):
     model, actor = ModelConfig(path=str(tmp_path)), ActorConfig(engine="vllm", batch_slots=128)
     # the backend is the hop from this process to its own engine: one GPU shared -> CUDA IPC
-    backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
+    backend = weight_transfer_backend("dist", actor.vllm.tensor_parallel_size)
     assert backend == "ipc"
     args = engine_args(model, actor, backend, seed=7)
     assert args["logprobs_mode"] == "processed_logprobs"
@@ -92,7 +92,7 @@ def test_shm_runs_take_weights_through_the_streamrl_shm_backend_and_the_cpu_buil
     tmp_path,
 ):
     model, actor = ModelConfig(path=str(tmp_path)), ActorConfig(engine="vllm")
-    backend = weight_transfer_backend("shm", actor.tensor_parallel_size)
+    backend = weight_transfer_backend("shm", actor.vllm.tensor_parallel_size)
     assert backend == "streamrl_shm" and make_sender(backend, actor) is None
     args = engine_args(model, actor, backend, gpu=False)
     assert args["weight_transfer_config"] == {"backend": "streamrl_shm"}
@@ -111,8 +111,8 @@ def test_trust_remote_code_reaches_vllm_only_where_model_init_kwargs_set_it(tmp_
 
 
 def test_tensor_parallel_engines_take_weights_over_nccl_with_the_documented_init_info(tmp_path):
-    actor = ActorConfig(engine="vllm", tensor_parallel_size=2, device="cuda:2")
-    backend = weight_transfer_backend("dist", actor.tensor_parallel_size)
+    actor = ActorConfig(engine="vllm", vllm={"tensor_parallel_size": 2}, device="cuda:2")
+    backend = weight_transfer_backend("dist", actor.vllm.tensor_parallel_size)
     assert engine_args(ModelConfig(path=str(tmp_path)), actor, backend)[
         "weight_transfer_config"
     ] == {"backend": "nccl"}
@@ -237,7 +237,7 @@ def test_the_insecure_serialization_flag_is_set_only_while_an_ipc_engine_starts(
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_engine_names_the_extra_to_install():
-    with pytest.raises(VLLMUnavailable, match=r"streamrl\[vllm\]"):
+    with pytest.raises(EngineUnavailable, match=r"streamrl\[vllm\]"):
         VLLMEngine({"model": "x"})
 
 
@@ -510,7 +510,7 @@ def test_two_versions_staged_back_to_back_push_only_the_newest(rig):
 
 HUB_ID_CHILD = """
 import json, sys
-from streamrl.actors.engines.vllm.engine import engine_args
+from streamrl.actors.engines.vllm import engine_args
 from streamrl.configs.schema import ActorConfig, ModelConfig
 args = {
     path: engine_args(ModelConfig(path=path), ActorConfig(engine="vllm"), "streamrl_shm", gpu=False)

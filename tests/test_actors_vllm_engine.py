@@ -31,7 +31,7 @@ from rounding import (  # noqa: E402
 from waiting import until
 
 from streamrl.actors.engines.base import EngineParts, Output, Request, SamplingParams  # noqa: E402
-from streamrl.actors.engines.vllm.engine import VLLMEngine  # noqa: E402
+from streamrl.actors.engines.vllm import VLLM  # noqa: E402
 from streamrl.actors.engines.vllm.push import EngineFailed  # noqa: E402
 from streamrl.broker.client import connect_sync  # noqa: E402
 from streamrl.broker.keys import Keys  # noqa: E402
@@ -77,7 +77,7 @@ class Rig:
         self.publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
         feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, "a0")
         parts = EngineParts(feed, self.tokenizer, seed=0)
-        self.engine = VLLMEngine.from_config(parts, model=cfg.model, actor=cfg.actor)
+        self.engine = VLLM.from_config(parts, model=cfg.model, actor=cfg.actor)
 
     def versioned(self, version: int, only: str | None = None) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(version)

@@ -22,7 +22,7 @@ from rounding import assert_within_rounding, learner_logprobs_twice, rounding_to
 from waiting import until
 
 from streamrl.actors.engines.base import EngineParts, Output, Request, SamplingParams  # noqa: E402
-from streamrl.actors.engines.vllm.engine import VLLMEngine  # noqa: E402
+from streamrl.actors.engines.vllm import VLLM  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
 from streamrl.policy import lora as L  # noqa: E402
@@ -70,7 +70,7 @@ class Rig:
         self.publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
         feed = WeightFeed.from_config(cfg.weightsync, cfg.broker, cfg.run, "a0")
         parts = EngineParts(feed, self.tokenizer, seed=0)
-        self.engine = VLLMEngine.from_config(parts, model=cfg.model, actor=cfg.actor)
+        self.engine = VLLM.from_config(parts, model=cfg.model, actor=cfg.actor)
 
     def publish(self, version: int, wait: bool = True) -> None:
         # a version = random adapters, large enough that the policy visibly moves off the base

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from streamrl.actors.engines.base import SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.actors.group import Group
 from streamrl.actors.openai_server import AgentServer, Handlers
 from streamrl.actors.prompts import Prompt

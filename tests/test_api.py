@@ -57,7 +57,7 @@ def test_overrides_as_a_mapping_equal_the_same_overrides_as_command_line_strings
     importlib.util.find_spec("vllm") is not None, reason="needs an interpreter without vLLM"
 )
 def test_the_cli_reports_a_streamrl_error_in_one_line_and_exits_2(tmp_path):
-    """A vLLM actor asked for where vLLM is missing: a VLLMUnavailable, not a traceback."""
+    """A vLLM actor asked for where vLLM is missing: an EngineUnavailable, not a traceback."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("REDIS_URL", None)
     result = subprocess.run(

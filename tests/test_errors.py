@@ -2,7 +2,7 @@
 
 import pytest
 
-from streamrl.actors.engines.vllm.engine import VLLMUnavailable
+from streamrl.actors.engines.spec import EngineUnavailable
 from streamrl.actors.engines.vllm.push import EngineFailed, PushFailed
 from streamrl.actors.prompts import PromptDataError
 from streamrl.broker.client import RedisNotConfigured
@@ -22,7 +22,7 @@ BUILTIN_BASE = {
     PrometheusError: RuntimeError,
     PushFailed: RuntimeError,
     EngineFailed: RuntimeError,
-    VLLMUnavailable: ImportError,
+    EngineUnavailable: ImportError,
 }
 
 

@@ -46,7 +46,7 @@ def test_an_actor_host_places_restarts_and_scales_its_actors_behind_its_relay(
         "actor.gpus=[0,1]",
         "actor.staggered_start=false",
         "weightsync.transport=dist",
-        "weightsync.relay=true",
+        "weightsync.dist.relay=true",
     ]
     cfg = load_config(CONFIG, overrides)
     sup = HostSupervisor(cfg, actors=2, url=redis_server.url)

@@ -30,7 +30,10 @@ def _cfg(**sections) -> Config:
 def test_actors_take_their_gpus_round_robin_one_or_tensor_parallel_groups():
     cfg = _cfg(learner={"gpus": [0]}, actor={"gpus": [1, 2]})
     assert [actor_gpus(cfg, i) for i in range(5)] == [[1], [2], [1], [2], [1]]
-    tp = _cfg(learner={"gpus": [0]}, actor={"gpus": [4, 5, 6, 7], "tensor_parallel_size": 2})
+    tp = _cfg(
+        learner={"gpus": [0]},
+        actor={"gpus": [4, 5, 6, 7], "engine": "vllm", "vllm": {"tensor_parallel_size": 2}},
+    )
     assert [actor_gpus(tp, i) for i in range(3)] == [[4, 5], [6, 7], [4, 5]]
     assert actor_gpus(_cfg(), 3) is None
 
@@ -41,7 +44,7 @@ def test_under_cuda_ipc_an_actor_on_its_own_gpus_sees_the_learners_after_them():
     assert [actor_gpus(cfg, i) for i in range(3)] == [[1, 0], [2, 0], [1, 0]]
     tp = _cfg(
         learner={"gpus": [3]},
-        actor={"gpus": [4, 5], "tensor_parallel_size": 2, "engine": "vllm"},
+        actor={"gpus": [4, 5], "engine": "vllm", "vllm": {"tensor_parallel_size": 2}},
         weightsync=ipc,
     )
     assert actor_gpus(tp, 0) == [4, 5, 3]
@@ -71,7 +74,10 @@ def test_indices_count_the_launchers_own_visible_devices():
         ({"learner": {"gpus": [0], "ranks": 2}}, ["learner.gpus", "learner.ranks=2"]),
         ({"learner": {"gpus": [-1]}}, ["learner.gpus", ">= 0"]),
         ({"actor": {"gpus": [1, 1]}}, ["actor.gpus", "twice"]),
-        ({"actor": {"gpus": [1, 2, 3], "tensor_parallel_size": 2}}, ["actor.gpus", "multiple"]),
+        (
+            {"actor": {"gpus": [1, 2, 3], "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}},
+            ["actor.gpus", "multiple"],
+        ),
         ({"learner": {"ranks": 2}, "actor": {"gpus": "share"}}, ["share", "learner.ranks=2"]),
         (
             {"learner": {"gpus": [0]}, "actor": {"gpus": [1, 2], "device": "cuda:1"}},
@@ -117,7 +123,7 @@ def test_an_index_past_the_launchers_devices_is_refused_before_anything_starts()
     shared_dist = _cfg(actor={"gpus": "share"}, weightsync={"transport": "dist"})
     with pytest.raises(PlacementError, match="NCCL.*weightsync.transport=shm"):
         check(shared_dist, 1)
-    shared_dist.weightsync.backend = "gloo"
+    shared_dist.weightsync.dist.backend = "gloo"
     check(shared_dist, 1)
     # the launcher's CUDA_VISIBLE_DEVICES is what it sees, whatever the host has
     with pytest.raises(PlacementError, match="sees 1 GPU"):

@@ -111,7 +111,7 @@ def test_three_hosts_train_relay_weights_once_per_host_and_survive_kills_and_a_c
         "--config", "demo_cpu",
         f"run.dir={run_dir}", "run.name=multihost", "run.max_steps=100000", "run.max_time_s=0",
         f"model.path={demo_policy}", f"data.path={demo_dataset}",
-        "weightsync.transport=dist", "weightsync.relay=true", "weightsync.timeout_s=5",
+        "weightsync.transport=dist", "weightsync.dist.relay=true", "weightsync.timeout_s=5",
         "learner.checkpoint_every=5", "learner.lr_scheduler=constant", "learner.commit_log=true", "actor.publish_log=true",
         "learner.cpus=null", "actor.cpus=null", "actor.staggered_start=false",
     ]  # fmt: skip

@@ -12,7 +12,7 @@ from broker_helpers import limits_of
 from multiturn_envs import ROW, Feedback, env_rollouts, lookup, terse_tokenizer
 
 from streamrl.actors.engines.base import SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.actors.environment import Step, ToolEnvironment, parse_tool_calls
 from streamrl.actors.trajectory import Renderer
 from streamrl.broker.wire import Completion, RolloutGroup, WireError, decode_group, encode_group

@@ -11,7 +11,7 @@ import torch
 from multiturn_envs import FEEDBACK, ROW, Feedback, env_rollouts, terse_tokenizer
 
 from streamrl.actors.engines.base import SamplingParams
-from streamrl.actors.engines.hf import HFEngine
+from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.learner.batching import Sample, collate
 from streamrl.learner.engine import token_logprobs
 from streamrl.policy.load import load_policy

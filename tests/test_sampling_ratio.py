@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from streamrl.actors.engines.base import Request, SamplingParams
-from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.engines.sampling import processed_logprobs
+from streamrl.actors.engines.hf.engine import HFEngine
+from streamrl.actors.engines.hf.sampling import processed_logprobs
 from streamrl.configs.schema import LearnerConfig, RolloutConfig
 from streamrl.learner.algorithm import policy_loss
 from streamrl.learner.batching import Sample, collate

@@ -21,7 +21,7 @@ import torch
 from ipc_standin import FileIpc
 from weightsync_procs import check, engine_template, learner_tensors
 
-from streamrl.configs.schema import DEVICE_IPC_TRANSPORTS, Config, WeightSyncConfig
+from streamrl.configs.schema import Config, WeightSyncConfig
 from streamrl.weightsync import transports
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.publisher import Publisher
@@ -87,10 +87,10 @@ def _wait(predicate, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_the_capability_and_the_schemas_list_name_the_same_transports():
-    assert DEVICE_IPC_TRANSPORTS == {n for n, t in transports.TRANSPORTS.items() if t.device_ipc}
+def test_cuda_ipc_declares_what_it_is_publishing_device_memory_written_before_submit_returns():
     t = transports.get("cuda_ipc")
-    assert (t.publishes, t.shared_memory, t.background, t.relays) == (True, False, False, False)
+    assert (t.publishes, t.device_ipc, t.shared_memory, t.background) == (True, True, False, False)
+    assert not t.relayed(WeightSyncConfig(transport="cuda_ipc"))
 
 
 def test_a_late_actor_process_takes_the_newest_version_then_the_next(redis_cfg, ws, ops, tmp_path):
@@ -110,8 +110,8 @@ def test_a_late_actor_process_takes_the_newest_version_then_the_next(redis_cfg, 
                 redis_cfg.broker.redis_url,
                 "--run",
                 redis_cfg.run.name,
-                "--transport",
-                "cuda_ipc",
+                "--weightsync",
+                '{"transport": "cuda_ipc", "timeout_s": 5.0}',
                 "--hidden",
                 str(HIDDEN),
                 "--layers",
@@ -358,7 +358,10 @@ def test_without_the_learners_gpu_visible_the_production_class_names_the_reason(
     ("overrides", "message"),
     [
         ({}, "actor.device=cpu for the hf engine"),
-        ({"actor": {"device": "cuda"}, "weightsync": {"relay": True}}, "weightsync.relay=true"),
+        (
+            {"actor": {"device": "cuda"}, "weightsync": {"dist": {"relay": True}}},
+            "weightsync.dist.relay=True is set, but weightsync.transport=cuda_ipc does not read it",
+        ),
     ],
 )
 def test_configs_cuda_ipc_cannot_serve_are_refused_at_load_naming_the_key(overrides, message):
@@ -383,7 +386,7 @@ def test_an_actors_host_cannot_take_weights_from_the_learners_gpu():
 
 
 def test_a_vllm_actor_takes_cuda_ipc_versions_through_the_streamrl_cuda_ipc_backend(tmp_path):
-    from streamrl.actors.engines.vllm.engine import (
+    from streamrl.actors.engines.vllm import (
         engine_args,
         make_sender,
         weight_transfer_backend,

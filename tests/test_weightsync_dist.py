@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from weightsync_helpers import InProcessActor, Proc
+from weightsync_helpers import InProcessActor, Proc, with_weightsync
 from weightsync_procs import learner_tensors
 
 from streamrl.weightsync.publisher import Publisher
@@ -15,17 +15,9 @@ from streamrl.weightsync.publisher import Publisher
 pytestmark = pytest.mark.slow
 
 
-def _cfg(redis_cfg, **ws):
-    update = {
-        "transport": "dist",
-        "backend": "gloo",
-        "timeout_s": 2.0,
-        "bucket_bytes": 1 << 16,
-        **ws,
-    }
-    return redis_cfg.model_copy(
-        update={"weightsync": redis_cfg.weightsync.model_copy(update=update)}
-    )
+def _cfg(redis_cfg, **dist):
+    dist = {"backend": "gloo", "bucket_bytes": 1 << 16, **dist}
+    return with_weightsync(redis_cfg, transport="dist", timeout_s=2.0, dist=dist)
 
 
 def _wait_members(pub, n: int, timeout: float = 20.0) -> None:
@@ -134,7 +126,7 @@ def _listening(pid: int) -> set[str]:
 def test_the_rendezvous_store_and_the_group_listen_on_dist_host_only(redis_cfg, procs):
     import os
 
-    cfg = _cfg(redis_cfg, dist_host="127.0.0.1")
+    cfg = _cfg(redis_cfg, host="127.0.0.1")
     sub = Proc("subscriber", cfg, id="bind", until=3)
     procs.append(sub)
     before = _listening(os.getpid())

@@ -17,7 +17,7 @@ import time
 
 import psutil
 import pytest
-from weightsync_helpers import InProcessActor
+from weightsync_helpers import InProcessActor, with_weightsync
 from weightsync_procs import learner_tensors
 
 from streamrl.broker.client import connect_sync
@@ -35,23 +35,20 @@ from streamrl.weightsync.transports.shm.segment import SHM_DIR
 HIDDEN, LAYERS = 64, 2
 
 
-def _cfg(redis_cfg, host_id: str, **ws):
-    update = {
-        "transport": "dist",
+def _cfg(redis_cfg, host_id: str, transport: str = "dist", **dist):
+    dist = {
         "relay": True,
         "backend": "gloo",
-        "timeout_s": 1.0,
         "bucket_bytes": 1 << 16,
-        "dist_host": "127.0.0.1",
-        "dist_port": 0,
-        **ws,
+        "host": "127.0.0.1",
+        "port": 0,
+        **dist,
     }
-    return redis_cfg.model_copy(
-        update={
-            "weightsync": redis_cfg.weightsync.model_copy(update=update),
-            "run": redis_cfg.run.model_copy(update={"host_id": host_id}),
-        }
-    )
+    ws = {"transport": transport, "timeout_s": 1.0}
+    if transport == "dist":
+        ws["dist"] = dist
+    cfg = with_weightsync(redis_cfg, **ws)
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"host_id": host_id})})
 
 
 class RelayThread:
@@ -268,7 +265,7 @@ def test_the_relay_refuses_a_config_that_needs_none(redis_cfg):
     assert relay_module.wanted(_cfg(redis_cfg, "h").weightsync)
     assert not relay_module.wanted(_cfg(redis_cfg, "h", relay=False).weightsync)
     assert not relay_module.wanted(_cfg(redis_cfg, "h", transport="shm").weightsync)
-    assert relay_module.main(["weightsync.transport=shm", "weightsync.relay=true"]) == 2
+    assert relay_module.main(["weightsync.transport=dist", "weightsync.dist.relay=false"]) == 2
 
 
 def _free_run(count: int) -> int:
@@ -296,11 +293,11 @@ def test_the_store_takes_the_first_free_port_of_its_range_and_names_the_key_when
         taken.listen()
         store = bound_store("127.0.0.1", 1.0, first, 3)
         assert store.port == first + 1
-        with pytest.raises(NoFreePort, match=r"weightsync\.dist_port"):
+        with pytest.raises(NoFreePort, match=r"weightsync\.dist\.port"):
             bound_store("127.0.0.1", 1.0, first, 2)
         del store
-    # the publisher's store comes from weightsync.dist_port/dist_ports
-    cfg = _cfg(redis_cfg, "hostA", dist_port=first, dist_ports=3)
+    # the publisher's store comes from weightsync.dist.port/ports
+    cfg = _cfg(redis_cfg, "hostA", port=first, ports=3)
     pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run)
     try:
         pub.publish(1, learner_tensors(1, HIDDEN, LAYERS))
@@ -331,7 +328,7 @@ def test_the_default_address_is_the_one_toward_the_broker_and_an_explicit_one_wi
     assert routable(peer) == toward(peer) == peer
     # a broker elsewhere that has no route of its own: the default route's, or an interface's
     assert routable("192.0.2.1") in own
-    explicit = _cfg(redis_cfg, "hostA", dist_host=peer)
+    explicit = _cfg(redis_cfg, "hostA", host=peer)
     pub = Publisher.from_config(explicit.weightsync, explicit.broker, explicit.run)
     try:
         pub.publish(1, learner_tensors(1, HIDDEN, LAYERS))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from weightsync_helpers import InProcessActor, Proc, wait_staged
+from weightsync_helpers import InProcessActor, Proc, wait_staged, with_weightsync
 from weightsync_procs import check, engine_template, learner_tensors
 
 from streamrl.weightsync.publisher import Publisher
@@ -23,10 +23,8 @@ from streamrl.weightsync.transports.shm.segment import (
 )
 
 
-def _cfg(redis_cfg, **ws):
-    return redis_cfg.model_copy(
-        update={"weightsync": redis_cfg.weightsync.model_copy(update={"transport": "shm", **ws})}
-    )
+def _cfg(redis_cfg, slots: int = 3, **ws):
+    return with_weightsync(redis_cfg, transport="shm", shm={"slots": slots}, **ws)
 
 
 def _segments(cfg) -> list[Path]:

@@ -28,13 +28,7 @@ class Proc:
             "--run",
             cfg.run.name,
         ]
-        args += [
-            "--transport",
-            cfg.weightsync.transport,
-            "--timeout",
-            str(cfg.weightsync.timeout_s),
-        ]
-        args += ["--slots", str(cfg.weightsync.slots), "--bucket", str(cfg.weightsync.bucket_bytes)]
+        args += ["--weightsync", cfg.weightsync.model_dump_json()]
         for key, value in opts.items():
             args += [f"--{key}", str(value)]
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -134,3 +128,11 @@ def wait_staged(sub, timeout_s: float, poll_s: float = 0.02) -> bool:
             return False
         time.sleep(poll_s)
     return True
+
+
+def with_weightsync(cfg, **ws):
+    """``cfg`` with a weightsync section validated from ``ws`` (a transport's own settings nested:
+    ``dist={"backend": "gloo"}``), as a config file would give it."""
+    from streamrl.configs.schema import WeightSyncConfig
+
+    return cfg.model_copy(update={"weightsync": WeightSyncConfig.model_validate(ws)})

@@ -61,12 +61,7 @@ def config(args) -> SimpleNamespace:
     return SimpleNamespace(
         run=RunConfig(name=args.run, dir="/tmp"),
         broker=BrokerConfig(redis_url=args.redis),
-        weightsync=WeightSyncConfig(
-            transport=args.transport,
-            timeout_s=args.timeout,
-            slots=args.slots,
-            bucket_bytes=args.bucket,
-        ),
+        weightsync=WeightSyncConfig.model_validate_json(args.weightsync),
     )
 
 
@@ -120,13 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("role", choices=["subscriber", "publisher"])
     parser.add_argument("--redis", required=True)
     parser.add_argument("--run", required=True)
-    parser.add_argument("--transport", default="shm")
     parser.add_argument("--id", default="a0")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--slots", type=int, default=3)
-    parser.add_argument("--bucket", type=int, default=1 << 16)
-    parser.add_argument("--timeout", type=float, default=5.0)
+    # the weightsync section, as JSON
+    parser.add_argument("--weightsync", default='{"timeout_s": 5.0}')
     parser.add_argument("--until", type=int, default=10)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--period", type=float, default=0.0)

@@ -7,7 +7,7 @@ engine's choice, made from the transport's capabilities (``transport``); the act
 asks.
 
 Where the actor's weights come from follows from the config and ``run.host_id`` alone: with
-``weightsync.relay`` (``relay.relayed``) every actor reads its own host's shm segment, announced under
+``weightsync.dist.relay`` (the transport's ``relayed``) every actor reads its own host's shm segment, announced under
 its host's keys (``hosts.host_keys``) by whoever serves that host: the learner on its own host, the
 host's relay on any other. To the engine that is the ``shm`` transport.
 """
@@ -26,7 +26,6 @@ from streamrl.configs.schema import BrokerConfig, RunConfig, WeightSyncConfig
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import Announcement, read_announcement
 from streamrl.weightsync.hosts import host_keys
-from streamrl.weightsync.relay import relayed
 from streamrl.weightsync.subscriber import Subscriber
 
 
@@ -63,7 +62,7 @@ class WeightFeed:
     ) -> WeightFeed:
         keys = Keys.from_config(run, broker)
         # as relay.wanted(ws)
-        if relayed(ws.transport, ws.relay):
+        if transports.get(ws.transport).relayed(ws):
             ws = ws.model_copy(update={"transport": "shm"})
             keys = host_keys(keys, run.host_id)
         return cls(ws, keys, actor_id, lambda: connect_sync(broker, run.dir))

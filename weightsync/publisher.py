@@ -28,7 +28,6 @@ from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs.errors import StreamRLError
 from streamrl.configs.schema import (
-    ENGINE_PLACEMENT,
     ActorConfig,
     BrokerConfig,
     ModelConfig,
@@ -55,10 +54,10 @@ class PublishStats:
     transport: str
 
 
-def engine_dtype(model: ModelConfig, actor: ActorConfig, engine: str) -> torch.dtype:
-    """The dtype one actor engine computes in: on ``actor.device``, or on this host's GPU if it has
-    one (``configs.schema.ENGINE_PLACEMENT``; the vLLM CPU build computes in float32)."""
-    if ENGINE_PLACEMENT[engine] == "device":
+def compute_dtype(model: ModelConfig, actor: ActorConfig, where: str) -> torch.dtype:
+    """The dtype an engine computes in where its spec says it does (``EngineSpec.computes_on``): on
+    ``actor.device``, or on this host's GPU if it has one (the vLLM CPU build computes in float32)."""
+    if where == "device":
         device = actor.device
     else:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,7 +74,7 @@ def transfer_dtype(ws: WeightSyncConfig, model: ModelConfig, actor: ActorConfig)
     """
     if ws.dtype != "auto":
         return resolve_dtype(ws.dtype)
-    dtypes = {engine_dtype(model, actor, engine) for engine in actor.engines_in_use}
+    dtypes = {compute_dtype(model, actor, where) for where in actor.computes_on}
     return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 

@@ -1,5 +1,5 @@
 """The host relay, ``python -m streamrl.weightsync.relay --config X [--host-id H] [key=value ...]``:
-one per actor host when weights travel over ``dist`` with ``weightsync.relay`` on (``wanted``).
+one per actor host when weights travel over ``dist`` with ``weightsync.dist.relay`` on (``wanted``).
 
 It joins the learner's dist group as its host's single member (``relay:<run.host_id>``), takes
 each version once and writes it into a shared-memory segment of its own, announced under its
@@ -49,14 +49,10 @@ STEP_WAIT_S = 0.2
 RETRY_S = 1.0
 
 
-def relayed(transport: str, relay: bool) -> bool:
-    """Whether ``weightsync.transport``/``weightsync.relay`` put one relay on every actor host."""
-    return relay and transports.get(transport).relays
-
-
 def wanted(ws: WeightSyncConfig) -> bool:
-    """Whether an actor host runs a relay for this config (its actors then read the relay's shm)."""
-    return relayed(ws.transport, ws.relay)
+    """Whether an actor host runs a relay for this config (its actors then read the relay's shm):
+    the transport's ``relayed``."""
+    return transports.get(ws.transport).relayed(ws)
 
 
 class Relay:
@@ -90,7 +86,7 @@ class Relay:
             if self.writer is not None:
                 self.writer.close()
             self.writer = ShmWriter(
-                self.keys.run_name, layout, self.ws.slots, self.ws.timeout_s, self.host_id
+                self.keys.run_name, layout, self.ws.shm.slots, self.ws.timeout_s, self.host_id
             )
             self.layout = layout
         self.aliases = aliases
@@ -141,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s relay %(levelname)s %(message)s")
     if not wanted(cfg.weightsync):
         print(
-            f"relay: weightsync.transport={cfg.weightsync.transport} relay={cfg.weightsync.relay} "
-            "needs no relay",
+            f"relay: weightsync.transport={cfg.weightsync.transport} needs no relay "
+            "(relays are the dist transport's: weightsync.dist.relay)",
             file=sys.stderr,
         )
         return 2

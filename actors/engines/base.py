@@ -12,7 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -121,22 +121,12 @@ class EngineParts:
 
 
 class Engine(ABC):
-    """One generation engine, registered by ``name`` in ``actors.engines``.
-
-    ``from_config`` builds it from the config sections it names as keyword-only parameters
-    (``model``, ``actor``, ...: the actor passes exactly those) and ``EngineParts``; it takes the
-    weights the way it needs them (a subscriber, or the announcements its workers follow) and
-    starts receiving once it stands.
+    """One generation engine, built by its spec's ``from_config`` (``actors.engines.spec``): it
+    takes the weights the way it needs them (a subscriber, or the announcements its workers
+    follow) and starts receiving once it stands.
     """
 
-    name: ClassVar[str]
-    # the engine places its own threads on cores (vLLM): the launcher leaves it unpinned
-    places_own_threads: ClassVar[bool] = False
     version: int
-
-    @classmethod  # noqa: B027 - the hf engine needs nothing optional
-    def check_installed(cls) -> None:
-        """Raise, naming the install, when what the engine needs is missing from this interpreter."""
 
     @abstractmethod
     def generate(

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from streamrl.actors import metrics
 from streamrl.actors.admit import Admit
-from streamrl.actors.engines import Engine, Output, SamplingParams
+from streamrl.actors.engines.base import Engine, Output, SamplingParams
 from streamrl.actors.group import Group
 from streamrl.actors.prompts import Prompt
 from streamrl.actors.rewards import RewardInput

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from streamrl.actors import environment, metrics
 from streamrl.actors.admit import Admit
-from streamrl.actors.engines import Engine, Output, Request, SamplingParams
+from streamrl.actors.engines.base import Engine, Output, Request, SamplingParams
 from streamrl.actors.environment import EnvFailure
 from streamrl.actors.group import Group, Sample
 from streamrl.actors.rewards import RewardInput, Score

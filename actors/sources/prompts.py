@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 
 from streamrl.actors.admit import Admit
-from streamrl.actors.engines import Output, Request
+from streamrl.actors.engines.base import Output, Request
 from streamrl.actors.group import Group, Sample
 from streamrl.actors.sources.base import Generation, Source
 from streamrl.configs.schema import ActorConfig

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from streamrl.broker.keys import Keys
+    from streamrl.configs.actor import ActorConfig
+    from streamrl.configs.section import Section
     from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.announce import Announcement
     from streamrl.weightsync.layout import Layout
@@ -109,9 +111,14 @@ class Receiver(Protocol):
 
 class Transport(ABC):
     """One way weights travel, registered by ``name`` in ``weightsync.transports``. Each transport
-    declares every capability below itself."""
+    declares every capability below itself; the config schema gives its ``options`` the section
+    ``weightsync.<name>``."""
 
     name: ClassVar[str]
+    # what it is, in the config reference's words (``weightsync.transport``)
+    summary: ClassVar[str]
+    # the transport's own settings, the config section ``weightsync.<name>`` (None: it has none)
+    options: ClassVar[type[Section] | None]
     # False: the learner publishes nothing and actors keep the weights they loaded
     publishes: ClassVar[bool]
     # a version lies in a shared-memory segment on this host that a consumer may read in place
@@ -123,11 +130,26 @@ class Transport(ABC):
     # the publisher may write versions from its background thread while the learner trains on
     # (False: written before ``Publisher.submit`` returns, e.g. a broadcast the actors take part in)
     background: ClassVar[bool]
-    # actors join the learner's torch.distributed group (over ``weightsync.backend``): under NCCL
-    # no two of its processes may share a GPU
-    process_group: ClassVar[bool]
-    # with ``weightsync.relay`` one relay per actor host receives for all its actors (``weightsync.relay``)
-    relays: ClassVar[bool]
+
+    def relayed(self, ws: WeightSyncConfig) -> bool:
+        """Whether under ``ws`` one relay per actor host receives every version for all its actors
+        and hands it on over shm (``weightsync.relay``)."""
+        return False
+
+    def group_backend(self, ws: WeightSyncConfig) -> str | None:
+        """The torch.distributed backend (auto, nccl, gloo) of the group the actors join under
+        ``ws``, where they join the learner's (under NCCL no two of its processes may share a
+        GPU); None: no group."""
+        return None
+
+    def reads(self, ws: WeightSyncConfig) -> set[str]:
+        """The transports' option sections (``weightsync.<name>``) this transport reads under ``ws``:
+        its own. A section it does not read must keep its defaults (the schema checks)."""
+        return {self.name} if self.options is not None else set()
+
+    def check(self, ws: WeightSyncConfig, actor: ActorConfig) -> None:  # noqa: B027 - most serve any actor
+        """Raise ``ValueError``, saying why, when this transport cannot serve ``actor``'s engines
+        (run at config load)."""
 
     @abstractmethod
     def sender(

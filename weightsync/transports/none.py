@@ -43,12 +43,12 @@ class NoReceiver:
 
 class NoTransport(Transport):
     name = "none"
+    summary = "actors keep version 0"
+    options = None
     publishes = False
     shared_memory = False
     device_ipc = False
     background = False
-    process_group = False
-    relays = False
 
     def sender(
         self,

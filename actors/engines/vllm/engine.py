@@ -2,8 +2,8 @@
 
 vLLM is an optional extra (``streamrl[vllm]`` on GPUs; ``make .venv-vllm``
 builds the CPU build's own venv) and is imported only when this engine is
-built. Pure functions (the engine arguments here, the sampling arguments and the
-conversion of a vLLM ``CompletionOutput`` into our ``Output`` in ``outputs``) are
+built (``VLLM.from_config``, in the package's ``__init__``). Pure functions (the engine arguments
+there, the sampling arguments and the conversion of a vLLM ``CompletionOutput`` into our ``Output`` in ``outputs``) are
 tested without vLLM; the engine itself is tested against the real vLLM CPU build.
 
 Behaviour log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's
@@ -48,12 +48,8 @@ recomputes its whole sequence under the new weights, as the hf engine does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import importlib.util
 import logging
-import os
-import sys
 import threading
 import time
 import uuid
@@ -64,15 +60,14 @@ from typing import TYPE_CHECKING
 from streamrl.actors import metrics
 from streamrl.actors.engines.base import (
     Engine,
-    EngineParts,
     Output,
     RefillPacer,
     Request,
     SamplingParams,
     WeightSource,
 )
+from streamrl.actors.engines.spec import EngineUnavailable
 from streamrl.actors.engines.vllm.outputs import aborted_output, sampling_kwargs, to_output
-from streamrl.actors.engines.vllm.plugin import IPC_BACKEND, SHM_BACKEND
 from streamrl.actors.engines.vllm.push import (
     EngineFailed,
     Plan,
@@ -82,30 +77,21 @@ from streamrl.actors.engines.vllm.push import (
     sender_plan,
     shm_step,
 )
-from streamrl.actors.engines.vllm.senders import BucketSender, IPCSender, NCCLSender, staged_buckets
-from streamrl.configs.errors import StreamRLError
-from streamrl.policy.load import parameter_template
-from streamrl.policy.lora import MAX_LORAS, AdapterVersions, adapter_template, vllm_max_rank
+from streamrl.actors.engines.vllm.senders import BucketSender, staged_buckets
+from streamrl.policy.lora import AdapterVersions
 from streamrl.weightsync import metrics as weight_metrics
-from streamrl.weightsync import transports
 
 if TYPE_CHECKING:
-    from streamrl.configs.schema import ActorConfig, ModelConfig
+    pass
 
 log = logging.getLogger(__name__)
 
 ABORT_POLL_S = 0.05
 # how often the weight task looks for a new version
 WEIGHT_POLL_S = 0.05
-# the backends whose workers load each announced slot themselves (no subscriber, no sender)
-SLOT_BACKENDS = (SHM_BACKEND, IPC_BACKEND)
 
 
-class VLLMUnavailable(StreamRLError, ImportError):
-    pass
-
-
-def _import_vllm() -> SimpleNamespace:
+def import_vllm() -> SimpleNamespace:
     try:
         import vllm
         from vllm.config import WeightTransferConfig
@@ -116,7 +102,7 @@ def _import_vllm() -> SimpleNamespace:
         from vllm.lora.request import LoRARequest
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
-        raise VLLMUnavailable(
+        raise EngineUnavailable(
             "actor.engine=vllm needs vLLM: pip install 'streamrl[vllm]' on a GPU host, "
             f"or `make .venv-vllm` for the CPU build ({exc})"
         ) from None
@@ -130,127 +116,6 @@ def _import_vllm() -> SimpleNamespace:
     )
 
 
-def _cpu_build_defaults() -> None:
-    """Settings the vLLM CPU build needs on a host it shares with the learner and other actors."""
-    # GiB of KV cache. Unset, the CPU build asks for gpu_memory_utilization (0.85) of the host's
-    # RAM and refuses to start when that much is not free.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # vLLM's default ("auto") gives its worker its own OpenMP thread count and pins the threads to
-    # cores it picks (one core of two held back for the engine core), whatever OMP_NUM_THREADS
-    # says: every vLLM actor would be pinned to the same core. nobind keeps the process's threads
-    # and leaves placement to the OS.
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-
-
-def on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def weight_transfer_backend(transport: str, tensor_parallel_size: int) -> str:
-    """The vLLM weight-transfer backend between this actor process and its own engine's workers.
-
-    ``shm``: ``streamrl_shm``, the workers read the learner's published slot
-    themselves (CPU and GPU). ``cuda_ipc``: ``streamrl_cuda_ipc``, the workers open the
-    learner's GPU slots by CUDA IPC handle and load from them in place. ``dist`` moves the weights the subscriber staged
-    on ``actor.device`` into the engine: one GPU (``tensor_parallel_size=1``)
-    ``ipc``, the staged tensors and the engine share it (NCCL cannot put two
-    ranks on one GPU); tensor parallel ``nccl``, a broadcast to every worker,
-    so ``actor.device`` must then be a GPU the engine does not use.
-    """
-    if transports.get(transport).device_ipc:
-        return IPC_BACKEND
-    if transports.get(transport).shared_memory:
-        return SHM_BACKEND
-    return "ipc" if tensor_parallel_size == 1 else "nccl"
-
-
-def torch_dtype(model: ModelConfig, gpu: bool):
-    """The dtype the engine computes in: ``model.dtype`` on a GPU or on the CPU build."""
-    from streamrl.policy.load import resolve_dtype
-
-    return resolve_dtype(model.dtype, "cuda" if gpu else "cpu")
-
-
-def engine_args(
-    model: ModelConfig, actor: ActorConfig, backend: str | None, seed: int = 0, gpu: bool = True
-) -> dict:
-    """AsyncEngineArgs keyword arguments for the actor's vLLM engine (``gpu=False``: the CPU build);
-    ``backend`` is its ``weight_transfer_backend`` (None: no weight transfer, the versions are LoRA
-    adapters). A hub id ``model.path`` (``org/name[@revision]``) becomes the snapshot folder the
-    learner loads too (``model_folder``): vLLM has no ``@revision`` form (it takes ``revision``
-    apart) and would look up a repository named ``name@revision``; a folder also keeps learner and
-    actors on the same files, offline included."""
-    from streamrl.policy.load import model_folder
-
-    dtype = str(torch_dtype(model, gpu)).removeprefix("torch.")
-    args = {
-        "model": model_folder(model.path),
-        "dtype": dtype,
-        "gpu_memory_utilization": actor.gpu_memory_utilization,
-        "tensor_parallel_size": actor.tensor_parallel_size,
-        "max_num_seqs": actor.batch_slots,
-        "logprobs_mode": "processed_logprobs",
-        "seed": seed,
-        # the G completions of a group share their prompt
-        "enable_prefix_caching": True,
-        # model.init_kwargs: the one from_pretrained argument vLLM takes alike (its attention is its own)
-        "trust_remote_code": model.init_kwargs.get("trust_remote_code", False),
-    }
-    if backend is not None:
-        # a WeightTransferConfig(**this) when the engine is built
-        args["weight_transfer_config"] = {"backend": backend}
-    if model.lora.enabled and model.lora.sync == "adapter":
-        # each version is a LoRA adapter (policy.lora.AdapterVersions)
-        args.update(
-            enable_lora=True,
-            max_lora_rank=vllm_max_rank(model.lora.rank),
-            max_loras=MAX_LORAS,
-            max_cpu_loras=MAX_LORAS + 1,
-        )
-    if not gpu:
-        # torch.compile roughly doubles the CPU build's start-up: AsyncLLM on the demo policy started
-        # in 24-42 s eager and in 45-57 s compiled, measured by hand on 2 cores
-        args["enforce_eager"] = True
-    return args
-
-
-def make_sender(backend: str, actor: ActorConfig) -> BucketSender | None:
-    """This process's side of ``backend`` (a ``weight_transfer_backend``; None: the workers read shm
-    themselves)."""
-    if backend in SLOT_BACKENDS:
-        return None
-    if backend == "ipc":
-        return IPCSender()
-    return NCCLSender(world_size=1 + actor.tensor_parallel_size, device=actor.device)
-
-
-INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
-
-
-@contextlib.contextmanager
-def insecure_serialization(wanted: bool):
-    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` while vLLM's processes start, when ``wanted``.
-
-    The ipc backend needs it: vLLM's workers unpickle the CUDA IPC handles of the tensors this
-    actor stages (docs.vllm.ai/en/latest/training/weight_transfer/ipc/), and they read it from the
-    environment they start with. Set only around the engine's start and taken back after, so the
-    processes this actor starts later (reward sandboxes, agents) never inherit it; no other
-    backend sets it (nccl meets through an NCCL unique id, ``senders.NCCLSender``).
-    """
-    before = os.environ.get(INSECURE_SERIALIZATION)
-    if wanted:
-        os.environ[INSECURE_SERIALIZATION] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(INSECURE_SERIALIZATION, None)
-        else:
-            os.environ[INSECURE_SERIALIZATION] = before
-
-
 class VLLMEngine(Engine):
     """Sync facade: AsyncLLM runs on a private event loop thread; ``generate`` blocks on it.
 
@@ -262,14 +127,11 @@ class VLLMEngine(Engine):
     A failed version is not tried again; a newer one is.
     """
 
-    name = "vllm"
-    places_own_threads = True
-
     def __init__(self, args: dict, seed: int = 0, **weights) -> None:
         """A new AsyncLLM of engine arguments ``args`` (``engine_args``); ``weights``: where its
         weights come from, as ``with_llm`` takes them (``weight_source``, ``sender``,
         ``announcements``, ``bucket_bytes``, ``timeout_s``, ``adapters``)."""
-        api = _import_vllm()
+        api = import_vllm()
         self._start_loop()
         try:
             llm = self._call(self._create(api, args))
@@ -292,82 +154,6 @@ class VLLMEngine(Engine):
             slots=args.get("max_num_seqs"),
             **weights,
         )
-
-    @classmethod
-    def check_installed(cls) -> None:
-        # find_spec, not an import: importing vLLM takes ~10 s
-        if importlib.util.find_spec("vllm") is None:
-            raise VLLMUnavailable(
-                f"a vLLM actor needs vLLM in this interpreter ({sys.executable}): `make run` "
-                "switches to .venv-vllm when ARGS name vllm; or pip install 'streamrl[vllm]'"
-            )
-
-    @classmethod
-    def from_config(
-        cls, parts: EngineParts, *, model: ModelConfig, actor: ActorConfig
-    ) -> VLLMEngine:
-        """The engine of ``model.path`` taking weights the way the transport allows: its workers read
-        each announced shm slot themselves; over ``dist`` a subscriber stages each version on
-        ``actor.device`` and it is pushed in; adapter versions are loaded as new LoRA adapters."""
-        gpu = on_gpu()
-        feed = parts.feed
-        transport = feed.transport if feed is not None else None
-        if not gpu:
-            _cpu_build_defaults()
-        if model.lora.adapter_versions:
-            return cls._with_adapters(parts, model, actor, gpu)
-        if (
-            not gpu
-            and transport is not None
-            and transport.publishes
-            and not transport.shared_memory
-        ):
-            raise ValueError(
-                f"weightsync.transport={transport.name}: the vLLM CPU build takes weights "
-                "over shm only (its ipc and nccl backends need CUDA)"
-            )
-        backend = None
-        announcements = sender = subscriber = None
-        if transport is not None and transport.publishes:
-            backend = weight_transfer_backend(transport.name, actor.tensor_parallel_size)
-            if backend in SLOT_BACKENDS:
-                announcements = feed.announcements()
-            else:
-                subscriber = feed.subscriber(
-                    parameter_template(model.path, model.dtype, actor.device)
-                )
-                sender = make_sender(backend, actor)
-        with insecure_serialization(isinstance(sender, IPCSender)):
-            engine = cls(
-                engine_args(model, actor, backend, parts.seed, gpu=gpu),
-                parts.seed,
-                weight_source=subscriber,
-                sender=sender,
-                announcements=announcements,
-                **_transfer_limits(feed),
-            )
-        engine.start_receiving(subscriber)
-        return engine
-
-    @classmethod
-    def _with_adapters(
-        cls, parts: EngineParts, model: ModelConfig, actor: ActorConfig, gpu: bool
-    ) -> VLLMEngine:
-        """``model.lora.sync: adapter``: a subscriber stages each version's adapters (over any
-        transport) and the engine loads them as a new LoRA adapter (``policy.lora.AdapterVersions``)."""
-        dtype = torch_dtype(model, gpu)
-        template, config = adapter_template(model.path, model.lora, dtype, actor.device)
-        subscriber = parts.feed.subscriber(template) if parts.feed is not None else None
-        api = _import_vllm()
-        engine = cls(
-            engine_args(model, actor, None, parts.seed, gpu=gpu),
-            parts.seed,
-            weight_source=subscriber,
-            adapters=AdapterVersions(config, api.LoRARequest),
-            **_transfer_limits(parts.feed),
-        )
-        engine.start_receiving(subscriber)
-        return engine
 
     def start_receiving(self, subscriber) -> None:
         """Start the subscriber this engine owns: only once the engine stands, since vLLM sizes its
@@ -399,7 +185,7 @@ class VLLMEngine(Engine):
         (imported only when one is left out).
         """
         if sampling_params is None or init_request is None or update_request is None:
-            api = _import_vllm()
+            api = import_vllm()
             sampling_params = sampling_params or api.vllm.SamplingParams
             init_request = init_request or (lambda info: api.InitRequest(init_info=info))
             update_request = update_request or (lambda info: api.UpdateRequest(update_info=info))
@@ -787,13 +573,6 @@ class _Requests:
             d if isinstance(d, Output) else aborted_output(r.request_id)
             for (r, _, _), d in zip(self.started, done, strict=True)
         ]
-
-
-def _transfer_limits(feed) -> dict:
-    """``weightsync.bucket_bytes`` and ``timeout_s`` of the feed (none: the engine's defaults)."""
-    if feed is None:
-        return {}
-    return {"bucket_bytes": feed.ws.bucket_bytes, "timeout_s": feed.ws.timeout_s}
 
 
 def _max_num_seqs(llm) -> int:

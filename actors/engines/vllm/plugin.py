@@ -13,6 +13,8 @@ from __future__ import annotations
 
 SHM_BACKEND = "streamrl_shm"
 IPC_BACKEND = "streamrl_cuda_ipc"
+# the backends whose workers load each announced slot themselves (no subscriber, no sender)
+SLOT_BACKENDS = (SHM_BACKEND, IPC_BACKEND)
 # backend -> (module, class) of its worker-side engine
 ENGINES = {
     SHM_BACKEND: ("streamrl.actors.engines.vllm.shm_backend", "ShmWeightTransferEngine"),

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import Field
+
+from streamrl.configs.section import Section
 from streamrl.weightsync.transports.base import Transport
 from streamrl.weightsync.transports.shm import Shm
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     import redis
 
     from streamrl.broker.keys import Keys
+    from streamrl.configs.actor import ActorConfig
     from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.layout import Layout
     from streamrl.weightsync.transports.cuda_ipc.device import DeviceIpc
@@ -39,14 +43,24 @@ if TYPE_CHECKING:
     from streamrl.weightsync.transports.cuda_ipc.sender import CudaIpcSender
 
 
+class Options(Section):
+    """The ``cuda_ipc`` transport's slots on the learner's GPU (``weightsync.cuda_ipc``)."""
+
+    slots: int = Field(
+        3,
+        ge=2,
+        description="Ring of slots on the learner's GPU, so the publisher never overwrites a slot a reader is copying; costs `slots` copies of the weights in the learner GPU's memory.",
+    )
+
+
 class CudaIpcTransport(Transport):
     name = "cuda_ipc"
+    summary = "GPU actors on the learner's host copy each version device to device from slots on the learner's GPU, shared once as CUDA IPC handles (needs CUDA actors on the learner's host, actor.device cuda; with actor.gpus a list each actor also sees the learner's GPU, after its own, and copies from it peer to peer)"
+    options = Options
     publishes = True
     shared_memory = False
     device_ipc = True
     background = False
-    process_group = False
-    relays = False
 
     def __init__(self) -> None:
         # every CUDA call of the transport; None: a ``device.CudaIpc``, made when a sender or
@@ -72,7 +86,9 @@ class CudaIpcTransport(Transport):
     ) -> CudaIpcSender:
         from streamrl.weightsync.transports.cuda_ipc.sender import CudaIpcSender
 
-        return CudaIpcSender(self._ops(), keys.run_name, layout, ws.slots, ws.timeout_s, host_id)
+        return CudaIpcSender(
+            self._ops(), keys.run_name, layout, ws.cuda_ipc.slots, ws.timeout_s, host_id
+        )
 
     def receiver(
         self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, actor_id: str
@@ -80,6 +96,17 @@ class CudaIpcTransport(Transport):
         from streamrl.weightsync.transports.cuda_ipc.receiver import CudaIpcReceiver
 
         return CudaIpcReceiver(self._ops(), ws.timeout_s)
+
+    def check(self, ws: WeightSyncConfig, actor: ActorConfig) -> None:
+        """Every engine that computes on ``actor.device`` must compute on a GPU: the learner's
+        slots are opened on a CUDA device (an engine on the host's GPU, vLLM, always is)."""
+        on_device = actor.engines_computing_on("device")
+        if on_device and not actor.device.startswith("cuda"):
+            raise ValueError(
+                f"actor.device={actor.device} for the {', '.join(on_device)} engine: "
+                f"weightsync.transport={self.name} copies weights from the learner's GPU into GPU "
+                "actors on its host; use weightsync.transport=shm for CPU actors"
+            )
 
     # the readers copying a slot right now: their leases in the control segment, an shm segment
     describe = Shm.describe

@@ -1,7 +1,7 @@
 """The ``cuda_ipc`` transport's slots: a ring of flat buffers on the learner's GPU, described by a
 control segment in /dev/shm.
 
-The learner allocates ``weightsync.slots`` buffers of its ``Layout`` once on its device and
+The learner allocates ``weightsync.cuda_ipc.slots`` buffers of its ``Layout`` once on its device and
 exports each once (``DeviceIpc.share``); the fields go into the control segment, a
 ``transports.shm.segment`` of kind ``KIND_CONTROL`` (same header, version stamps, reader leases,
 0600 creation under a random name, owner check, stale cleanup), whose body holds each slot's

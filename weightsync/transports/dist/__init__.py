@@ -2,14 +2,14 @@
 
 Every member of the publisher's current group receives each version as it is broadcast; the
 announcement only says which epoch and members took part. The members are the actors themselves,
-or with ``weightsync.relay`` one relay per actor host (``weightsync.relay``); the learner then also
+or with ``weightsync.dist.relay`` one relay per actor host (``weightsync.relay``); the learner then also
 writes each version into a shm segment of its own host, for the actors there
 (``sender.HostSender``).
 
 The publisher broadcasts the flat weight layout in fixed-size buckets (``buckets``) to the members
 of a process group of its own (``group``), separate from the learner's DeepSpeed world: it is
 built directly from one ``TCPStore`` the publisher hosts for its lifetime on the first free port of
-``weightsync.dist_port``..``+dist_ports-1`` (a range a firewall can allow) and at the address
+``weightsync.dist.port``..``+ports-1`` (a range a firewall can allow) and at the address
 other hosts reach it on (``address``), so members can join and leave between versions, each
 membership an "epoch" under its own key prefix.
 
@@ -35,6 +35,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from typing import Literal
+
+from pydantic import Field
+
+from streamrl.configs.section import Section
 from streamrl.weightsync.transports.base import Transport
 
 if TYPE_CHECKING:
@@ -47,14 +52,53 @@ if TYPE_CHECKING:
     from streamrl.weightsync.transports.dist.sender import DistSender, HostSender
 
 
+class Options(Section):
+    """The ``dist`` transport's group, rendezvous and buckets (``weightsync.dist``)."""
+
+    host: str | None = Field(
+        None,
+        description="The learner host's address that actors (or relays) reach its rendezvous store and group on; gloo binds it too. None = the address its traffic to the broker leaves from: loopback while the broker is on loopback (the run stays on this host), else routable (if the broker's name resolves to this host's loopback: the default route's address, else any interface's that is up).",
+    )
+    port: int = Field(
+        29600,
+        ge=0,
+        le=65535,
+        description="First TCP port of the learner's rendezvous store (the first free one of `port`..`port + ports - 1` is taken; 0 = any free port). A firewall must let actor hosts reach this range on the learner host, and let the process group's own connections through both ways: gloo and NCCL open them on ephemeral ports, which neither lets you pin (docs/multihost.md).",
+    )
+    ports: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="How many ports from `port` on the store may take (runs or learners sharing a host take one each).",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Process-group backend (auto = nccl with CUDA, else gloo)."
+    )
+    bucket_bytes: int = Field(64 << 20, ge=1 << 16, description="Broadcast bucket size.")
+    relay: bool = Field(
+        False,
+        description="One relay per actor host (`python -m streamrl.weightsync.relay`, started by `streamrl actors`) joins the learner's group and hands each version to its host's actors over shm (`weightsync.shm`), so one copy per host crosses the network; the learner's own host's actors read the learner's shm. False = every actor joins the group itself (NCCL straight into its GPU).",
+    )
+
+
 class Dist(Transport):
     name = "dist"
+    summary = "torch.distributed broadcast (NCCL/gloo), across hosts"
+    options = Options
     publishes = True
     shared_memory = False
     device_ipc = False
     background = False
-    process_group = True
-    relays = True
+
+    def relayed(self, ws: WeightSyncConfig) -> bool:
+        return ws.dist.relay
+
+    def group_backend(self, ws: WeightSyncConfig) -> str | None:
+        return ws.dist.backend
+
+    def reads(self, ws: WeightSyncConfig) -> set[str]:
+        # relays write the shm segments their hosts' actors read
+        return {self.name, "shm"} if ws.dist.relay else {self.name}
 
     def sender(
         self,
@@ -74,23 +118,23 @@ class Dist(Transport):
             client,
             keys,
             layout,
-            bucket_bytes=ws.bucket_bytes,
+            bucket_bytes=ws.dist.bucket_bytes,
             timeout_s=ws.timeout_s,
-            backend=ws.backend,
-            host=ws.dist_host or routable(broker_host),
-            port=ws.dist_port,
-            ports=ws.dist_ports,
+            backend=ws.dist.backend,
+            host=ws.dist.host or routable(broker_host),
+            port=ws.dist.port,
+            ports=ws.dist.ports,
             host_id=host_id,
             publisher=publisher,
         )
-        if not ws.relay:
+        if not ws.dist.relay:
             return dist
         from streamrl.weightsync.hosts import host_keys
         from streamrl.weightsync.transports.dist.sender import HostSender
         from streamrl.weightsync.transports.shm.sender import ShmSender
         from streamrl.weightsync.transports.shm.slots import ShmWriter
 
-        shm = ShmSender(ShmWriter(keys.run_name, layout, ws.slots, ws.timeout_s, host_id))
+        shm = ShmSender(ShmWriter(keys.run_name, layout, ws.shm.slots, ws.timeout_s, host_id))
         return HostSender(dist, shm, client, host_keys(keys, host_id), publisher)
 
     def receiver(

@@ -57,7 +57,7 @@ def bound_store(host: str, timeout_s: float, first_port: int = 0, ports: int = 1
     (0: any free port).
 
     TCPStore binds every interface ([::]) on its own whatever host it is given; a socket bound
-    here and handed over as ``master_listen_fd`` keeps it where ``weightsync.dist_host`` says.
+    here and handed over as ``master_listen_fd`` keeps it where ``weightsync.dist.host`` says.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     candidates = range(first_port, first_port + ports) if first_port else [0]
@@ -85,8 +85,8 @@ def bound_store(host: str, timeout_s: float, first_port: int = 0, ports: int = 1
             master_listen_fd=fd,
         )
     raise NoFreePort(
-        f"weightsync.dist_port: no free port on {host} in {candidates[0]}-{candidates[-1]} "
-        f"({'; '.join(errors[:3])}); widen weightsync.dist_ports or move weightsync.dist_port"
+        f"weightsync.dist.port: no free port on {host} in {candidates[0]}-{candidates[-1]} "
+        f"({'; '.join(errors[:3])}); widen weightsync.dist.ports or move weightsync.dist.port"
     )
 
 

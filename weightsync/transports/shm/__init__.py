@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import Field
+
+from streamrl.configs.section import Section
 from streamrl.weightsync.transports.base import Transport
 
 if TYPE_CHECKING:
@@ -29,14 +32,25 @@ if TYPE_CHECKING:
     from streamrl.weightsync.transports.shm.sender import ShmSender
 
 
+class Options(Section):
+    """The ``shm`` transport's segment (``weightsync.shm``); read under ``dist`` too, where relays
+    hand each version to their host's actors over shm."""
+
+    slots: int = Field(
+        3,
+        ge=2,
+        description="Ring of slots in the segment, so the publisher never overwrites a slot a reader is copying.",
+    )
+
+
 class Shm(Transport):
     name = "shm"
+    summary = "POSIX shared memory (one host)"
+    options = Options
     publishes = True
     shared_memory = True
     device_ipc = False
     background = True
-    process_group = False
-    relays = False
 
     def sender(
         self,
@@ -51,7 +65,7 @@ class Shm(Transport):
         from streamrl.weightsync.transports.shm.sender import ShmSender
         from streamrl.weightsync.transports.shm.slots import ShmWriter
 
-        return ShmSender(ShmWriter(keys.run_name, layout, ws.slots, ws.timeout_s))
+        return ShmSender(ShmWriter(keys.run_name, layout, ws.shm.slots, ws.timeout_s))
 
     def receiver(
         self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, actor_id: str

@@ -7,7 +7,7 @@ prompt is prefilled on its own and spliced into the row), so up to
 ``batch_slots`` sequences decode together while requests keep arriving. Rows
 with nothing left to do are dropped from the batch.
 
-On a GPU (``actor.cuda_graphs``) the batch is ``static_decode.StaticBatch`` instead: fixed KV
+On a GPU (``actor.hf.cuda_graphs``) the batch is ``static_decode.StaticBatch`` instead: fixed KV
 rows per slot, each decode step replayed as a CUDA graph captured per batch-size bucket; the
 same rows, refill, sessions and per-token versions, and weights copied into the parameters in
 place (a graph holds them by address). Prefill is eager either way (``prefill``).
@@ -48,20 +48,16 @@ from transformers import DynamicCache
 from streamrl.actors import metrics
 from streamrl.actors.engines.base import (
     Engine,
-    EngineParts,
     Output,
     RefillPacer,
     Request,
     SamplingParams,
     WeightSource,
 )
-from streamrl.actors.engines.kv_sessions import Saved, Sessions
-from streamrl.actors.engines.prefill import prefill
-from streamrl.actors.engines.sampling import sample
-from streamrl.actors.engines.static_decode import StaticBatch
-from streamrl.configs.schema import ActorConfig, ModelConfig
-from streamrl.policy.load import load_policy, parameter_template, resolve_dtype
-from streamrl.policy.lora import adapter_targets, adapter_template, wrap
+from streamrl.actors.engines.hf.kv_sessions import Saved, Sessions
+from streamrl.actors.engines.hf.prefill import prefill
+from streamrl.actors.engines.hf.sampling import sample
+from streamrl.actors.engines.hf.static_decode import StaticBatch
 from streamrl.weightsync.subscriber import swap_into_model
 
 
@@ -81,8 +77,6 @@ class _Row:
 
 
 class HFEngine(Engine):
-    name = "hf"
-
     def __init__(
         self,
         model,
@@ -136,33 +130,6 @@ class HFEngine(Engine):
                 graphs=decode == "graphs",
             )
         )
-
-    @classmethod
-    def from_config(cls, parts: EngineParts, *, model: ModelConfig, actor: ActorConfig) -> HFEngine:
-        """The policy of ``model.path`` on ``actor.device``; with adapter versions
-        (``model.lora.sync: adapter``) wrapped with peft, each version swapped into its adapters."""
-        policy = load_policy(model.path, model.dtype, actor.device, model.init_kwargs)
-        targets = None
-        if model.lora.adapter_versions:
-            dtype = resolve_dtype(model.dtype, actor.device)
-            template = adapter_template(model.path, model.lora, dtype, actor.device)[0]
-            # peft injects the adapters into ``policy`` itself, which the engine keeps calling
-            targets = adapter_targets(wrap(policy, model.lora))
-        else:
-            template = parameter_template(model.path, model.dtype, actor.device)
-        subscriber = parts.feed.subscriber(template) if parts.feed is not None else None
-        engine = cls(
-            policy,
-            parts.tokenizer,
-            actor.batch_slots,
-            weight_source=subscriber,
-            seed=parts.seed,
-            weight_targets=targets,
-            decode=decode_mode(actor),
-        )
-        if subscriber is not None:
-            engine.owned = subscriber.start()
-        return engine
 
     def maybe_swap_weights(self) -> None:
         """Apply the newest staged weights, if any: between batches and between decode steps."""
@@ -389,14 +356,6 @@ class _Run:
 # how the engine decodes: "dynamic" = a left-padded DynamicCache (``_Batch``); "static" = fixed
 # KV rows per slot, steps run eagerly; "graphs" = the same, steps replayed as CUDA graphs
 DECODE_MODES = ("dynamic", "static", "graphs")
-
-
-def decode_mode(actor: ActorConfig) -> str:
-    """``actor.cuda_graphs`` on ``actor.device``: auto = graphs on CUDA; off = the dynamic batch."""
-    on_cuda = torch.device(actor.device).type == "cuda"
-    if actor.cuda_graphs == "on" or (actor.cuda_graphs == "auto" and on_cuda):
-        return "graphs"
-    return "dynamic"
 
 
 def cache_kwarg(model) -> str:

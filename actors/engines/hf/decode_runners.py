@@ -21,7 +21,7 @@ WARMUP_RUNS = 3
 
 
 class EagerRunner:
-    """Runs the step as it is (CPU, or ``actor.cuda_graphs: off`` on a static batch)."""
+    """Runs the step as it is (CPU, or ``actor.hf.cuda_graphs: off`` on a static batch)."""
 
     # nothing holds tensor addresses: a weight swap may replace parameter storages
     holds_addresses = False

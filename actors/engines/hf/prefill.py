@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from streamrl.actors.engines.kv_sessions import Saved
+from streamrl.actors.engines.hf.kv_sessions import Saved
 
 # per layer, [heads, length, head_dim]: one prompt's keys, then its values
 KeysValues = tuple[list[torch.Tensor], list[torch.Tensor]]

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from streamrl.actors.engines.decode_runners import EagerRunner, GraphRunner
-from streamrl.actors.engines.kv_sessions import Saved
-from streamrl.actors.engines.prefill import KeysValues, prefill
+from streamrl.actors.engines.hf.decode_runners import EagerRunner, GraphRunner
+from streamrl.actors.engines.hf.kv_sessions import Saved
+from streamrl.actors.engines.hf.prefill import KeysValues, prefill
 
 # columns are allocated in multiples of this: a refill's slightly longer prompt rarely regrows
 COLUMN_GRANULE = 64
