@@ -17,5 +17,5 @@ defined once in ``metrics``.
 
 Talks to: Redis through ``broker`` (stream, admission, heartbeats) and the learner's weights
 through ``weightsync`` (a subscriber, or announcements an engine follows). May import:
-``configs``, ``broker``, ``weightsync``, ``policy``. Must not import ``learner``.
+``configs``, ``broker``, ``weightsync``, ``policy``, ``runtime``. Must not import ``learner``.
 """

@@ -15,5 +15,6 @@ host-local is keyed by ``run.host_id`` in ``hosts``, the dist address is
 tensors, merged or adapters with LoRA) is ``policy``'s to say; weightsync only moves it.
 
 Talks to: Redis through ``broker`` (version announcements, rendezvous).
-May import: ``configs``, ``broker``, ``policy``. Must not import ``actors`` or ``learner``.
+May import: ``configs``, ``broker``, ``policy``, ``runtime``. Must not import ``actors`` or
+``learner``.
 """
