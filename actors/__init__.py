@@ -2,7 +2,7 @@
 
 Owns one actor's loop (``loop``): admit -> roll out -> score -> publish, each step a module:
 
-- ``admit``: admission leases and the next prompt, from the run's shared cursor (``prompts``);
+- ``admit``: admission leases and the next prompt, from the run's shared cursor (``prompt_data``);
 - ``sources``: what is rolled out, chosen once from the config: dataset prompts, an
   environment's multi-turn trajectories (``environment``, ``trajectory``) or agents' calls
   through the OpenAI API the actor serves (``openai_server``, ``agent_recorder``);

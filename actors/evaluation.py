@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from streamrl.actors.engines import Request
-from streamrl.actors.prompts import PromptDataset
+from streamrl.actors.prompt_data import PromptDataset
 from streamrl.actors.rewards import RewardPool
 from streamrl.runtime.jsonl_log import JsonlLog
 

@@ -5,7 +5,7 @@
 
 Sample a batch on the current weights, score it, train on it, repeat: no
 broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
-char tokenizer, prompts (the shared dataset order of ``actors.prompts``),
+char tokenizer, prompts (the shared dataset order of ``actors.prompt_data``),
 reward (``streamrl.examples.reverse_digits``, on the text with special tokens) and
 hyper-parameters as streamrl (``configs/demo_cpu.yaml``, or with ``--task
 longtail`` ``configs/longtail_cpu.yaml`` and its task, plus the same overrides): groups_per_step prompts x group_size completions per rollout,
@@ -58,7 +58,7 @@ from transformers import DynamicCache
 
 from bench.tasks import DEMO, TASKS, Task
 from streamrl.actors.engines.hf import cache_kwarg
-from streamrl.actors.prompts import position
+from streamrl.actors.prompt_data import position
 from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.examples.reverse_digits.task import build_model, build_tokenizer
 from streamrl.learner import target

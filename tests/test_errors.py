@@ -3,7 +3,7 @@
 import pytest
 
 from streamrl.actors.engines.vllm import VLLMUnavailable
-from streamrl.actors.prompts import PromptDataError
+from streamrl.actors.prompt_data import PromptDataError
 from streamrl.broker.client import RedisNotConfigured
 from streamrl.broker.server import RedisServerError
 from streamrl.broker.wire import WireError, decode_group
