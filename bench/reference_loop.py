@@ -1,4 +1,5 @@
-"""The yardstick: a plain synchronous GRPO loop in one process, on the demo task of ``make run``.
+"""The reference loop: a plain synchronous GRPO loop in one process, on the demo task of ``make run``
+(``bench.longtail`` holds it to the yardstick, the one-file loop ``bench/yardstick/grpo_toy.py``).
 
     python -m bench.reference_loop --seed 0 [--task demo|longtail] [--carry-optimizer] [--lag N] \\
         [--max-rollouts N] [dotted.key=value ...]
@@ -22,7 +23,7 @@ and the whole rollout decodes until its longest completion stops, as a batched
 Optimizer: by default a fresh AdamW on the warmed policy folder, as the
 streamrl learner starts; ``--carry-optimizer`` instead runs the format warm
 start in this process (same seed: the same warmed weights) and keeps its AdamW,
-moments included, for RL, as the one-file loop of docs/benchmarks.md does.
+moments included, for RL, as the yardstick (``bench/yardstick/grpo_toy.py``) does.
 
 Staleness: ``--lag N`` samples each rollout with the weights of N optimizer
 steps earlier (the first rollouts with the warmed policy) and trains with the
