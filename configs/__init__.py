@@ -1,30 +1,61 @@
 """configs: the one typed home of every knob, its default and its meaning.
 
-Owns the config schema (``schema.py``), the loader with dotted command-line
-overrides (``load.py``), the one redaction of secrets from a config (``redact.py``), how a
-run's files are created and which directories a run trusts (``runfiles.py``),
-TRL's and verl's names for its keys (``foreign.py``) and the translation of their config
-files (``convert.py``), ``streamrl config show|convert`` (``__main__.py``) and the YAML presets beside them. Imports nothing from
-the other streamrl packages; every other package imports it.
+Owns the config schema: ``schema`` composes the whole ``Config`` from one module per component
+(``run``, ``broker``, ``model``, ``data``, ``rollout``, ``reward``, ``actor``, ``learner``,
+``weightsync``) on the base ``section``; the loader with dotted command-line overrides
+(``load``), the one redaction of secrets from a config (``redact``), how a run's files are
+created and which directories a run trusts (``runfiles``), TRL's and verl's names for its keys
+(``foreign``) and the translation of their config files (``convert``, its per-field rules in
+``convert_rules``), the configuration reference (``reference``), ``streamrl config show|convert``
+(``__main__``) and the YAML presets beside them.
+
+Imports nothing from the other streamrl packages; every other package imports it.
+
+The names below load on first use (PEP 562), so importing one leaf module (``errors``,
+``section``) does not build the whole schema.
 """
 
-from streamrl.configs.errors import ConfigError, StreamRLError
-from streamrl.configs.load import (
-    config_from_cli,
-    load_config,
-    parse_overrides,
-    presets,
-    write_config,
-)
-from streamrl.configs.schema import Config
+from __future__ import annotations
+
+import importlib
+import typing
+
+_EXPORTS = {
+    "Config": "schema",
+    "ConfigError": "errors",
+    "StreamRLError": "errors",
+    "config_from_cli": "load",
+    "load_config": "load",
+    "parse_overrides": "load",
+    "presets": "load",
+    "write_config": "load",
+}
 
 __all__ = [
     "Config",
     "ConfigError",
+    "StreamRLError",
     "config_from_cli",
     "load_config",
     "parse_overrides",
     "presets",
-    "StreamRLError",
     "write_config",
 ]
+
+if typing.TYPE_CHECKING:
+    from streamrl.configs.errors import ConfigError, StreamRLError
+    from streamrl.configs.load import (
+        config_from_cli,
+        load_config,
+        parse_overrides,
+        presets,
+        write_config,
+    )
+    from streamrl.configs.schema import Config
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

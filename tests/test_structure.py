@@ -173,6 +173,87 @@ def test_every_subsystem_says_what_it_owns_and_what_it_may_import():
         assert doc and "Owns" in doc and "May import:" in doc, package
 
 
+def _module_name(path: Path) -> str:
+    """actors/engines/hf.py -> streamrl.actors.engines.hf (a package: its __init__'s name)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["streamrl", *parts])
+
+
+def _imported_modules(path: Path, tree: ast.Module, known: set[str]) -> set[str]:
+    """The streamrl modules ``path`` imports anywhere in it (at the top, under TYPE_CHECKING or
+    inside a function: a cycle through a lazy import is still two modules that need each other).
+    ``from package import name`` counts as importing the submodule when ``name`` is one."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return found & known
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_inside_a_package():
+    """Within each subsystem no two modules import each other, directly or round a circle: the
+    package reads top to bottom, and any module can be imported first."""
+    modules = {_module_name(path): (path, tree) for path, tree in _modules()}
+    found = []
+    for package in PACKAGES:
+        prefix = f"streamrl.{package}"
+        inside = {name for name in modules if name == prefix or name.startswith(prefix + ".")}
+        graph = {name: _imported_modules(*modules[name], inside) - {name} for name in inside}
+        found += _cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_under_configs_passes_450_lines():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "configs").rglob("*.py")}
+    assert max(sizes.values()) < 450, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
 # What each process does around its own job, once in broker/ and now runtime's: a name broker/
 # uses from this table means that job has crept back into the broker.
 PROCESS_PLUMBING = {
