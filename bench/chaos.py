@@ -62,7 +62,7 @@ from streamrl.launch.status import read_steps
 from streamrl.launch.supervisor import Supervisor
 from streamrl.learner import checkpoint
 from streamrl.runtime.jsonl_log import commits_path, published_path, read_jsonl
-from streamrl.weightsync.shm import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"
 FAULTS = ("kill_actor", "kill_learner", "stop_actor", "restart_redis")

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import torch
 
-# the benchmark is the only thing vLLM shares the machine with here; see actors/engines/vllm.py
+# the benchmark is the only thing vLLM shares the machine with here; see actors/engines/vllm/engine.py
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 BATCH = 64

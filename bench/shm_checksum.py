@@ -36,7 +36,8 @@ def _best(fn) -> float:
 
 def _one_size(params: int) -> dict:
     from streamrl.weightsync.layout import Layout, TensorSpec
-    from streamrl.weightsync.shm import HEADER_BYTES, SHM_DIR, ShmReader, ShmWriter
+    from streamrl.weightsync.transports.shm.segment import HEADER_BYTES, SHM_DIR
+    from streamrl.weightsync.transports.shm.slots import ShmReader, ShmWriter
 
     sizes = [min(CHUNK, params - start) for start in range(0, params, CHUNK)]
     tensors = {f"t{i}": torch.randn(n) for i, n in enumerate(sizes)}

@@ -129,8 +129,8 @@ def gloo_main(rank: int, address: str, port: int, params: int) -> None:
     """A bare broadcast of ``params`` fp32 in ``BUCKET`` pieces from rank 0 (A) to rank 1 (C)."""
     import torch.distributed as tdist
 
-    from streamrl.weightsync.address import toward
-    from streamrl.weightsync.dist import make_group
+    from streamrl.weightsync.transports.dist.address import toward
+    from streamrl.weightsync.transports.dist.group import make_group
 
     timeout = dt.timedelta(seconds=120)
     store = tdist.TCPStore(address, port, 2, is_master=rank == 0, timeout=timeout)

@@ -46,7 +46,7 @@ def actor_gpus(cfg: Config, index: int) -> list[int] | None:
     Under a transport whose actors open the learner's GPU memory (``device_ipc``: cuda_ipc) an
     actor on GPUs of its own sees the learner's GPU too, after its own: its engine keeps
     ``cuda:0`` (and its tensor-parallel ``cuda:1..``), and the slots open on the learner's GPU
-    by its UUID (``weightsync.device_ipc``), read by a peer copy."""
+    by its UUID (``weightsync.transports.cuda_ipc.device``), read by a peer copy."""
     gpus = cfg.actor.gpus
     if gpus is None:
         return None

@@ -521,7 +521,7 @@ class Supervisor:
 
     def _remove_shared_memory(self) -> None:
         """A learner killed mid-publish cannot unlink its segments; the run's names are known."""
-        from streamrl.weightsync.shm import cleanup_stale_segments
+        from streamrl.weightsync.transports.shm.segment import cleanup_stale_segments
 
         removed = cleanup_stale_segments(self.cfg.run.name)
         if removed:

@@ -62,7 +62,7 @@ class FileIpc:
         }
 
     def open(self, fields: dict) -> torch.Tensor:
-        from streamrl.weightsync.device_ipc import DeviceNotVisible
+        from streamrl.weightsync.transports.cuda_ipc.device import DeviceNotVisible
 
         if fields["uuid"] != self.uuid:
             raise DeviceNotVisible(f"GPU {fields['uuid']} is not visible here")

@@ -70,7 +70,7 @@ def test_the_published_dtype_suits_every_engine_of_the_run(overrides, dtype, mon
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_a_run_with_a_vllm_actor_refuses_to_start_without_vllm(tmp_path):
-    from streamrl.actors.engines.vllm import VLLMUnavailable
+    from streamrl.actors.engines.vllm.engine import VLLMUnavailable
     from streamrl.launch.supervisor import Supervisor
 
     overrides = [f"run.dir={tmp_path / 'run'}", "actor.engines=[hf, vllm]"]

@@ -24,23 +24,23 @@ from prometheus_client import REGISTRY
 from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams
-from streamrl.actors.engines.vllm import (
+from streamrl.actors.engines.vllm.engine import (
     INSECURE_SERIALIZATION,
     VLLMEngine,
     VLLMUnavailable,
     engine_args,
     insecure_serialization,
     make_sender,
-    sampling_kwargs,
-    to_output,
     weight_transfer_backend,
 )
+from streamrl.actors.engines.vllm.outputs import sampling_kwargs, to_output
+from streamrl.actors.engines.vllm.push import EngineFailed
+from streamrl.actors.engines.vllm.senders import IPCSender, NCCLSender, staged_buckets
 from streamrl.configs.schema import ActorConfig, ModelConfig
 from streamrl.policy.load import load_policy, parameter_template
 from streamrl.weightsync.naming import canonical_tensors, map_to_template
 from streamrl.weightsync.publisher import Publisher
 from streamrl.weightsync.subscriber import Subscriber
-from streamrl.weightsync.vllm_adapter import EngineFailed, IPCSender, NCCLSender, staged_buckets
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None and not os.environ.get("STREAMRL_REQUIRE_VLLM"),
@@ -510,7 +510,7 @@ def test_two_versions_staged_back_to_back_push_only_the_newest(rig):
 
 HUB_ID_CHILD = """
 import json, sys
-from streamrl.actors.engines.vllm import engine_args
+from streamrl.actors.engines.vllm.engine import engine_args
 from streamrl.configs.schema import ActorConfig, ModelConfig
 args = {
     path: engine_args(ModelConfig(path=path), ActorConfig(engine="vllm"), "streamrl_shm", gpu=False)

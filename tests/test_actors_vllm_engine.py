@@ -31,7 +31,8 @@ from rounding import (  # noqa: E402
 from waiting import until
 
 from streamrl.actors.engines.base import EngineParts, Output, Request, SamplingParams  # noqa: E402
-from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
+from streamrl.actors.engines.vllm.engine import VLLMEngine  # noqa: E402
+from streamrl.actors.engines.vllm.push import EngineFailed  # noqa: E402
 from streamrl.broker.client import connect_sync  # noqa: E402
 from streamrl.broker.keys import Keys  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
@@ -42,7 +43,6 @@ from streamrl.policy.logprobs import Sampling  # noqa: E402
 from streamrl.weightsync.announce import read_announcement  # noqa: E402
 from streamrl.weightsync.feed import WeightFeed  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402
-from streamrl.weightsync.vllm_adapter import EngineFailed  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

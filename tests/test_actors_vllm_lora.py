@@ -22,7 +22,7 @@ from rounding import assert_within_rounding, learner_logprobs_twice, rounding_to
 from waiting import until
 
 from streamrl.actors.engines.base import EngineParts, Output, Request, SamplingParams  # noqa: E402
-from streamrl.actors.engines.vllm import VLLMEngine  # noqa: E402
+from streamrl.actors.engines.vllm.engine import VLLMEngine  # noqa: E402
 from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
 from streamrl.policy import lora as L  # noqa: E402

@@ -35,7 +35,8 @@ from test_multiturn_actor import check_multiturn_actor  # noqa: E402
 from waiting import until
 
 from streamrl.actors.engines.base import SamplingParams  # noqa: E402
-from streamrl.actors.engines.vllm import SHM_BACKEND, VLLMEngine, engine_args  # noqa: E402
+from streamrl.actors.engines.vllm.engine import VLLMEngine, engine_args  # noqa: E402
+from streamrl.actors.engines.vllm.plugin import SHM_BACKEND  # noqa: E402
 from streamrl.actors.environment import Step  # noqa: E402
 from streamrl.broker.wire import Completion, RolloutGroup, decode_group, encode_group  # noqa: E402
 from streamrl.configs import Config  # noqa: E402

@@ -24,7 +24,7 @@ from streamrl.configs import load_config
 from streamrl.launch.status import read_steps
 from streamrl.launch.supervisor import Supervisor
 from streamrl.runtime.jsonl_log import commits_path, published_path, read_jsonl
-from streamrl.weightsync.shm import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from streamrl.actors.engines.vllm import VLLMUnavailable
+from streamrl.actors.engines.vllm.engine import VLLMUnavailable
+from streamrl.actors.engines.vllm.push import EngineFailed, PushFailed
 from streamrl.actors.prompt_data import PromptDataError
 from streamrl.broker.client import RedisNotConfigured
 from streamrl.broker.server import RedisServerError
@@ -10,7 +11,6 @@ from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import ConfigError, StreamRLError, load_config
 from streamrl.launch.prometheus import PrometheusError
 from streamrl.weightsync.naming import NameMappingError
-from streamrl.weightsync.vllm_adapter import EngineFailed, PushFailed
 
 BUILTIN_BASE = {
     ConfigError: ValueError,

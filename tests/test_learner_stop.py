@@ -26,7 +26,7 @@ from test_learner_processes import (
 )
 
 from streamrl.broker.keys import Keys
-from streamrl.weightsync.shm import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
 
 # The learner's own entry point, with SIGTERM sent to itself as soon as the version in argv[1]
 # (the first of a step's two) is published: the handler runs before the step's second publish.

@@ -139,7 +139,7 @@ def test_vllm_rank_and_schema_bounds():
 
 
 def test_vllm_engine_args_per_sync_mode(tmp_path):
-    from streamrl.actors.engines.vllm import engine_args
+    from streamrl.actors.engines.vllm.engine import engine_args
     from streamrl.configs.schema import ActorConfig, ModelConfig
 
     adapter = ModelConfig(path=str(tmp_path), lora={"rank": 5, "sync": "adapter"})

@@ -78,7 +78,7 @@ def test_a_wheel_installs_one_package_that_ships_the_dashboard_and_the_live_view
     assert not any(name.startswith("streamrl/examples/copy_task") for name in names)
     entry_points = zipfile.ZipFile(wheel).read("streamrl-0.1.0.dist-info/entry_points.txt").decode()
     assert "streamrl = streamrl.launch.cli:main" in entry_points
-    assert "streamrl_shm = streamrl.weightsync.vllm_plugin:register" in entry_points
+    assert "streamrl_shm = streamrl.actors.engines.vllm.plugin:register" in entry_points
 
     # Import streamrl.launch.panels from the unpacked wheel alone, far from the source tree.
     site = tmp_path / "site"

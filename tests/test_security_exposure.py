@@ -50,7 +50,7 @@ ALLOWED = {
     # pickle.dumps only (nothing here unpickles): the CUDA IPC handles of the vllm actor's own staged
     # tensors, in the form vLLM documents for its IPC weight-transfer backend, for its own engine's
     # workers (children of the actor process). See docs/guarantees.md.
-    ("weightsync/vllm_adapter.py", "import pickle"),
+    ("actors/engines/vllm/senders.py", "import pickle"),
 }
 
 

@@ -22,7 +22,7 @@ import uuid
 import pytest
 import torch
 
-from streamrl.weightsync.vllm_adapter import IPCSender, staged_buckets
+from streamrl.actors.engines.vllm.senders import IPCSender, staged_buckets
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -77,9 +77,9 @@ def _ipc_actor(name: str, layout_json: list, device_index: int, jobs, results) -
     """An actor process: opens the learner's slots once, then copies each (version, slot, sent at)
     it is sent into its own tensors on ``cuda:device_index``; answers with the bytes (small
     layouts) or the wall-clock time the copy was done."""
-    from streamrl.weightsync.device_ipc import CudaIpc
-    from streamrl.weightsync.ipc_slots import IpcSlotsReader
     from streamrl.weightsync.layout import Layout
+    from streamrl.weightsync.transports.cuda_ipc.device import CudaIpc
+    from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsReader
 
     try:
         layout = Layout.from_json(layout_json)
@@ -114,9 +114,9 @@ def _start_actor(name: str, layout, device_index: int):
 
 @pytest.mark.parametrize("actor_device", [0, 1])
 def test_cuda_ipc_slots_are_read_by_another_process_bytes_equal(actor_device):
-    from streamrl.weightsync.device_ipc import CudaIpc
-    from streamrl.weightsync.ipc_slots import IpcSlotsWriter
     from streamrl.weightsync.layout import Layout, TensorSpec
+    from streamrl.weightsync.transports.cuda_ipc.device import CudaIpc
+    from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsWriter
 
     if actor_device >= torch.cuda.device_count():
         pytest.skip("needs a second GPU (peer copy)")
@@ -161,9 +161,9 @@ def test_cuda_ipc_publish_to_applied_at_qwen05b_against_a_device_to_device_copy(
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from bench.weightsync import SHAPES
-    from streamrl.weightsync.device_ipc import CudaIpc
-    from streamrl.weightsync.ipc_slots import IpcSlotsWriter
     from streamrl.weightsync.layout import Layout, TensorSpec
+    from streamrl.weightsync.transports.cuda_ipc.device import CudaIpc
+    from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsWriter
 
     device = torch.device("cuda", 0)
     with torch.device("meta"):

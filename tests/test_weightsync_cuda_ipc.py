@@ -23,13 +23,15 @@ from weightsync_procs import check, engine_template, learner_tensors
 
 from streamrl.configs.schema import DEVICE_IPC_TRANSPORTS, Config, WeightSyncConfig
 from streamrl.weightsync import transports
-from streamrl.weightsync.device_ipc import CudaIpc, DeviceNotVisible
-from streamrl.weightsync.ipc_slots import IpcSlotsReader, IpcSlotsWriter
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.publisher import Publisher
-from streamrl.weightsync.shm import SHM_DIR, ShmWriter, segment_prefix
 from streamrl.weightsync.subscriber import Subscriber
 from streamrl.weightsync.transports import cuda_ipc
+from streamrl.weightsync.transports.cuda_ipc.device import CudaIpc, DeviceNotVisible
+from streamrl.weightsync.transports.cuda_ipc.receiver import CudaIpcReceiver
+from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsReader, IpcSlotsWriter
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 HIDDEN, LAYERS = 16, 2
 LAYOUT = Layout.build([TensorSpec("a", (64,), "float32"), TensorSpec("b", (3, 5), "bfloat16")])
@@ -270,7 +272,7 @@ def test_a_handle_that_cannot_be_opened_skips_the_version_with_the_reason(
         template = engine_template(HIDDEN, LAYERS)
         sub = Subscriber.from_config(ws, redis_cfg.broker, redis_cfg.run, "a0", template)
         # this actor sees another GPU than the learner's
-        sub._receiver = cuda_ipc.CudaIpcReceiver(FileIpc(tmp_path, uuid="other-gpu"), ws.timeout_s)
+        sub._receiver = CudaIpcReceiver(FileIpc(tmp_path, uuid="other-gpu"), ws.timeout_s)
         sub.start()
         _wait(lambda: sub.failures.get("ipc_open"))
         time.sleep(0.2)
@@ -381,7 +383,11 @@ def test_an_actors_host_cannot_take_weights_from_the_learners_gpu():
 
 
 def test_a_vllm_actor_takes_cuda_ipc_versions_through_the_streamrl_cuda_ipc_backend(tmp_path):
-    from streamrl.actors.engines.vllm import engine_args, make_sender, weight_transfer_backend
+    from streamrl.actors.engines.vllm.engine import (
+        engine_args,
+        make_sender,
+        weight_transfer_backend,
+    )
     from streamrl.configs.schema import ActorConfig, ModelConfig
 
     backend = weight_transfer_backend("cuda_ipc", 1)

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrl.weightsync.dist import windows
+from streamrl.actors.engines.vllm.outputs import token_versions
+from streamrl.actors.engines.vllm.senders import plan_buckets
 from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.naming import (
     NameMappingError,
@@ -16,7 +17,7 @@ from streamrl.weightsync.naming import (
     map_to_template,
     strip_wrappers,
 )
-from streamrl.weightsync.vllm_adapter import plan_buckets, token_versions
+from streamrl.weightsync.transports.dist.buckets import windows
 
 
 def _tied_model():

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from streamrl.weightsync.announce import read_announcement
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.publisher import Publisher, PublishError
-from streamrl.weightsync.shm import ShmReader
+from streamrl.weightsync.transports.shm.slots import ShmReader
 
 
 def _weights(value: float) -> dict[str, torch.Tensor]:
@@ -129,7 +129,7 @@ def test_from_a_gpu_the_staging_copy_is_converted_and_summed_there(redis_cfg, tr
     """bf16 weights on a GPU: converted to the transfer dtype on the device, copied to pinned
     memory without waiting, checksummed on the device; kernels queued after ``submit`` (the next
     optimizer step) do not reach the published bytes; a CUDA reader checks its copy on its GPU."""
-    from streamrl.weightsync.shm import checksum, checksum_of_sum, word_sum
+    from streamrl.weightsync.transports.shm.checksum import checksum, checksum_of_sum, word_sum
 
     pub = Publisher(redis_cfg.weightsync, pub_keys(redis_cfg), pub_client(redis_cfg), transfer)
     try:

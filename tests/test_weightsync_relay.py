@@ -24,13 +24,13 @@ from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import is_loopback
 from streamrl.weightsync import relay as relay_module
-from streamrl.weightsync.address import routable, toward
 from streamrl.weightsync.announce import read_announcement
-from streamrl.weightsync.dist import NoFreePort, bound_store
 from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key
 from streamrl.weightsync.publisher import Publisher
 from streamrl.weightsync.relay import Relay
-from streamrl.weightsync.shm import SHM_DIR
+from streamrl.weightsync.transports.dist.address import routable, toward
+from streamrl.weightsync.transports.dist.group import NoFreePort, bound_store
+from streamrl.weightsync.transports.shm.segment import SHM_DIR
 
 HIDDEN, LAYERS = 64, 2
 

@@ -14,8 +14,13 @@ from weightsync_helpers import InProcessActor, Proc, wait_staged
 from weightsync_procs import check, engine_template, learner_tensors
 
 from streamrl.weightsync.publisher import Publisher
-from streamrl.weightsync.shm import SHM_DIR, active_leases, cleanup_stale_segments, segment_prefix
 from streamrl.weightsync.subscriber import Subscriber, swap_into_model
+from streamrl.weightsync.transports.shm.segment import (
+    SHM_DIR,
+    active_leases,
+    cleanup_stale_segments,
+    segment_prefix,
+)
 
 
 def _cfg(redis_cfg, **ws):

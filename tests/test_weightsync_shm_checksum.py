@@ -11,16 +11,14 @@ import pytest
 import torch
 
 from streamrl.weightsync.layout import Layout, TensorSpec
-from streamrl.weightsync.shm import (
-    HEADER_BYTES,
-    SHM_DIR,
-    ShmReader,
-    ShmWriter,
+from streamrl.weightsync.transports.shm.checksum import (
     checksum,
     checksum_of_sum,
     copy_with_checksum,
     word_sum,
 )
+from streamrl.weightsync.transports.shm.segment import HEADER_BYTES, SHM_DIR
+from streamrl.weightsync.transports.shm.slots import ShmReader, ShmWriter
 
 # an odd byte count (bf16 x 7) exercises the checksum's zero-padded tail
 LAYOUT = Layout.build([TensorSpec("w", (64, 3), "float32"), TensorSpec("b", (7,), "bfloat16")])
@@ -154,7 +152,7 @@ def test_layout_sums_are_each_tensors_word_sum_in_a_zero_padded_buffer():
     """``layout_sums`` (blocks, running sum, differences) against ``word_sum`` tensor by tensor:
     odd byte counts (a tail word), an empty tensor, one tensor, several dtypes."""
     from streamrl.weightsync.layout import Layout, TensorSpec
-    from streamrl.weightsync.shm import layout_sums
+    from streamrl.weightsync.transports.shm.checksum import layout_sums
 
     gen = torch.Generator().manual_seed(0)
     specs = [

@@ -13,7 +13,8 @@ import pytest
 from accounts import system_user_uid
 
 from streamrl.weightsync.layout import Layout, TensorSpec
-from streamrl.weightsync.shm import SHM_DIR, ShmReader, ShmWriter, segment_prefix
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.slots import ShmReader, ShmWriter
 
 OTHER_USER = "streamrl-shm-test"
 LAYOUT = Layout.build([TensorSpec("w", (16,), "float32")])

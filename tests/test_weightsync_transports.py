@@ -1,11 +1,14 @@
 """The weight transports are a registry: the names a config may choose are the registered ones, callers
-ask a transport's capabilities instead of comparing its name, and a transfer that runs out
-``weightsync.timeout_s`` is reported as a timeout by its type."""
+ask a transport's capabilities instead of comparing its name, importing the registry is cheap, and
+a transfer that runs out ``weightsync.timeout_s`` is reported as a timeout by its type."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import get_args
@@ -22,6 +25,7 @@ from streamrl.weightsync.layout import Layout, TensorSpec
 from streamrl.weightsync.naming import canonical_tensors
 from streamrl.weightsync.publisher import Publisher
 from streamrl.weightsync.subscriber import Subscriber
+from streamrl.weightsync.transports.base import Transport
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "broker", "configs", "launch", "learner", "weightsync")
@@ -62,6 +66,60 @@ def test_the_capabilities_say_who_publishes_reads_shared_memory_and_writes_in_th
         "dist": (True, False, False),
         "none": (False, False, False),
     }
+
+
+def test_every_transport_declares_every_capability_itself():
+    capabilities = {name for name, kind in Transport.__annotations__.items() if "bool" in kind}
+    assert len(capabilities) == 6
+    for t in transports.TRANSPORTS.values():
+        assert capabilities <= set(vars(type(t))), t.name
+
+
+# what ``import streamrl.weightsync.transports`` runs: the registry and each transport's package
+REGISTRY = ROOT / "weightsync/transports"
+REGISTRY_FILES = [
+    REGISTRY / "__init__.py",
+    REGISTRY / "base.py",
+    REGISTRY / "none.py",
+    *sorted(REGISTRY.glob("*/__init__.py")),
+]
+
+
+def test_importing_the_registry_imports_no_torch_numpy_or_vllm_and_only_the_registry():
+    code = (
+        "import sys, streamrl.weightsync.transports\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'vllm')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('streamrl.weightsync')))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr
+    heavy, ours = run.stdout.splitlines()
+    assert heavy == "[]"
+    registry = {
+        ".".join(("streamrl", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
+        for p in REGISTRY_FILES
+    }
+    assert set(ast.literal_eval(ours)) == registry | {"streamrl.weightsync"}
+
+
+def test_the_registry_takes_nothing_from_configs_but_its_errors():
+    """``configs`` may then import the registry without a cycle; a transport's heavy code (and any
+    config it reads) is imported inside the factory methods."""
+    taken = {}
+    for path in REGISTRY_FILES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                if module.startswith("streamrl.configs"):
+                    taken.setdefault(module, []).append(str(path.relative_to(ROOT)))
+    assert set(taken) == {"streamrl.configs.errors"}, taken
 
 
 def test_over_none_a_version_is_announced_without_moving_a_byte(redis_cfg):

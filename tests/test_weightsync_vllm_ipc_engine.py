@@ -17,11 +17,11 @@ from ipc_standin import FileIpc
 if not os.environ.get("STREAMRL_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 
-from streamrl.weightsync.ipc_slots import IpcSlotsWriter  # noqa: E402
+from streamrl.actors.engines.vllm.cuda_ipc_backend import CudaIpcWeightTransferEngine  # noqa: E402
+from streamrl.actors.engines.vllm.shm_backend import ShmUpdateInfo, SlotChanged  # noqa: E402
 from streamrl.weightsync.layout import Layout, TensorSpec  # noqa: E402
-from streamrl.weightsync.shm import active_leases  # noqa: E402
-from streamrl.weightsync.vllm_ipc_engine import CudaIpcWeightTransferEngine  # noqa: E402
-from streamrl.weightsync.vllm_shm_engine import ShmUpdateInfo, SlotChanged  # noqa: E402
+from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsWriter  # noqa: E402
+from streamrl.weightsync.transports.shm.segment import active_leases  # noqa: E402
 
 LAYOUT = Layout.build(
     [TensorSpec("model.embed.weight", (4, 8), "float32"), TensorSpec("norm", (8,), "float32")]
@@ -88,9 +88,9 @@ def test_the_worker_loads_the_leased_slot_in_place_and_refuses_a_reused_one(tmp_
 def test_the_plugin_registers_both_backends():
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from streamrl.weightsync import vllm_plugin
+    from streamrl.actors.engines.vllm import plugin
 
-    vllm_plugin.register()
-    vllm_plugin.register()
-    loader = WeightTransferEngineFactory._registry[vllm_plugin.IPC_BACKEND]
+    plugin.register()
+    plugin.register()
+    loader = WeightTransferEngineFactory._registry[plugin.IPC_BACKEND]
     assert loader() is CudaIpcWeightTransferEngine

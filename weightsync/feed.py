@@ -7,7 +7,7 @@ engine's choice, made from the transport's capabilities (``transport``); the act
 asks.
 
 Where the actor's weights come from follows from the config and ``run.host_id`` alone: with
-``weightsync.relay`` (``hosts.relayed``) every actor reads its own host's shm segment, announced under
+``weightsync.relay`` (``relay.relayed``) every actor reads its own host's shm segment, announced under
 its host's keys (``hosts.host_keys``) by whoever serves that host: the learner on its own host, the
 host's relay on any other. To the engine that is the ``shm`` transport.
 """
@@ -25,7 +25,8 @@ from streamrl.broker.keys import Keys
 from streamrl.configs.schema import BrokerConfig, RunConfig, WeightSyncConfig
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import Announcement, read_announcement
-from streamrl.weightsync.hosts import host_keys, relayed
+from streamrl.weightsync.hosts import host_keys
+from streamrl.weightsync.relay import relayed
 from streamrl.weightsync.subscriber import Subscriber
 
 

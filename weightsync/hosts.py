@@ -11,14 +11,8 @@ from __future__ import annotations
 import copy
 
 from streamrl.broker.keys import Keys
-from streamrl.weightsync import transports
 
 RELAY_PREFIX = "relay:"
-
-
-def relayed(transport: str, relay: bool) -> bool:
-    """Whether ``weightsync.transport``/``weightsync.relay`` put one relay on every actor host."""
-    return relay and transports.get(transport).relays
 
 
 def host_keys(keys: Keys, host_id: str) -> Keys:

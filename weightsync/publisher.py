@@ -93,8 +93,8 @@ class _Stage:
     def fill(self, tensors: dict[str, torch.Tensor]) -> tuple[object, dict | None]:
         """Copy (converting on the tensors' device) into this buffer. Returns what the writer
         waits for before reading it (a CUDA event, or None), and the checksums when a GPU took
-        them (``weightsync.shm.word_sum``, before the copy; None: the writer sums on the host)."""
-        from streamrl.weightsync.shm import word_sum
+        them (``transports.shm.checksum.word_sum``, before the copy; None: the writer sums on the host)."""
+        from streamrl.weightsync.transports.shm.checksum import word_sum
 
         cuda = [t for t in tensors.values() if t.device.type == "cuda"]
         if not cuda:
@@ -272,7 +272,7 @@ class Publisher:
         if job.ready is not None:
             job.ready.synchronize()
         if job.device_sums is not None:
-            from streamrl.weightsync.shm import checksum_of_sum
+            from streamrl.weightsync.transports.shm.checksum import checksum_of_sum
 
             names, sums = job.device_sums["names"], job.device_sums["sums"].tolist()
             checksums = {

@@ -34,12 +34,12 @@ from streamrl.broker.keys import Keys
 from streamrl.configs import ConfigError, config_from_cli
 from streamrl.configs.schema import WeightSyncConfig
 from streamrl.runtime import metrics_endpoint as endpoint_metrics
-from streamrl.weightsync import metrics
+from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import announce
-from streamrl.weightsync.dist import DistReceiver
-from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key, relayed
+from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key
 from streamrl.weightsync.layout import Layout
-from streamrl.weightsync.shm import ShmWriter
+from streamrl.weightsync.transports.dist.receiver import DistReceiver
+from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 STEP_WAIT_S = 0.2
 # back-off after an error (Redis or the learner unreachable) before trying again
 RETRY_S = 1.0
+
+
+def relayed(transport: str, relay: bool) -> bool:
+    """Whether ``weightsync.transport``/``weightsync.relay`` put one relay on every actor host."""
+    return relay and transports.get(transport).relays
 
 
 def wanted(ws: WeightSyncConfig) -> bool:

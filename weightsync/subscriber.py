@@ -33,7 +33,7 @@ from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import Announcement, Watcher, read_announcement
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.naming import NameMappingError, map_to_template
-from streamrl.weightsync.transports import Receiver
+from streamrl.weightsync.transports import Fill, Receiver
 
 log = logging.getLogger(__name__)
 
@@ -239,21 +239,12 @@ class Subscriber:
     def announced(self) -> Announcement | None:
         return self._announced
 
-    @property
-    def pairs(self) -> list[tuple[str, str]]:
-        return self._pairs
-
     def reread(self) -> None:
         self._announced = read_announcement(self.client, self.keys) or self._announced
 
-    def skip(self, ann: Announcement) -> None:
-        self._failed = (ann.publisher, ann.version)
-
-    def received(self, seconds: float) -> None:
-        self.last_receive_seconds = seconds
-        metrics.RECEIVE_SECONDS.observe(seconds)
-
-    def fail(self, reason: str, detail: str = "") -> None:
+    def fail(self, reason: str, detail: str = "", skip: Announcement | None = None) -> None:
+        if skip is not None:
+            self._failed = (skip.publisher, skip.version)
         self.failures[reason] = self.failures.get(reason, 0) + 1
         metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
         if detail:
@@ -261,7 +252,13 @@ class Subscriber:
             self.last_error = f"{reason}: {detail.splitlines()[0][:300]}"
             log.warning("weightsync subscriber %s: %s", self.actor_id, self.last_error)
 
-    def wanted(self, ann: Announcement | None) -> bool:
+    def wanted(self, reread: bool = False) -> Announcement | None:
+        if reread:
+            self.reread()
+        ann = self._announced
+        return ann if self._wants(ann) else None
+
+    def _wants(self, ann: Announcement | None) -> bool:
         if (
             ann is None
             or ann.transport != self.transport.name
@@ -282,7 +279,7 @@ class Subscriber:
 
     def begin_fill(
         self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0, flat: bool = False
-    ) -> dict[str, torch.Tensor] | None:
+    ) -> Fill | None:
         """Claim the staging copy for writing (allocated for this layout); None while the engine holds it.
 
         ``flat``: allocate it as views of one zeroed buffer in ``layout`` (``flat``), so a
@@ -316,7 +313,7 @@ class Subscriber:
                     for engine, source in self._pairs
                 }
             self._staging_key = key
-        return self._staging
+        return Fill(self._staging, self._pairs, self._flat)
 
     def _flat_staging(self, layout: Layout) -> torch.Tensor | None:
         """One zeroed buffer for ``layout`` on the engine's device, if the pairs allow it: each
@@ -332,7 +329,12 @@ class Subscriber:
             return None
         return torch.zeros(layout.padded_bytes, dtype=torch.uint8, device=devices.pop())
 
-    def end_fill(self, version: int | None, publisher: str | None) -> None:
+    def end_fill(
+        self, version: int | None, publisher: str | None, seconds: float | None = None
+    ) -> None:
+        if seconds is not None:
+            self.last_receive_seconds = seconds
+            metrics.RECEIVE_SECONDS.observe(seconds)
         with self._cond:
             if version is None:
                 self._state = "empty"

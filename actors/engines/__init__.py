@@ -1,6 +1,7 @@
 """Generation engines by name (``actor.engine``): ``hf`` everywhere, ``vllm`` on GPUs (or its CPU build).
 
-An engine is one module here holding an ``Engine`` subclass with its ``name``, its capabilities
+An engine is one module here (or one subpackage: ``vllm``, which holds all of vLLM's weight
+loading too) holding an ``Engine`` subclass with its ``name``, its capabilities
 (``places_own_threads``) and a ``from_config`` that reads only the config sections it names;
 listing it in ``ENGINES`` and in the schema's ``actor.engine`` literal makes it selectable.
 Callers look an engine up once and ask its capabilities, never compare its name.
@@ -17,7 +18,7 @@ from streamrl.actors.engines.base import (
     WeightSource,
 )
 from streamrl.actors.engines.hf import HFEngine
-from streamrl.actors.engines.vllm import VLLMEngine
+from streamrl.actors.engines.vllm.engine import VLLMEngine
 from streamrl.configs.errors import StreamRLError
 
 ENGINES: dict[str, type[Engine]] = {e.name: e for e in (HFEngine, VLLMEngine)}

@@ -1,11 +1,23 @@
 """The weight transports by name (``weightsync.transport``): ``shm``, ``cuda_ipc``, ``dist`` and ``none``.
 
-A transport is one module here holding its sender (learner side, driven by
-``weightsync.publisher``) and receiver (actor side, driven by
-``weightsync.subscriber``) and exporting ``TRANSPORT``; listing it in
-``TRANSPORTS`` and in the schema's ``weightsync.transport`` literal makes it
-selectable. Callers ask a transport's capabilities (``publishes``,
-``shared_memory``, ``device_ipc``), never its name.
+What a transport is, is ``base``'s: a ``Transport`` declares its capabilities and makes the
+learner's ``Sender`` (driven by ``weightsync.publisher``) and an actor's ``Receiver`` (driven by
+``weightsync.subscriber``, filling its ``Staging`` copy). Each transport is one subpackage here
+holding all its wire and storage code (``none``: one module), whose ``__init__`` exports
+``TRANSPORT``:
+
+- ``shm``: POSIX shared memory on one host (the segment, its checksums and slots);
+- ``cuda_ipc``: slots on the learner's GPU opened by CUDA IPC handle (its control segment is an
+  shm segment);
+- ``dist``: torch.distributed broadcast in buckets (group, buckets, the learner's address);
+- ``none``: nothing moves.
+
+``slot_receiver`` is the one receive loop of the transports that keep versions in slots (shm,
+cuda_ipc). Listing a transport in ``TRANSPORTS`` and in the schema's ``weightsync.transport``
+literal makes it selectable. Callers ask a transport's capabilities, never its name.
+
+Importing this is cheap (no torch, numpy or vLLM; from ``configs`` only ``configs.errors``): each
+transport imports its heavy code where it makes a sender or receiver.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 from streamrl.configs.errors import StreamRLError
 from streamrl.weightsync.transports import cuda_ipc, dist, none, shm
 from streamrl.weightsync.transports.base import (
+    Fill,
     Receiver,
     Sender,
     Staging,
@@ -41,6 +54,7 @@ def get(name: str) -> Transport:
 
 __all__ = [
     "TRANSPORTS",
+    "Fill",
     "Receiver",
     "Sender",
     "Staging",

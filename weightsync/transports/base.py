@@ -1,14 +1,17 @@
-"""What a weight transport is: a sender on learner rank 0 that moves one version to the actors, and a
-receiver on each actor that fills the subscriber's staging copy from it.
+"""What a weight transport is: a sender on learner rank 0 that publishes one version to the actors,
+and a receiver on each actor that receives the newest wanted version into the subscriber's staging
+copy.
 
 The publisher and subscriber own versions, announcements and the staging copy; a transport owns
-only how the bytes travel, and says through its capabilities what its callers need to know
-(``publishes``, ``shared_memory``, ``device_ipc``) so no caller compares transport names.
+only how the bytes travel, and declares its capabilities (the class attributes of ``Transport``,
+each documented here once) so no caller compares transport names. Light on purpose: the registry
+imports this, and this imports nothing heavy.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from streamrl.configs.errors import StreamRLError
@@ -18,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.announce import Announcement
     from streamrl.weightsync.layout import Layout
 
@@ -35,16 +38,28 @@ class Sender(Protocol):
         aliases: dict[str, str],
         checksums: dict[str, int] | None = None,
     ) -> dict:
-        """Move one version (tensors by published name, already in the transfer dtype); returns what
-        the announcement's metadata adds so receivers find it. ``checksums``: the tensors' shm
+        """Publish one version (tensors by published name, already in the transfer dtype); returns
+        what the announcement's metadata adds so receivers find it. ``checksums``: the tensors' shm
         checksums when the publisher already took them (on a GPU), for a transport that stores them."""
         ...
 
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Fill:
+    """The staging copy a receiver claimed (``Staging.begin_fill``)."""
+
+    # by engine name
+    tensors: dict[str, torch.Tensor]
+    # (engine name, published name) of every staged tensor
+    pairs: list[tuple[str, str]]
+    # the one buffer ``tensors`` are views of, in the published layout, or None (tensors alone)
+    flat: torch.Tensor | None
+
+
 class Staging(Protocol):
-    """The subscriber's side a receiver works against (``weightsync.subscriber.Subscriber``)."""
+    """The subscriber as a receiver sees it (``weightsync.subscriber.Subscriber``)."""
 
     @property
     def announced(self) -> Announcement | None:
@@ -56,45 +71,30 @@ class Staging(Protocol):
         """The version of the engine's live weights."""
         ...
 
-    @property
-    def pairs(self) -> list[tuple[str, str]]:
-        """(engine name, published name) of every staged tensor, set by ``begin_fill``."""
-        ...
-
-    def reread(self) -> None:
-        """Read the announcement again (a newer version may replace the one being received)."""
-        ...
-
-    def wanted(self, ann: Announcement | None) -> bool:
-        """Whether ``ann`` is a version to receive: newer than the live and staged ones, not skipped."""
-        ...
-
-    def skip(self, ann: Announcement) -> None:
-        """Never try ``ann``'s version again (a newer one is received)."""
+    def wanted(self, reread: bool = False) -> Announcement | None:
+        """The newest announcement if it is a version to receive (newer than the live and staged
+        ones, not skipped), else None; ``reread``: read it from Redis again first (a newer version
+        may replace the one being received)."""
         ...
 
     def begin_fill(
         self, layout: Layout, aliases: dict[str, str], wait_s: float = 0.0, flat: bool = False
-    ) -> dict[str, torch.Tensor] | None:
-        """Claim the staging copy (by engine name) for writing; None while the engine holds it.
-        ``flat``: as views of one buffer in ``layout`` where it can be (``flat``)."""
+    ) -> Fill | None:
+        """Claim the staging copy for writing, allocated for ``layout`` (as one buffer where it
+        can be, with ``flat``); None while the engine holds it. Raises ``NameMappingError`` when
+        the published names do not map onto the engine's."""
         ...
 
-    @property
-    def flat(self) -> torch.Tensor | None:
-        """The staging copy as one buffer in the published layout, or None (tensors alone)."""
+    def end_fill(
+        self, version: int | None, publisher: str | None, seconds: float | None = None
+    ) -> None:
+        """Release the copy ``begin_fill`` claimed: staged as ``version``, received in ``seconds``;
+        or empty if ``version`` is None."""
         ...
 
-    def end_fill(self, version: int | None, publisher: str | None) -> None:
-        """Release the copy ``begin_fill`` claimed: staged as ``version``, or empty if None."""
-        ...
-
-    def received(self, seconds: float) -> None:
-        """A version was staged in ``seconds``."""
-        ...
-
-    def fail(self, reason: str, detail: str = "") -> None:
-        """Count a failed transfer under ``reason`` (the failures metric's label)."""
+    def fail(self, reason: str, detail: str = "", skip: Announcement | None = None) -> None:
+        """Count a failed transfer under ``reason`` (the failures metric's label); ``skip``: never
+        try that announcement's version again (a newer one is received)."""
         ...
 
 
@@ -108,25 +108,26 @@ class Receiver(Protocol):
 
 
 class Transport(ABC):
-    """One way weights travel, registered by ``name`` in ``weightsync.transports``."""
+    """One way weights travel, registered by ``name`` in ``weightsync.transports``. Each transport
+    declares every capability below itself."""
 
     name: ClassVar[str]
     # False: the learner publishes nothing and actors keep the weights they loaded
-    publishes: ClassVar[bool] = True
+    publishes: ClassVar[bool]
     # a version lies in a shared-memory segment on this host that a consumer may read in place
-    # (vLLM's workers load it themselves: weightsync.vllm_shm_engine)
-    shared_memory: ClassVar[bool] = False
+    # (vLLM's workers load it themselves: actors.engines.vllm.shm_backend)
+    shared_memory: ClassVar[bool]
     # a version lies in GPU memory on this host that a consumer opens by CUDA IPC handle and may
-    # read in place (vLLM's workers load it themselves: weightsync.vllm_ipc_engine)
-    device_ipc: ClassVar[bool] = False
+    # read in place (vLLM's workers load it themselves: actors.engines.vllm.cuda_ipc_backend)
+    device_ipc: ClassVar[bool]
     # the publisher may write versions from its background thread while the learner trains on
     # (False: written before ``Publisher.submit`` returns, e.g. a broadcast the actors take part in)
-    background: ClassVar[bool] = False
+    background: ClassVar[bool]
     # actors join the learner's torch.distributed group (over ``weightsync.backend``): under NCCL
     # no two of its processes may share a GPU
-    process_group: ClassVar[bool] = False
+    process_group: ClassVar[bool]
     # with ``weightsync.relay`` one relay per actor host receives for all its actors (``weightsync.relay``)
-    relays: ClassVar[bool] = False
+    relays: ClassVar[bool]
 
     @abstractmethod
     def sender(

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from streamrl.broker.keys import Keys
-    from streamrl.configs.schema import WeightSyncConfig
+    from streamrl.configs.weightsync import WeightSyncConfig
     from streamrl.weightsync.layout import Layout
 
 # a receiver has nothing to wait for: look again this rarely
@@ -44,6 +44,11 @@ class NoReceiver:
 class NoTransport(Transport):
     name = "none"
     publishes = False
+    shared_memory = False
+    device_ipc = False
+    background = False
+    process_group = False
+    relays = False
 
     def sender(
         self,

@@ -3,14 +3,14 @@ control segment in /dev/shm.
 
 The learner allocates ``weightsync.slots`` buffers of its ``Layout`` once on its device and
 exports each once (``DeviceIpc.share``); the fields go into the control segment, a
-``weightsync.shm`` segment of kind ``KIND_CONTROL`` (same header, version stamps, reader leases,
+``transports.shm.segment`` of kind ``KIND_CONTROL`` (same header, version stamps, reader leases,
 0600 creation under a random name, owner check, stale cleanup), whose body holds each slot's
 checksum table and, after them, the handle fields as msgpack (never pickle; header words 6 and
 7 give their offset and length). Redis carries only the segment's name, the slot and the layout.
 
 Writing a version (``IpcSlotsWriter.write``): mark the slot as being written, copy (converting)
-the tensors into it on the GPU, take their word sums there (``shm.layout_sums``: a slot's all at once), record a fence
-and wait for it, store the checksums, stamp. A reader (``IpcSlotsReader``) leases the slot,
+the tensors into it on the GPU, take their word sums there (``shm.checksum.layout_sums``: a
+slot's all at once), record a fence and wait for it, store the checksums, stamp. A reader (``IpcSlotsReader``) leases the slot,
 checks the stamps, copies device to device into its own tensors, sums what it now holds on its
 device and checks those sums against the table, and the stamp once more after (seqlock): a
 copy that raced a writer (a lease that ran out) is refused as torn.
@@ -21,17 +21,15 @@ from __future__ import annotations
 import msgpack
 import torch
 
-from streamrl.weightsync.device_ipc import FIELDS, DeviceIpc
 from streamrl.weightsync.layout import Layout
-from streamrl.weightsync.shm import (
+from streamrl.weightsync.transports.cuda_ipc.device import FIELDS, DeviceIpc
+from streamrl.weightsync.transports.shm.checksum import checksum_of_sum, layout_sums, word_sum
+from streamrl.weightsync.transports.shm.segment import (
     HEADER_BYTES,
     KIND_CONTROL,
     PAGE,
     SegmentReader,
     SegmentWriter,
-    checksum_of_sum,
-    layout_sums,
-    word_sum,
 )
 
 # header words: the handle fields' offset in the body and their length
@@ -63,7 +61,7 @@ def copy_and_sum(
 
 def decode_handles(raw: bytes, slots: int) -> list[dict]:
     """The handle fields of ``slots`` slots from the control segment, every field checked against
-    ``device_ipc.FIELDS`` (the segment is ours, but a reader trusts nothing it parses)."""
+    ``device.FIELDS`` (the segment is ours, but a reader trusts nothing it parses)."""
     try:
         data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:

@@ -1,21 +1,13 @@
-"""Shared-memory transport: a ring of slots in one POSIX shm segment (/dev/shm), on one host.
+"""The shm segment: one POSIX shared-memory file (/dev/shm) on one host, a header of version stamps
+and reader leases, then a body of slots whose meaning is the subclass's.
 
-Segment: a 4 KiB header, then ``slots`` page-aligned slots, each one ``Layout``.
-Header words (int64): magic, slots, slot_bytes, max_readers, data_offset; per
-slot a version stamp written before (``begin``) and after (``end``) the data;
-per reader a lease row (slot, version, expiry, pid).
+Segment: a 4 KiB header, then ``slots`` page-aligned slots. Header words (int64): magic, slots,
+slot_bytes, max_readers, data_offset, kind; per slot a version stamp written before (``begin``)
+and after (``end``) the data; per reader a lease row (slot, version, expiry, pid).
 
-A reader accepts a copy only if ``begin == end == version`` before it and
-``begin`` is unchanged after (seqlock), and only if every tensor it copied sums
-to the checksum the writer stored for it. The stamps alone would rely on x86's
-store and load ordering (Python has no fences to place): on a weakly ordered
-CPU (ARM) the reader could see the new stamps with old or half-written data. The
-checksum (the tensor's bytes summed as 64-bit words, mixed with the version;
-one table per slot, after its data) is checked on the bytes the reader actually
-holds, so such a copy is refused as torn and read again. Its cost is measured
-by ``bench/shm_checksum.py``: a word sum runs at memory speed (as fast as xxh3
-here), can be taken on a GPU (``word_sum``), and on CPU is folded into the copy
-block by block (``copy_with_checksum``) so the bytes are summed while in cache.
+A reader accepts a copy only if ``begin == end == version`` before it and ``begin`` is unchanged
+after (seqlock); the stamps alone would rely on x86's store and load ordering, so every slot also
+carries checksums the reader checks on the bytes it holds (``checksum``).
 Leases keep the writer off slots readers are copying: a reader owns its row
 through an open-file-description lock, which the kernel drops when the reader
 dies, and a lease expires after ``lease_s``, so neither a SIGKILLed nor a
@@ -24,9 +16,9 @@ touches the newest complete slot, so with 3+ slots one frozen reader never
 delays it at all.
 
 The header, stamps and leases are ``SegmentWriter``/``SegmentReader``'s; what a
-slot's bytes are lies with the subclass: ``ShmWriter``/``ShmReader`` keep each
+slot's bytes are lies with the subclass: ``slots.ShmWriter``/``slots.ShmReader`` keep each
 slot's data and checksum table in the segment's body, the ``cuda_ipc`` transport
-(``weightsync.ipc_slots``) keeps only checksum tables and handle fields there
+(``transports.cuda_ipc.slots``) keeps only checksum tables and handle fields there
 and the data on a GPU. Header word 5 says which (``KIND_*``): a reader refuses a
 segment of the other kind.
 
@@ -57,8 +49,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-
-from streamrl.weightsync.layout import ALIGN, Layout
 
 log = logging.getLogger(__name__)
 
@@ -153,154 +143,6 @@ class _Mapping:
             # a caller still holds a view; the mapping goes with the last reference
             pass
         os.close(self.fd)
-
-
-def _sums_offset(layout: Layout) -> int:
-    """Where a slot's checksum table (one uint64 per tensor) starts, after its data."""
-    return -(-layout.total_bytes // 64) * 64
-
-
-def _slot_bytes_used(layout: Layout) -> int:
-    return _sums_offset(layout) + 8 * len(layout.specs)
-
-
-def _slot_stride(layout: Layout) -> int:
-    return max(PAGE, -(-_slot_bytes_used(layout) // PAGE) * PAGE)
-
-
-def _sums(slot: torch.Tensor, layout: Layout) -> np.ndarray:
-    """The checksum table of one slot (a view into the segment)."""
-    start = _sums_offset(layout)
-    return slot[start : start + 8 * len(layout.specs)].numpy().view(np.uint64)
-
-
-# mixes the version into a checksum: the same bytes under another version do not match
-_VERSION_MIX = 0x9E3779B97F4A7C15
-# bytes copied and summed at a time: small enough to be summed while still in L2
-_BLOCK = 1 << 20
-# below this a tensor is still in the last-level cache after its copy: two passes are cheaper
-# than blocks (measured: 1.22x a plain copy against 1.48x at 10 MB; 1.46x against 1.31x at 100 MB)
-_FUSE_ABOVE = 32 << 20
-
-
-def _mix(raw_sum: int, version: int) -> int:
-    return (raw_sum + version * _VERSION_MIX) % 2**64
-
-
-def checksum(tensor: torch.Tensor, version: int) -> int:
-    """The bytes of a contiguous CPU tensor summed as little-endian uint64 words (the tail
-    zero-padded), plus a multiple of ``version``: a copy mixing two versions, or old data under
-    a new stamp, fails to match except by a 2**-64 chance."""
-    raw = tensor.reshape(-1).view(torch.uint8).numpy()
-    whole = raw.size - raw.size % 8
-    # uint64 sums wrap modulo 2**64 (and np.sum keeps the dtype: passing one is 4x slower)
-    total = int(raw[:whole].view(np.uint64).sum())
-    if whole < raw.size:
-        total += int.from_bytes(raw[whole:].tobytes(), "little")
-    return _mix(total, version)
-
-
-def word_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """``checksum``'s word sum before the version is mixed in, as a 0-dim int64 on the tensor's
-    own device (no sync: a GPU sums its tensors before they are copied to the host). int64
-    additions wrap like uint64 ones; ``checksum_of_sum`` maps the result back."""
-    raw = tensor.reshape(-1).view(torch.uint8)
-    whole = raw.numel() - raw.numel() % 8
-    head = raw[:whole]
-    if head.data_ptr() % 8:
-        # an int64 view needs 8-byte alignment (a parameter inside a flat buffer may lack it)
-        head = head.clone()
-    total = head.view(torch.int64).sum()
-    if whole < raw.numel():
-        tail = raw[whole:].to(torch.int64)
-        shifts = torch.arange(tail.numel(), device=tail.device, dtype=torch.int64) * 8
-        total = total + (tail << shifts).sum()
-    return total
-
-
-def layout_sums(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """``word_sum`` of every tensor of ``layout`` in the flat uint8 buffer ``flat`` (of at least
-    ``layout.padded_bytes``), as an int64 [tensors] on its device, in a handful of kernels whatever the
-    tensor count: a model has hundreds of tensors, and a GPU reduction each costs more in
-    launches than in bytes.
-
-    The layout starts every tensor at a multiple of ``ALIGN`` (64) bytes, so each 64-byte block
-    of the buffer lies within one tensor's extent (the tensor, then the padding up to the next
-    one) or in padding alone: the blocks are summed as 8 words each, and a tensor's sum is the
-    difference of the blocks' running sum across its extent. The padding is summed with its
-    tensor, so it must be zero: allocate the buffer zeroed and write only the tensors' bytes.
-    """
-    padded = layout.padded_bytes
-    if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() < padded:
-        raise ValueError(
-            f"need a flat uint8 buffer of >= {padded} bytes, got {flat.dtype} {tuple(flat.shape)}"
-        )
-    words = flat[:padded]
-    if words.data_ptr() % 8:
-        words = words.clone()
-    blocks = words.view(torch.int64).view(-1, ALIGN // 8).sum(1)
-    # running[i] = the sum of blocks before block i; int64 additions wrap like word_sum's
-    running = torch.zeros(blocks.numel() + 1, dtype=torch.int64, device=flat.device)
-    torch.cumsum(blocks, 0, out=running[1:])
-    bounds = torch.tensor(
-        [
-            [offset // ALIGN, -(-(offset + spec.nbytes) // ALIGN)]
-            for spec, offset in zip(layout.specs, layout.offsets, strict=True)
-        ],
-        dtype=torch.int64,
-    ).reshape(-1, 2)
-    bounds = bounds.to(flat.device)
-    return running[bounds[:, 1]] - running[bounds[:, 0]]
-
-
-def checksum_of_sum(raw_sum: int, version: int) -> int:
-    """The checksum from ``word_sum``'s value (a signed int64)."""
-    return _mix(raw_sum % 2**64, version)
-
-
-def copy_with_checksum(dst: torch.Tensor, src: torch.Tensor, version: int) -> int:
-    """``dst.copy_(src)`` for contiguous CPU tensors of one dtype, returning ``checksum(dst)``.
-    A tensor larger than the cache is copied block by block, each block summed right after it
-    landed, so memory is crossed once."""
-    d = dst.reshape(-1).view(torch.uint8)
-    s = src.reshape(-1).view(torch.uint8)
-    if d.numel() <= _FUSE_ABOVE:
-        d.copy_(s)
-        return checksum(d, version)
-    held = d.numpy()
-    n = d.numel()
-    whole = n - n % 8
-    total = 0
-    for start in range(0, whole, _BLOCK):
-        stop = min(start + _BLOCK, whole)
-        d[start:stop].copy_(s[start:stop])
-        total += int(held[start:stop].view(np.uint64).sum())
-    if whole < n:
-        d[whole:].copy_(s[whole:])
-        total += int.from_bytes(held[whole:].tobytes(), "little")
-    return _mix(total, version)
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """A plain CPU byte copy between the two (no conversion, no device): it can be summed on the fly."""
-    return (
-        a.device.type == b.device.type == "cpu"
-        and a.dtype == b.dtype
-        and a.is_contiguous()
-        and b.is_contiguous()
-    )
-
-
-def _held_checksum(out: torch.Tensor, published: torch.Tensor, version: int) -> int:
-    """Copy ``published`` (a slot's view) into ``out`` and checksum the bytes ``out`` now holds:
-    summed on the fly on CPU, on the device for a GPU copy of the same dtype; a converting copy
-    is checked on the slot, once more after copying."""
-    if _same_bytes(out, published):
-        return copy_with_checksum(out, published, version)
-    out.copy_(published)
-    if out.dtype == published.dtype and out.is_contiguous():
-        return checksum_of_sum(int(word_sum(out)), version)
-    return checksum(published, version)
 
 
 class SegmentWriter:
@@ -407,78 +249,6 @@ class SegmentWriter:
         _unregister_cleanup(self)
 
 
-class ShmWriter(SegmentWriter):
-    """Publisher side. Creates the segment on construction; ``write`` copies one version into a free slot."""
-
-    def __init__(
-        self, run_name: str, layout: Layout, slots: int, lease_s: float, host_id: str = ""
-    ):
-        """``host_id``: the host whose actors read the segment, in its name (hosts may share /dev/shm)."""
-        stride = _slot_stride(layout)
-        super().__init__(run_name, slots, stride, slots * stride, lease_s, host_id)
-        self.layout = layout
-        slot_bytes = [self.body[s * stride : (s + 1) * stride] for s in range(slots)]
-        self._flat = [b[: layout.total_bytes] for b in slot_bytes]
-        self._views = [layout.views(b) for b in slot_bytes]
-        self._sums = [_sums(b, layout) for b in slot_bytes]
-
-    def write(
-        self,
-        version: int,
-        tensors: dict[str, torch.Tensor],
-        checksums: dict[str, int] | None = None,
-    ) -> tuple[int, bool]:
-        """Copy (and convert) ``tensors`` into a slot; returns (slot, had to override a lease).
-
-        ``checksums`` (by name, from ``checksum_of_sum``): taken by the caller on the tensors
-        as published (a GPU's, before they were copied to the host), so the slot is not summed
-        again; a reader still checks what it copied against them.
-        """
-        slot, overrode = self.start_slot(version)
-        views, sums = self._views[slot], self._sums[slot]
-        with torch.no_grad():
-            for i, spec in enumerate(self.layout.specs):
-                view, src = views[spec.name], tensors[spec.name]
-                if checksums is not None:
-                    view.copy_(src)
-                    sums[i] = checksums[spec.name]
-                elif _same_bytes(view, src):
-                    sums[i] = copy_with_checksum(view, src, version)
-                else:
-                    view.copy_(src)
-                    sums[i] = checksum(view, version)
-        self.stamp(slot, version)
-        return slot, overrode
-
-    def begin(self, version: int) -> tuple[int, torch.Tensor]:
-        """A free slot to fill in place: (slot, its bytes as the layout's flat stream), marked as
-        being written until ``commit`` (readers keep to the newest complete slot meanwhile)."""
-        slot, overrode = self.start_slot(version)
-        if overrode:
-            log.warning("shm slot %d: a reader's lease ran out; writing over it", slot)
-        return slot, self._flat[slot]
-
-    def commit(self, slot: int, version: int, checksums: list[int] | None = None) -> None:
-        """``slot``, filled since ``begin``, holds ``version``: stamped, with ``checksums`` (the
-        layout's order, taken where the bytes came from: readers then check them end to end), or
-        checksummed in place."""
-        views, sums = self._views[slot], self._sums[slot]
-        for i, spec in enumerate(self.layout.specs):
-            sums[i] = checksum(views[spec.name], version) if checksums is None else checksums[i]
-        self.stamp(slot, version)
-
-    def checksums(self, slot: int) -> list[int]:
-        """``slot``'s checksums in the layout's order."""
-        return [int(x) for x in self._sums[slot]]
-
-    def flat(self, slot: int) -> torch.Tensor:
-        """``slot``'s bytes as the layout's flat stream (padding included), for reading."""
-        return self._flat[slot]
-
-    def _release_body(self) -> None:
-        self._flat = self._views = self._sums = []
-
-
 class SegmentReader:
     """The reading side of a segment of this user: maps it by name, checks its header and kind,
     and takes a reader row whose lease keeps the writer off the slot being read."""
@@ -556,6 +326,10 @@ class SegmentReader:
         w = self._map.words
         return w[_STAMPS + 2 * slot] == version == w[_STAMPS + 2 * slot + 1]
 
+    def begin_stamp(self, slot: int) -> int:
+        """The version a writer last began writing into ``slot`` (the seqlock's check after a copy)."""
+        return int(self._map.words[_STAMPS + 2 * slot])
+
     def _slot_bytes(self, slot: int) -> torch.Tensor:
         start = HEADER_BYTES + slot * self.stride
         return self._map.data[start : start + self.stride]
@@ -576,57 +350,6 @@ class SegmentReader:
     def close(self) -> None:
         # closing the descriptor drops the row lock
         self._map.close()
-
-
-class ShmReader(SegmentReader):
-    """Subscriber side: maps a segment by name and copies announced slots out under a lease."""
-
-    def read_into(
-        self,
-        version: int,
-        slot: int,
-        layout: Layout,
-        pairs: list[tuple[str, str]],
-        dest: dict[str, torch.Tensor],
-    ) -> str:
-        """Copy ``version`` from ``slot`` into ``dest``; "ok", "stale" (slot reused for a newer
-        version) or "torn" (overwritten meanwhile, or a tensor that does not match its checksum)."""
-        self._check_slot(slot, _slot_bytes_used(layout))
-        if not self.hold(version, slot):
-            return "stale"
-        try:
-            slot_bytes = self._slot_bytes(slot)
-            src, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
-            index = {spec.name: i for i, spec in enumerate(layout.specs)}
-            with torch.no_grad():
-                for engine_name, published_name in pairs:
-                    out, published = dest[engine_name], src[published_name]
-                    if _held_checksum(out, published, version) != int(sums[index[published_name]]):
-                        return "torn"
-            return "ok" if self._map.words[_STAMPS + 2 * slot] == version else "torn"
-        finally:
-            self._drop_lease()
-
-    def lease(self, version: int, slot: int, layout: Layout) -> dict[str, torch.Tensor] | None:
-        """Lease ``slot`` and return zero-copy views of ``version`` in it (None: the slot no longer holds it).
-
-        For a consumer that reads the slot in place over a while (vLLM's workers
-        load straight from it): the lease lasts ``lease_s`` from now, ``renew``
-        extends it, and ``release`` ends it and says whether the slot held
-        ``version`` all along.
-        """
-        self._check_slot(slot, _slot_bytes_used(layout))
-        if not self.hold(version, slot):
-            return None
-        slot_bytes = self._slot_bytes(slot)
-        views, sums = layout.views(slot_bytes), _sums(slot_bytes, layout)
-        if any(
-            checksum(views[spec.name], version) != int(sums[i])
-            for i, spec in enumerate(layout.specs)
-        ):
-            self._drop_lease()
-            return None
-        return views
 
 
 _writers: set[SegmentWriter] = set()

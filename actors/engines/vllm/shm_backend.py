@@ -1,7 +1,7 @@
 """The worker side of the ``streamrl_shm`` vLLM weight-transfer backend (imports vLLM; runs in its workers).
 
 Each vLLM worker maps the learner publisher's shared-memory segment
-(``weightsync.shm``) and loads the announced slot straight from it with
+(``weightsync.transports.shm``) and loads the announced slot straight from it with
 ``model.load_weights``, inside vLLM's layerwise reload: no staging copy in the
 actor, no CUDA IPC, the same on CPU and GPU (one host). The update info is
 tiny (segment name, slot, version, layout, aliases), so one ``update_weights``
@@ -45,7 +45,7 @@ from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
 from streamrl.configs.errors import StreamRLError
 from streamrl.weightsync.layout import Layout
-from streamrl.weightsync.shm import ShmReader
+from streamrl.weightsync.transports.shm.slots import ShmReader
 
 
 @dataclass

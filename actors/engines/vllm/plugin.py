@@ -4,20 +4,19 @@ backends in every vLLM process.
 vLLM spawns its engine core and workers, so a registration made in the actor
 process alone is not seen where the weights are loaded; vLLM calls every
 ``vllm.general_plugins`` entry point (``pyproject.toml``) in each of its
-processes, and this is ours. The engine classes live in
-``weightsync.vllm_shm_engine`` and ``weightsync.vllm_ipc_engine`` and are imported
-lazily by vLLM's factory.
+processes, and this is ours. The engine classes live in ``shm_backend`` and
+``cuda_ipc_backend`` and are imported lazily by vLLM's factory.
 Imports nothing of vLLM at module level.
 """
 
 from __future__ import annotations
 
-BACKEND = "streamrl_shm"
+SHM_BACKEND = "streamrl_shm"
 IPC_BACKEND = "streamrl_cuda_ipc"
 # backend -> (module, class) of its worker-side engine
 ENGINES = {
-    BACKEND: ("streamrl.weightsync.vllm_shm_engine", "ShmWeightTransferEngine"),
-    IPC_BACKEND: ("streamrl.weightsync.vllm_ipc_engine", "CudaIpcWeightTransferEngine"),
+    SHM_BACKEND: ("streamrl.actors.engines.vllm.shm_backend", "ShmWeightTransferEngine"),
+    IPC_BACKEND: ("streamrl.actors.engines.vllm.cuda_ipc_backend", "CudaIpcWeightTransferEngine"),
 }
 
 

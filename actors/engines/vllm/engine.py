@@ -2,9 +2,9 @@
 
 vLLM is an optional extra (``streamrl[vllm]`` on GPUs; ``make .venv-vllm``
 builds the CPU build's own venv) and is imported only when this engine is
-built. Pure functions here (engine and sampling arguments, the conversion of a
-vLLM ``CompletionOutput`` into our ``Output``) are tested without vLLM; the
-engine itself is tested against the real vLLM CPU build.
+built. Pure functions (the engine arguments here, the sampling arguments and the
+conversion of a vLLM ``CompletionOutput`` into our ``Output`` in ``outputs``) are
+tested without vLLM; the engine itself is tested against the real vLLM CPU build.
 
 Behaviour log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's
 log-prob, and the engine argument ``logprobs_mode="processed_logprobs"`` makes
@@ -13,7 +13,7 @@ distribution).
 
 Weights, pushed by a task on the engine's event loop through vLLM's native
 protocol inside ``pause_generation(mode="keep")``
-(``weightsync.vllm_adapter.push_weights``), so requests in flight keep going
+(``push.push_weights``), so requests in flight keep going
 across a swap:
 
 - ``weightsync.transport=shm``: the task follows the learner's announcements
@@ -35,7 +35,7 @@ an engine that cannot be restored, or that dies, makes ``generate`` raise
 ``EngineFailed`` so the actor ends and its supervisor restarts it.
 Per-token versions: the version label set by ``finish_weight_update`` comes
 back as ``weight_versions`` spans on each completion
-(``weightsync.vllm_adapter.token_versions``).
+(``outputs.token_versions``).
 
 Multi-turn trajectories: each turn is a request whose prompt is the trajectory's
 token ids so far (a ``TokensPrompt``, nothing decoded and re-encoded); the prefix
@@ -61,8 +61,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from streamrl.actors import metrics
 from streamrl.actors.engines.base import (
     Engine,
@@ -73,25 +71,23 @@ from streamrl.actors.engines.base import (
     SamplingParams,
     WeightSource,
 )
-from streamrl.configs.errors import StreamRLError
-from streamrl.policy.load import parameter_template
-from streamrl.policy.lora import MAX_LORAS, AdapterVersions, adapter_template, vllm_max_rank
-from streamrl.weightsync import metrics as weight_metrics
-from streamrl.weightsync import transports
-from streamrl.weightsync.vllm_adapter import (
-    BucketSender,
+from streamrl.actors.engines.vllm.outputs import aborted_output, sampling_kwargs, to_output
+from streamrl.actors.engines.vllm.plugin import IPC_BACKEND, SHM_BACKEND
+from streamrl.actors.engines.vllm.push import (
     EngineFailed,
-    IPCSender,
-    NCCLSender,
     Plan,
     PushFailed,
     connect_engine,
     push_weights,
     sender_plan,
     shm_step,
-    staged_buckets,
-    token_versions,
 )
+from streamrl.actors.engines.vllm.senders import BucketSender, IPCSender, NCCLSender, staged_buckets
+from streamrl.configs.errors import StreamRLError
+from streamrl.policy.load import parameter_template
+from streamrl.policy.lora import MAX_LORAS, AdapterVersions, adapter_template, vllm_max_rank
+from streamrl.weightsync import metrics as weight_metrics
+from streamrl.weightsync import transports
 
 if TYPE_CHECKING:
     from streamrl.configs.schema import ActorConfig, ModelConfig
@@ -101,8 +97,6 @@ log = logging.getLogger(__name__)
 ABORT_POLL_S = 0.05
 # how often the weight task looks for a new version
 WEIGHT_POLL_S = 0.05
-SHM_BACKEND = "streamrl_shm"
-IPC_BACKEND = "streamrl_cuda_ipc"
 # the backends whose workers load each announced slot themselves (no subscriber, no sender)
 SLOT_BACKENDS = (SHM_BACKEND, IPC_BACKEND)
 
@@ -243,7 +237,7 @@ def insecure_serialization(wanted: bool):
     actor stages (docs.vllm.ai/en/latest/training/weight_transfer/ipc/), and they read it from the
     environment they start with. Set only around the engine's start and taken back after, so the
     processes this actor starts later (reward sandboxes, agents) never inherit it; no other
-    backend sets it (nccl meets through an NCCL unique id, ``weightsync.vllm_adapter.NCCLSender``).
+    backend sets it (nccl meets through an NCCL unique id, ``senders.NCCLSender``).
     """
     before = os.environ.get(INSECURE_SERIALIZATION)
     if wanted:
@@ -255,47 +249,6 @@ def insecure_serialization(wanted: bool):
             os.environ.pop(INSECURE_SERIALIZATION, None)
         else:
             os.environ[INSECURE_SERIALIZATION] = before
-
-
-def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict:
-    """vLLM ``SamplingParams`` keyword arguments for our sampling parameters."""
-    return {
-        "n": 1,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        # vLLM: -1 = off
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "max_tokens": params.max_new_tokens,
-        "stop": list(params.stop) or None,
-        "stop_token_ids": list(params.stop_token_ids) or None,
-        # the tokens the learner trains on are the ones sampled
-        "include_stop_str_in_output": True,
-        # the sampled token's log-prob only
-        "logprobs": 0,
-        "seed": seed,
-    }
-
-
-def to_output(request_id: str, completion, version_at_start: int) -> Output:
-    """A vLLM ``CompletionOutput`` -> our ``Output`` (behaviour log-probs and per-token versions)."""
-    tokens = np.asarray(list(completion.token_ids), dtype=np.int32)
-    if completion.logprobs is None or len(completion.logprobs) != len(tokens):
-        raise ValueError(
-            f"request {request_id}: vLLM returned no per-token log-probs; it needs SamplingParams(logprobs=0)"
-        )
-    logprobs = np.asarray(
-        [step[int(token)].logprob for step, token in zip(completion.logprobs, tokens, strict=True)],
-        dtype=np.float32,
-    )
-    spans = getattr(completion, "weight_versions", None)
-    if spans:
-        # labels that are not versions (before the first update) = the version at start
-        versions = token_versions(spans, len(tokens), default=version_at_start).astype(np.int32)
-    else:
-        # no spans: the version the request started under
-        versions = np.full(len(tokens), version_at_start, dtype=np.int32)
-    finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
-    return Output(request_id, tokens, logprobs, versions, finish)
 
 
 class VLLMEngine(Engine):
@@ -751,7 +704,7 @@ class VLLMEngine(Engine):
                 self.adapters.release(held)
         # aborted before its first token
         if final is None:
-            return Output(request.request_id, *_empty(), finish_reason="abort")
+            return aborted_output(request.request_id)
         output = to_output(request.request_id, final.outputs[0], start_version)
         # prompt tokens found in the prefix cache (a multi-turn turn: the turns before it)
         output.meta["cached_tokens"] = final.num_cached_tokens or 0
@@ -831,7 +784,7 @@ class _Requests:
             # a dead engine answers every request with an error: never turn that into empty output
             raise EngineFailed(f"vLLM engine failed while generating: {errors[0]!r}") from errors[0]
         return [
-            d if isinstance(d, Output) else Output(r.request_id, *_empty(), finish_reason="abort")
+            d if isinstance(d, Output) else aborted_output(r.request_id)
             for (r, _, _), d in zip(self.started, done, strict=True)
         ]
 
@@ -853,7 +806,7 @@ def _slot_holds(meta: dict, version: int) -> bool:
     """Whether the announced slot still holds ``version`` (the segment may be gone or the slot
     reused): its stamps, in a shm segment or a cuda_ipc control segment alike; the workers check
     the bytes against their checksums when they load them."""
-    from streamrl.weightsync.shm import SegmentReader
+    from streamrl.weightsync.transports.shm.segment import SegmentReader
 
     try:
         reader = SegmentReader(meta["segment"], lease_s=1.0, kind=None)
@@ -888,7 +841,3 @@ async def _warm_up(llm, sampling_params) -> None:
 async def _cancel(task: asyncio.Task) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-
-
-def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32)

@@ -1,8 +1,8 @@
 """Every CUDA call of the ``cuda_ipc`` transport, behind one small interface (``DeviceIpc``).
 
-The transport's protocol (``weightsync.ipc_slots``, ``weightsync.transports.cuda_ipc``) calls
-only these five things, so it runs unchanged against a stand-in that shares CPU tensors
-between processes (tests/), and the lines that need a GPU are the few here.
+The transport's protocol (``slots``, ``sender``, ``receiver``) calls only these five things, so
+it runs unchanged against a stand-in that shares CPU tensors between processes (tests/), and the
+lines that need a GPU are the few here.
 
 Handles are torch's own CUDA IPC mechanism (what ``torch.multiprocessing`` sends for a CUDA
 tensor: ``UntypedStorage._share_cuda_`` and ``reductions.rebuild_cuda_tensor``), turned into

@@ -1,0 +1,236 @@
+"""A member's side of the dist transport: ``DistReceiver`` joins each epoch's group it is invited to
+and receives every broadcast (an actor's, or a host relay's with its own destination), and
+``DistTransportReceiver`` is the subscriber's receiver over it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import redis
+import torch
+import torch.distributed as tdist
+
+from streamrl.broker.keys import Keys
+from streamrl.broker.server import is_loopback
+from streamrl.weightsync.layout import Layout
+from streamrl.weightsync.naming import NameMappingError
+from streamrl.weightsync.transports.base import Staging, TransferTimeout
+from streamrl.weightsync.transports.dist.address import toward
+from streamrl.weightsync.transports.dist.buckets import as_bytes, bucket_sizes, windows
+from streamrl.weightsync.transports.dist.group import bounded, device_of, make_group
+
+# how long one step waits for the next broadcast before it looks for a new epoch
+STEP_WAIT_S = 0.2
+
+
+class DistReceiver:
+    """Member side, driven by the subscriber's (or the relay's) loop through ``step``."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, actor_id: str, *, timeout_s: float):
+        self.client, self.keys, self.actor_id = client, keys, actor_id
+        self.timeout_s = timeout_s
+        self.bucket = torch.empty(0, dtype=torch.uint8)
+        self.epoch: int | None = None
+        # the newest group record acted on (joined, left out of, or failed to join)
+        self.seen = -1
+        self.store = None
+        self.group = None
+        self.device = torch.device("cpu")
+        self.seq = 0
+        # the publisher id and shm checksums (None: not sent) of the version being received
+        self.publisher = ""
+        self.checksums: list[int] | None = None
+        self._next_beat = 0.0
+
+    def heartbeat(self, now: bool = False) -> None:
+        t = time.time()
+        if now or t >= self._next_beat:
+            self.client.hset(
+                self.keys.weights_dist_members, self.actor_id, f"{t + self.timeout_s} {self.seen}"
+            )
+            self._next_beat = t + self.timeout_s / 4
+
+    def _leave(self) -> None:
+        self.group = self.store = None
+        self.epoch = None
+
+    def _join_if_listed(self) -> None:
+        raw = self.client.get(self.keys.weights_dist_group)
+        if raw is None:
+            return
+        record = json.loads(raw)
+        epoch = int(record["epoch"])
+        # (not <=: a Redis that lost its data restarts the count)
+        if epoch == self.seen:
+            return
+        self._leave()
+        self.seen = epoch
+        if self.actor_id not in record["members"]:
+            # tells the publisher this member is alive and listening again (after being dropped)
+            self.heartbeat(now=True)
+            return
+        timeout = dt.timedelta(seconds=self.timeout_s)
+        with bounded(f"connecting to epoch {epoch}'s store", self.timeout_s):
+            store = tdist.TCPStore(
+                record["host"], int(record["port"]), is_master=False, timeout=timeout
+            )
+        store.set(f"e{epoch}/ready/{self.actor_id}", "1")
+        # the publisher writes the final list within timeout_s of the record; a member that checked
+        # in just in time waits a little longer than that
+        store.set_timeout(dt.timedelta(seconds=2 * self.timeout_s))
+        with bounded(f"waiting for epoch {epoch}'s members", 2 * self.timeout_s):
+            final = json.loads(store.get(f"e{epoch}/final"))
+        store.set_timeout(timeout)
+        self.heartbeat(now=True)
+        if self.actor_id not in final:
+            return
+        backend = record["backend"]
+        self.device = device_of(backend)
+        publisher_host = record["host"]
+        local = publisher_host if is_loopback(publisher_host) else toward(publisher_host)
+        with bounded(f"forming epoch {epoch}'s group", self.timeout_s):
+            self.group = make_group(
+                backend,
+                tdist.PrefixStore(f"e{epoch}/pg/", store),
+                final.index(self.actor_id) + 1,
+                len(final) + 1,
+                self.timeout_s,
+                local or publisher_host,
+            )
+        self.store, self.epoch, self.seq = store, epoch, 0
+
+    def step(self, wait_s: float, acquire, release) -> int | None:
+        """Join a new epoch if listed, then wait up to ``wait_s`` for the next publish and receive it.
+
+        ``acquire(version, layout, aliases)`` returns destination tensors by
+        published name, or one flat uint8 tensor to take the layout's byte stream as it is (a shm
+        slot), or None to receive and drop (staging busy); ``release(version, ok)`` is called
+        after. Returns the version received.
+        """
+        self.heartbeat()
+        self._join_if_listed()
+        if self.group is None:
+            time.sleep(wait_s)
+            return None
+        key = f"e{self.epoch}/pub/{self.seq}"
+        try:
+            self.store.wait([key], dt.timedelta(seconds=wait_s))
+        except tdist.DistNetworkError:
+            # the publisher (and its store) is gone: wait for a new epoch
+            self._leave()
+            return None
+        # timeout: nothing published yet
+        except tdist.DistStoreError:
+            return None
+        header = json.loads(self.store.get(key))
+        self.seq += 1
+        self.publisher = header.get("publisher", "")
+        self.checksums = header.get("checksums")
+        layout = Layout.from_json(header["layout"])
+        version = int(header["version"])
+        dest = acquire(version, layout, header["aliases"])
+        ok = False
+        try:
+            self._receive(layout, int(header["bucket_bytes"]), dest)
+            ok = dest is not None
+        except Exception:
+            self._leave()
+            raise
+        finally:
+            release(version, ok)
+        return version if ok else None
+
+    def _receive(
+        self,
+        layout: Layout,
+        bucket_bytes: int,
+        dest: dict[str, torch.Tensor] | torch.Tensor | None,
+    ) -> None:
+        sizes = bucket_sizes(layout, bucket_bytes)
+        if self.bucket.device != self.device or self.bucket.numel() < max(sizes, default=0):
+            self.bucket = torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self.device)
+        bucket = self.bucket
+        timeout = dt.timedelta(seconds=self.timeout_s)
+        flat = dest if isinstance(dest, torch.Tensor) else None
+        targets = (
+            {name: as_bytes(t) for name, t in dest.items()} if isinstance(dest, dict) else None
+        )
+        for index, (size, window) in enumerate(
+            zip(sizes, windows(layout, bucket_bytes), strict=True)
+        ):
+            into = (
+                None if flat is None else flat[index * bucket_bytes : index * bucket_bytes + size]
+            )
+            # straight into the flat destination when it lies on the group's device
+            chunk = into if into is not None and into.device == self.device else bucket[:size]
+            with bounded(f"epoch {self.epoch} broadcast", self.timeout_s):
+                self.group.broadcast([chunk], tdist.BroadcastOptions()).wait(timeout)
+            if into is not None and chunk is not into:
+                into.copy_(chunk)
+            if targets is None:
+                continue
+            for name, start, end, at in window:
+                if name in targets:
+                    targets[name][start:end].copy_(chunk[at : at + end - start])
+
+    def close(self) -> None:
+        try:
+            self.client.hdel(self.keys.weights_dist_members, self.actor_id)
+        except redis.RedisError:
+            # Redis gone too: the heartbeat expires on its own
+            pass
+        self._leave()
+
+
+class DistTransportReceiver:
+    """The subscriber's receiver: each broadcast straight into the staging copy, or dropped (still
+    taking part, so the publisher is not stalled) when the copy is busy or the names do not map."""
+
+    def __init__(self, receiver: DistReceiver, timeout_s: float):
+        self.receiver = receiver
+        self.timeout_s = timeout_s
+
+    def step(self, staging: Staging) -> float:
+        started = 0.0
+        filling = False
+
+        def acquire(version: int, layout: Layout, aliases: dict[str, str]):
+            nonlocal started, filling
+            started = time.perf_counter()
+            # a broadcast is always the newest version; the engine's swap takes milliseconds, so wait a
+            # little for it rather than drop the version (the broadcast is under way anyway)
+            try:
+                fill = staging.begin_fill(layout, aliases, wait_s=min(1.0, self.timeout_s / 4))
+            except NameMappingError as exc:
+                # still take part in the broadcast (dropping the bytes) so the publisher is not stalled
+                staging.fail("name_mismatch", str(exc))
+                return None
+            if fill is None:
+                staging.fail("staging_busy")
+                return None
+            filling = True
+            return {source: fill.tensors[engine] for engine, source in fill.pairs}
+
+        def release(version: int, ok: bool) -> None:
+            if not filling:
+                return
+            ann = staging.announced
+            publisher = ann.publisher if ann is not None else None
+            if ok:
+                staging.end_fill(version, publisher, time.perf_counter() - started)
+            else:
+                staging.end_fill(None, publisher)
+
+        try:
+            self.receiver.step(STEP_WAIT_S, acquire, release)
+        except TransferTimeout as exc:
+            staging.fail("timeout", repr(exc))
+        except Exception as exc:
+            staging.fail("error", repr(exc))
+        # the step itself waited for the next broadcast
+        return 0.0
+
+    def close(self) -> None:
+        self.receiver.close()

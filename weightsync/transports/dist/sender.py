@@ -1,0 +1,277 @@
+"""The learner's side of the dist transport: rank 0 of every epoch's group (``DistSender``), and with
+relays the learner's own host's shm segment beside it (``HostSender``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+
+import redis
+import torch
+import torch.distributed as tdist
+
+from streamrl.broker.client import as_str
+from streamrl.broker.keys import Keys
+from streamrl.weightsync import metrics
+from streamrl.weightsync.announce import announce
+from streamrl.weightsync.layout import Layout
+from streamrl.weightsync.transports.base import TransferTimeout
+from streamrl.weightsync.transports.dist.buckets import as_bytes, bucket_sizes, windows
+from streamrl.weightsync.transports.dist.group import (
+    bound_store,
+    bounded,
+    device_of,
+    make_group,
+    parse_beat,
+    resolve_backend,
+)
+from streamrl.weightsync.transports.shm.sender import ShmSender
+
+log = logging.getLogger(__name__)
+
+
+class DistSender:
+    """Publisher side (rank 0 of every epoch's group)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        layout: Layout,
+        *,
+        bucket_bytes: int,
+        timeout_s: float,
+        backend: str,
+        host: str,
+        port: int = 0,
+        ports: int = 1,
+        host_id: str = "",
+        publisher: str = "",
+    ):
+        self.client, self.keys, self.layout = client, keys, layout
+        self.bucket_bytes, self.timeout_s, self.host = bucket_bytes, timeout_s, host
+        self.port, self.ports, self.host_id, self.publisher = port, ports, host_id, publisher
+        self.backend = resolve_backend(backend)
+        self.device = device_of(self.backend)
+        self.plan = windows(layout, bucket_bytes)
+        self.sizes = bucket_sizes(layout, bucket_bytes)
+        self.bucket = torch.empty(max(self.sizes, default=0), dtype=torch.uint8, device=self.device)
+        self.epoch = int(client.get(keys.weights_dist_epoch) or 0)
+        self.members: list[str] = []
+        # member -> the epoch it was dropped from (invited again once it has seen that epoch)
+        self.dropped: dict[str, int] = {}
+        self.store: tdist.TCPStore | None = None
+        self.group = None
+        self.seq = 0
+        self.broken = True
+
+    def live_members(self) -> list[str]:
+        """Members with a fresh heartbeat, less those dropped that have not noticed it yet."""
+        now = time.time()
+        raw = self.client.hgetall(self.keys.weights_dist_members)
+        live, expired = [], []
+        for member, beat in raw.items():
+            member = as_str(member)
+            expiry, seen = parse_beat(beat)
+            if expiry <= now:
+                expired.append(member)
+            elif seen >= self.dropped.get(member, -1):
+                self.dropped.pop(member, None)
+                live.append(member)
+        if expired:
+            self.client.hdel(self.keys.weights_dist_members, *expired)
+        return sorted(live)
+
+    def _announce_group(self, members: list[str]) -> None:
+        record = {
+            "epoch": self.epoch,
+            "host": self.host,
+            "port": self.store.port,
+            "backend": self.backend,
+            "members": members,
+            "host_id": self.host_id,
+        }
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self.keys.weights_dist_group, json.dumps(record))
+        pipe.set(self.keys.weights_dist_epoch, self.epoch)
+        pipe.publish(self.keys.weights_notify, f"group {self.epoch}")
+        pipe.execute()
+
+    def _close_group(self) -> None:
+        self.group = None
+        self.members = []
+
+    def reform(self, invited: list[str], deadline: float) -> None:
+        """New epoch for ``invited``: the group is whoever checked in before ``deadline``."""
+        self._close_group()
+        if self.store is None:
+            self.store = bound_store(self.host, self.timeout_s, self.port, self.ports)
+        self.epoch += 1
+        self.seq = 0
+        self._announce_group(invited)
+        joined = self._wait_ready(invited, deadline)
+        missing = [m for m in invited if m not in joined]
+        if missing:
+            log.warning(
+                "weightsync dist: %s did not join epoch %d within %.1fs; dropped",
+                missing,
+                self.epoch,
+                self.timeout_s,
+            )
+            metrics.TRANSFER_FAILURES.labels(reason="peer_dropped").inc(len(missing))
+            self.dropped.update(dict.fromkeys(missing, self.epoch))
+        self.store.set(f"e{self.epoch}/final", json.dumps(joined))
+        self.broken = False
+        if not joined:
+            return
+        prefix = tdist.PrefixStore(f"e{self.epoch}/pg/", self.store)
+        try:
+            with bounded(f"forming epoch {self.epoch}'s group", self.timeout_s):
+                self.group = make_group(
+                    self.backend, prefix, 0, len(joined) + 1, self.timeout_s, self.host
+                )
+        # a member died between check-in and connect: retried at the next publish
+        except Exception as exc:
+            metrics.TRANSFER_FAILURES.labels(reason="rendezvous").inc()
+            log.warning("weightsync dist: epoch %d failed to form: %s", self.epoch, exc)
+            self.broken = True
+            return
+        self.members = joined
+
+    def _wait_ready(self, invited: list[str], deadline: float) -> list[str]:
+        keys = {m: f"e{self.epoch}/ready/{m}" for m in invited}
+        while invited and time.monotonic() < deadline:
+            if self.store.check(list(keys.values())):
+                return list(invited)
+            time.sleep(0.01)
+        return [m for m in invited if self.store.check([keys[m]])]
+
+    def send(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        checksums: dict[str, int] | None = None,
+        flat: torch.Tensor | None = None,
+        sums: list[int] | None = None,
+    ) -> dict:
+        """Broadcast one version to the members; waits at most ``timeout_s`` for members to join and
+        each bucket at most ``timeout_s``. A failed broadcast is retried once with a re-formed group
+        while that budget lasts; members the version missed get the next one. ``flat``: the
+        version already laid out as the layout's byte stream on this sender's device (a shm slot),
+        broadcast from where it lies instead of bucket by bucket through a copy; ``sums``: its shm
+        checksums (layout order), passed on in the header for members that keep it in shm."""
+        deadline = time.monotonic() + self.timeout_s
+        for attempt in range(2):
+            invited = self.live_members()
+            if self.broken or invited != self.members:
+                self.reform(invited, deadline)
+            if self.group is None:
+                break
+            try:
+                self._broadcast(version, tensors, aliases, flat, sums)
+                return {"epoch": self.epoch, "members": self.members}
+            except Exception as exc:
+                reason = "timeout" if isinstance(exc, TransferTimeout) else "error"
+                metrics.TRANSFER_FAILURES.labels(reason=reason).inc()
+                log.warning(
+                    "weightsync dist: broadcast of version %d failed (attempt %d): %s",
+                    version,
+                    attempt + 1,
+                    exc,
+                )
+                self.broken = True
+                self._close_group()
+            if time.monotonic() >= deadline:
+                break
+        return {"epoch": self.epoch, "members": []}
+
+    def _broadcast(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        flat: torch.Tensor | None = None,
+        sums: list[int] | None = None,
+    ) -> None:
+        header = {
+            "version": version,
+            "layout": self.layout.to_json(),
+            "aliases": aliases,
+            "bucket_bytes": self.bucket_bytes,
+            "publisher": self.publisher,
+            "checksums": sums,
+        }
+        self.store.set(f"e{self.epoch}/pub/{self.seq}", json.dumps(header))
+        # members read a header before its broadcast starts; two back is long taken
+        if self.seq >= 2:
+            self.store.delete_key(f"e{self.epoch}/pub/{self.seq - 2}")
+        self.seq += 1
+        timeout = dt.timedelta(seconds=self.timeout_s)
+        if flat is not None:
+            for index, size in enumerate(self.sizes):
+                start = index * self.bucket_bytes
+                with bounded(f"broadcast of version {version}", self.timeout_s):
+                    bucket = flat[start : start + size]
+                    self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
+            return
+        dtypes = {s.name: s.torch_dtype for s in self.layout.specs}
+        converted_name, converted = None, None
+        with torch.no_grad():
+            for size, window in zip(self.sizes, self.plan, strict=True):
+                bucket = self.bucket[:size]
+                for name, start, end, at in window:
+                    # a tensor spanning buckets is converted once
+                    if name != converted_name:
+                        converted_name = name
+                        converted = as_bytes(
+                            tensors[name].detach().to(self.device, dtypes[name]).contiguous()
+                        )
+                    bucket[at : at + end - start].copy_(converted[start:end])
+                with bounded(f"broadcast of version {version}", self.timeout_s):
+                    self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
+
+    def close(self) -> None:
+        self._close_group()
+        # its server stops with it: members of the last epoch see the store gone
+        self.store = None
+
+
+
+class HostSender:
+    """With relays: each version goes to the group (one relay per actor host) and into this host's
+    shm segment, announced under this host's keys, for the actors that run beside the learner."""
+
+    def __init__(
+        self,
+        dist: DistSender,
+        shm: ShmSender,
+        client: redis.Redis,
+        local_keys: Keys,
+        publisher: str,
+    ):
+        self.dist, self.shm, self.client = dist, shm, client
+        self.local_keys, self.publisher = local_keys, publisher
+
+    def send(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        aliases: dict[str, str],
+        checksums: dict[str, int] | None = None,
+    ) -> dict:
+        # the one copy: into this host's slot, which then is the broadcast's source (gloo's, on
+        # the host; NCCL's buckets are on the GPU and are filled from the tensors)
+        local = {"layout": self.dist.layout.to_json(), "aliases": aliases}
+        local |= self.shm.send(version, tensors, aliases, checksums)
+        announce(self.client, self.local_keys, version, "shm", self.publisher, local)
+        slot, writer = local["slot"], self.shm.writer
+        flat = writer.flat(slot) if self.dist.device.type == "cpu" else None
+        sums = writer.checksums(slot)
+        return self.dist.send(version, tensors, aliases, checksums, flat=flat, sums=sums)
+
+    def close(self) -> None:
+        self.dist.close()
+        self.shm.close()

@@ -1,0 +1,73 @@
+"""The ``shm`` transport: POSIX shared memory on one host.
+
+The publisher writes each version into a free slot of its segment and announces the segment and
+slot; a receiver copies the announced slot into the staging copy under a lease.
+
+- ``segment``: the segment file, its header, version stamps (seqlock) and reader leases, and the
+  cleanup of segments a killed process left (the ``cuda_ipc`` transport's control segment is one
+  of another kind);
+- ``checksum``: the per-tensor checksums a reader checks on the bytes it holds;
+- ``slots``: ``ShmWriter``/``ShmReader``, a version's tensors and checksum table in a slot;
+- ``sender``, ``receiver``: the transport's two ends.
+
+Imports nothing heavy: the modules above are imported where a sender or receiver is made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamrl.weightsync.transports.base import Transport
+
+if TYPE_CHECKING:
+    import redis
+
+    from streamrl.broker.keys import Keys
+    from streamrl.configs.weightsync import WeightSyncConfig
+    from streamrl.weightsync.layout import Layout
+    from streamrl.weightsync.transports.shm.receiver import ShmReceiver
+    from streamrl.weightsync.transports.shm.sender import ShmSender
+
+
+class Shm(Transport):
+    name = "shm"
+    publishes = True
+    shared_memory = True
+    device_ipc = False
+    background = True
+    process_group = False
+    relays = False
+
+    def sender(
+        self,
+        ws: WeightSyncConfig,
+        client: redis.Redis,
+        keys: Keys,
+        layout: Layout,
+        *,
+        publisher: str = "",
+        host_id: str = "",
+    ) -> ShmSender:
+        from streamrl.weightsync.transports.shm.sender import ShmSender
+        from streamrl.weightsync.transports.shm.slots import ShmWriter
+
+        return ShmSender(ShmWriter(keys.run_name, layout, ws.slots, ws.timeout_s))
+
+    def receiver(
+        self, ws: WeightSyncConfig, client: redis.Redis, keys: Keys, actor_id: str
+    ) -> ShmReceiver:
+        from streamrl.weightsync.transports.shm.receiver import ShmReceiver
+
+        return ShmReceiver(ws.timeout_s)
+
+    def describe(self, meta: dict) -> dict:
+        """The readers copying a slot of the segment right now."""
+        from streamrl.weightsync.transports.shm.segment import active_leases
+
+        try:
+            return {"readers_copying": active_leases(meta["segment"])}
+        except FileNotFoundError:
+            return {"readers_copying": "segment gone (publisher exited)"}
+
+
+TRANSPORT = Shm()
