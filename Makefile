@@ -131,7 +131,7 @@ lint: $(STAMP)
 # show NAME` shows one mutant's diff. Also: MUTATE="streamrl.broker.admission*" or "streamrl.broker.wire*".
 MUTATE ?= streamrl.learner.algorithm*
 MUTATE_DIR := build/mutate
-PACKAGE_DIRS := learner actors broker weightsync policy configs launch examples
+PACKAGE_DIRS := learner actors broker weightsync policy runtime configs launch examples
 mutate: $(STAMP)
 	rm -rf $(MUTATE_DIR) && mkdir -p $(MUTATE_DIR)
 	cp -r streamrl tests bench pyproject.toml README.md $(MUTATE_DIR)/

@@ -2,7 +2,7 @@
 
 Owns one actor's loop (``loop``): admit -> roll out -> score -> publish, each step a module:
 
-- ``admit``: admission leases and the next prompt, from the run's shared cursor (``prompts``);
+- ``admit``: admission leases and the next prompt, from the run's shared cursor (``prompt_data``);
 - ``sources``: what is rolled out, chosen once from the config: dataset prompts, an
   environment's multi-turn trajectories (``environment``, ``trajectory``) or agents' calls
   through the OpenAI API the actor serves (``openai_server``, ``agent_recorder``);
@@ -17,5 +17,5 @@ defined once in ``metrics``.
 
 Talks to: Redis through ``broker`` (stream, admission, heartbeats) and the learner's weights
 through ``weightsync`` (a subscriber, or announcements an engine follows). May import:
-``configs``, ``broker``, ``weightsync``, ``policy``. Must not import ``learner``.
+``configs``, ``broker``, ``weightsync``, ``policy``, ``runtime``. Must not import ``learner``.
 """

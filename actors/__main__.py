@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from streamrl.actors.prompts import PromptDataError
+from streamrl.actors.prompt_data import PromptDataError
 from streamrl.configs import Config, config_from_cli
 from streamrl.configs.runfiles import restrict_umask
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from streamrl.actors import metrics
 from streamrl.actors.engines.base import Engine
 from streamrl.actors.group import Group
-from streamrl.actors.prompts import PromptCursor
+from streamrl.actors.prompt_data import PromptCursor
 from streamrl.broker.admission import Admission
 from streamrl.broker.semantics import is_stale
 

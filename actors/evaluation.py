@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from streamrl.actors.engines.base import Request
-from streamrl.actors.prompts import PromptDataset
+from streamrl.actors.prompt_data import PromptDataset
 from streamrl.actors.rewards import RewardPool
-from streamrl.broker.audit import JsonlLog
+from streamrl.runtime.jsonl_log import JsonlLog
 
 if TYPE_CHECKING:
     from streamrl.actors.sources.base import Generation

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamrl.actors.engines.base import Output
-from streamrl.actors.prompts import Prompt
+from streamrl.actors.prompt_data import Prompt
 from streamrl.actors.rewards import RewardInput, Score
 
 

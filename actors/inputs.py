@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 
 from streamrl.actors import plugins
-from streamrl.actors.prompts import check_dataset_path
+from streamrl.actors.prompt_data import check_dataset_path
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.schema import DataConfig, ModelConfig
 

@@ -34,23 +34,24 @@ from streamrl.actors.admit import Admit
 from streamrl.actors.engines.base import EngineParts, SamplingParams
 from streamrl.actors.evaluation import EvalClaims, Evaluator
 from streamrl.actors.group import Group
-from streamrl.actors.prompts import PromptCursor, PromptDataset
+from streamrl.actors.prompt_data import PromptCursor, PromptDataset
 from streamrl.actors.publish import Outbox
 from streamrl.actors.reference import ReferenceScorer
 from streamrl.actors.rewards import RewardPool
 from streamrl.actors.scoring import Scorer
 from streamrl.actors.sources import Generation, Source
 from streamrl.broker.admission import Admission, Bounds
-from streamrl.broker.audit import JsonlLog, published_path
 from streamrl.broker.client import connect_async
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats
-from streamrl.broker.metrics import Endpoint, serve, unregister
-from streamrl.broker.startup import Phases, pin_assigned
 from streamrl.broker.stream import RolloutProducer
 from streamrl.configs.schema import Config
 from streamrl.policy.load import load_tokenizer, stop_token_ids
-from streamrl.policy.scoring import Sampling
+from streamrl.policy.logprobs import Sampling
+from streamrl.runtime.cpu_pinning import pin_assigned
+from streamrl.runtime.jsonl_log import JsonlLog, published_path
+from streamrl.runtime.metrics_endpoint import Endpoint, serve, unregister
+from streamrl.runtime.startup_phases import Phases
 from streamrl.weightsync.feed import WeightFeed
 
 log = logging.getLogger(__name__)

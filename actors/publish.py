@@ -16,9 +16,9 @@ import numpy as np
 from streamrl.actors import metrics
 from streamrl.actors.group import Group
 from streamrl.actors.rewards import Score, failure_meta
-from streamrl.broker.audit import JsonlLog
 from streamrl.broker.stream import RolloutProducer
 from streamrl.broker.wire import Completion, RolloutGroup
+from streamrl.runtime.jsonl_log import JsonlLog
 
 log = logging.getLogger(__name__)
 

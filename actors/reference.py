@@ -4,7 +4,7 @@ It scores each completion's tokens right after generation, and the log-probs tra
 group (``broker.wire``'s ``rlp`` column), so the learner's step has no reference pass. The
 learner is what actors wait for (they generate one batch ahead, then wait for admission),
 so the pass costs the actor time it would otherwise spend waiting. The log-probs are those
-the learner's pass would give: the same function (``policy.scoring.sequence_logprobs``)
+the learner's pass would give: the same function (``policy.logprobs.sequence_logprobs``)
 on the same folder under the same sampling distribution (temperature, top-k, top-p; the KL is
 the one between the truncated distributions the run samples from, docs/guarantees.md "What mu is").
 """
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from streamrl.policy.load import load_policy
-from streamrl.policy.scoring import Sampling, sequence_logprobs
+from streamrl.policy.logprobs import Sampling, sequence_logprobs
 
 
 class ReferenceScorer:

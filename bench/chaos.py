@@ -55,13 +55,13 @@ from pathlib import Path
 import psutil
 
 from bench import chaos_checks as checks
-from streamrl.broker.audit import commits_path, published_path, read_jsonl
 from streamrl.broker.cleanup import delete_run_keys, ephemeral_leftovers, run_keys
 from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import load_config
 from streamrl.launch.status import read_steps
 from streamrl.launch.supervisor import Supervisor
 from streamrl.learner import checkpoint
+from streamrl.runtime.jsonl_log import commits_path, published_path, read_jsonl
 from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"

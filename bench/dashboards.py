@@ -60,6 +60,7 @@ def _all_streamrl_metrics_endpoint():
     import streamrl.actors.metrics  # noqa: F401
     import streamrl.broker.metrics  # noqa: F401
     import streamrl.learner.metrics  # noqa: F401
+    import streamrl.runtime.metrics_endpoint  # noqa: F401
     import streamrl.weightsync.metrics  # noqa: F401
 
     return start_http_server(0, addr="127.0.0.1")[0]

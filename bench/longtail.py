@@ -7,8 +7,8 @@
 Three parts, every run stopped at its task's target or at ``--cap-s`` (seconds after launch):
 
 - ``yardstick``: per seed, back to back, the one-file loop of ``--yardstick`` (default
-  ``../shared/reference/grpo_toy.py`` next to the repository; skipped, saying so, when absent)
-  with its README command, then this repository's loop (``bench.reference_loop``) on the demo
+  ``bench/yardstick/grpo_toy.py``, the copy this repository carries; skipped, saying so, when
+  a path given is absent) with its README command, then this repository's loop (``bench.reference_loop``) on the demo
   task with the same recipe (no KL, lr 3e-4, the warm start's AdamW kept, 16 x 16). Both are
   timed from the end of their warm start to the first 20 rollouts of mean reward >= 0.95 (the
   one-file loop's own target); the repository's loop must be within 20 % of the one-file loop.
@@ -48,8 +48,7 @@ from bench.cli import command_line, gpu_name, publish
 from bench.system import CARRY, REFERENCE, TRL, Outcome, median_ttt, save_outcome, saved_path
 from bench.tasks import DEMO, LONGTAIL, Task
 
-ROOT_DIR = Path(__file__).resolve().parent.parent
-DEFAULT_YARDSTICK = ROOT_DIR.parent / "shared" / "reference" / "grpo_toy.py"
+DEFAULT_YARDSTICK = Path(__file__).resolve().parent / "yardstick" / "grpo_toy.py"
 SECTION = Path("docs/bench/longtail.md")
 IMG = {"demo": Path("docs/img/demo_curves.png"), "longtail": Path("docs/img/longtail_curves.png")}
 GPU_SECTION = Path("docs/bench/longtail_gpu.md")

@@ -1,11 +1,12 @@
-"""The yardstick: a plain synchronous GRPO loop in one process, on the demo task of ``make run``.
+"""The reference loop: a plain synchronous GRPO loop in one process, on the demo task of ``make run``
+(``bench.longtail`` holds it to the yardstick, the one-file loop ``bench/yardstick/grpo_toy.py``).
 
     python -m bench.reference_loop --seed 0 [--task demo|longtail] [--carry-optimizer] [--lag N] \\
         [--max-rollouts N] [dotted.key=value ...]
 
 Sample a batch on the current weights, score it, train on it, repeat: no
 broker, no actors, no DeepSpeed, nothing overlapped. Same warmed tiny Qwen2,
-char tokenizer, prompts (the shared dataset order of ``actors.prompts``),
+char tokenizer, prompts (the shared dataset order of ``actors.prompt_data``),
 reward (``streamrl.examples.reverse_digits``, on the text with special tokens) and
 hyper-parameters as streamrl (``configs/demo_cpu.yaml``, or with ``--task
 longtail`` ``configs/longtail_cpu.yaml`` and its task, plus the same overrides): groups_per_step prompts x group_size completions per rollout,
@@ -22,7 +23,7 @@ and the whole rollout decodes until its longest completion stops, as a batched
 Optimizer: by default a fresh AdamW on the warmed policy folder, as the
 streamrl learner starts; ``--carry-optimizer`` instead runs the format warm
 start in this process (same seed: the same warmed weights) and keeps its AdamW,
-moments included, for RL, as the one-file loop of docs/benchmarks.md does.
+moments included, for RL, as the yardstick (``bench/yardstick/grpo_toy.py``) does.
 
 Staleness: ``--lag N`` samples each rollout with the weights of N optimizer
 steps earlier (the first rollouts with the warmed policy) and trains with the
@@ -58,7 +59,7 @@ from transformers import DynamicCache
 
 from bench.tasks import DEMO, TASKS, Task
 from streamrl.actors.engines.hf.engine import cache_kwarg
-from streamrl.actors.prompts import position
+from streamrl.actors.prompt_data import position
 from streamrl.examples.reverse_digits.rewards import reverse_digits_reward
 from streamrl.examples.reverse_digits.task import build_model, build_tokenizer
 from streamrl.learner import target

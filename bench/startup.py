@@ -7,7 +7,7 @@ untimed, as the first ``make run`` would). Each run is
 ``python -m streamrl.launch --config configs/demo_cpu.yaml --actors 2 run.max_steps=1`` in a
 fresh run directory, timed from just before the launch to the first step's record in
 ``learner_steps.jsonl``. The breakdown comes from what the processes log: the ``startup`` line
-the learner and each actor write when ready (``broker.startup.Phases``: their phases from their
+the learner and each actor write when ready (``runtime.startup_phases.Phases``: their phases from their
 own process start), each actor's "first group published" line, and the step record's own
 wait and step times.
 """

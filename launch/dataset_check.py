@@ -34,7 +34,7 @@ def _identity(path: Path) -> list:
 def stamp(cfg: Config) -> Path | None:
     """The stamp of ``cfg``'s dataset and tokenizer; None when either is not a local file/folder
     (a hub id resolves through the network or its cache: checked every time)."""
-    from streamrl.actors import prompts
+    from streamrl.actors import prompt_data
 
     data, model = Path(cfg.data.path), Path(cfg.model.path)
     if not data.is_file() or not model.is_dir():
@@ -44,7 +44,7 @@ def stamp(cfg: Config) -> Path | None:
         cfg.rollout.chat_template_kwargs,
         _identity(data),
         [_identity(f) for f in sorted(model.iterdir()) if f.is_file()],
-        hashlib.sha256(Path(prompts.__file__).read_bytes()).hexdigest(),
+        hashlib.sha256(Path(prompt_data.__file__).read_bytes()).hexdigest(),
     ]
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return stamp_dir() / key
@@ -56,7 +56,7 @@ def check_dataset(cfg: Config) -> bool:
     done = stamp(cfg)
     if done is not None and done.is_file():
         return False
-    from streamrl.actors.prompts import PromptDataset
+    from streamrl.actors.prompt_data import PromptDataset
     from streamrl.policy.load import load_tokenizer
 
     PromptDataset.from_config(

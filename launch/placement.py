@@ -1,6 +1,6 @@
 """Which GPUs and CPU cores each supervised child gets: its ``CUDA_VISIBLE_DEVICES``, from
 ``learner.gpus`` and ``actor.gpus``, and the cores it pins itself to once started, from
-``learner.cpus`` and ``actor.cpus`` (``cpu_sets``; the child applies them: ``broker.startup.pin_assigned``).
+``learner.cpus`` and ``actor.cpus`` (``cpu_sets``; the child applies them: ``runtime.cpu_pinning.pin_assigned``).
 
 Indices in the config count the devices the launcher itself sees: its own ``CUDA_VISIBLE_DEVICES``
 when set (so ``learner.gpus: [0]`` under ``CUDA_VISIBLE_DEVICES=4,5`` is physical GPU 4), else

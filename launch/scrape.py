@@ -1,14 +1,14 @@
 """Prometheus scrape config of a run: file-based service discovery from Redis.
 
 Every process registers ``role:ident -> host:port`` in ``metrics:targets``
-(``broker.metrics.serve``). ``sync_targets`` turns that hash into the file-SD
+(``runtime.metrics_endpoint.serve``). ``sync_targets`` turns that hash into the file-SD
 JSON Prometheus re-reads every 2 s, so actors added or removed while a run
 goes on are scraped without a reload. Process identity travels as target
 labels (role, ident, actor, run, and host: the ``run.host_id`` each process registers in
 ``metrics:hosts``), never as metric labels. Processes on every host of a run register in the
 one Redis, so the one Prometheus beside it scrapes them all: those on other hosts must bind
 ``metrics.host`` to an address it reaches (``0.0.0.0`` registers the address of the route to
-Redis; ``broker.metrics``).
+Redis; ``runtime.metrics_endpoint``).
 
 A target whose endpoint refuses a TCP connect is left out of the file but
 kept in Redis: a process that is restarting registers again under the same

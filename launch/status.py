@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.broker.audit import read_jsonl
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import alive_actors
 from streamrl.learner import target
+from streamrl.runtime.jsonl_log import read_jsonl
 
 
 @dataclass

@@ -35,12 +35,12 @@ from pathlib import Path
 from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
-from streamrl.broker.startup import CPUS_ENV, pin_process
 from streamrl.configs import Config, write_config
 from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
 from streamrl.configs.runfiles import open_append, restrict_umask, write_new
 from streamrl.launch import placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
+from streamrl.runtime.cpu_pinning import CPUS_ENV, pin_process
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0

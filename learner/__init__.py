@@ -9,5 +9,5 @@ folder (``export``); the same engine trains SFT and DPO from a dataset file
 
 Talks to: Redis through ``broker`` (consumer group, version, admission
 counters) and the actors through ``weightsync`` publishers. May import:
-``configs``, ``broker``, ``weightsync``, ``policy``. Must not import ``actors``.
+``configs``, ``broker``, ``weightsync``, ``policy``, ``runtime``. Must not import ``actors``.
 """

@@ -25,8 +25,8 @@ from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
 from streamrl.learner.batching import MicroBatch
 from streamrl.policy import packed_attention
+from streamrl.policy.logprobs import DEFAULT_CHUNK_TOKENS, Sampling, sequence_logprobs
 from streamrl.policy.lora import trainable_parameters
-from streamrl.policy.scoring import DEFAULT_CHUNK_TOKENS, Sampling, sequence_logprobs
 
 DIST_TIMEOUT = timedelta(minutes=30)
 # the loopback interface (Linux)
@@ -292,7 +292,7 @@ def token_logprobs(
     *,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``policy.scoring.sequence_logprobs`` of a micro-batch's packed rows at its completion
+    """``policy.logprobs.sequence_logprobs`` of a micro-batch's packed rows at its completion
     tokens under ``sampling`` (the run's temperature, top-k and top-p; a number: a temperature
     alone), in its sample layout: [B, L - 1], 0 outside the completions (and the entropy;
     ``entropy_grad``: with its gradient). The loss reads nothing else, so the output layer runs

@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 
 from streamrl.broker.semantics import Limits
-from streamrl.broker.startup import Phases, pin_assigned
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, init_optimizer, target
 from streamrl.learner import metrics as m
@@ -46,6 +45,8 @@ from streamrl.learner.rollout_io import NoBatch, RolloutIO
 from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
 from streamrl.learner.throughput import Throughput
 from streamrl.policy.lora import reference_policy, training_policy
+from streamrl.runtime.cpu_pinning import pin_assigned
+from streamrl.runtime.startup_phases import Phases
 
 log = logging.getLogger(__name__)
 

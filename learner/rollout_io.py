@@ -27,9 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamrl.broker import metrics as broker_metrics
 from streamrl.broker.admission import Admission, Bounds
-from streamrl.broker.audit import JsonlLog, commits_path
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import alive_actors
@@ -45,6 +43,8 @@ from streamrl.learner.step import UpdateStats, first_pass_tokens
 from streamrl.learner.throughput import Throughput
 from streamrl.learner.tracking import Tracker
 from streamrl.policy.lora import published_tensors
+from streamrl.runtime import metrics_endpoint
+from streamrl.runtime.jsonl_log import JsonlLog, commits_path
 from streamrl.weightsync import transports
 
 log = logging.getLogger(__name__)
@@ -113,10 +113,10 @@ class RolloutIO:
                 cfg.run,
                 transfer_dtype(cfg.weightsync, cfg.model, cfg.actor),
             )
-        self.metrics_endpoint = broker_metrics.Endpoint.from_config(
+        self.metrics_endpoint = metrics_endpoint.Endpoint.from_config(
             cfg.metrics, cfg.broker, cfg.run
         )
-        self.metrics_port = broker_metrics.serve(
+        self.metrics_port = metrics_endpoint.serve(
             self.metrics_endpoint, "learner", "0", cfg.learner.metrics_port
         )
         run_dir = Path(cfg.run.dir)
@@ -324,7 +324,7 @@ class RolloutIO:
             # the last versions are announced before Redis goes
             self.publisher.close()
         if self.metrics_port:
-            broker_metrics.unregister(self.metrics_endpoint, "learner", "0", self.metrics_port)
+            metrics_endpoint.unregister(self.metrics_endpoint, "learner", "0", self.metrics_port)
         self.steps_log.close()
         self.tracker.close()
         if self.commit_log is not None:

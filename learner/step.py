@@ -41,7 +41,7 @@ from streamrl.learner.batching import (
     plan_rank_micro_batches,
 )
 from streamrl.learner.engine import mark_micro_batch, set_micro_batches, token_logprobs
-from streamrl.policy.scoring import Sampling
+from streamrl.policy.logprobs import Sampling
 
 
 @dataclass

@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from streamrl.broker.audit import JsonlLog
 from streamrl.configs.redact import redacted
 from streamrl.configs.schema import Config
 from streamrl.learner import checkpoint, init_optimizer
@@ -44,6 +43,7 @@ from streamrl.learner.engine import (
 from streamrl.learner.export import default_out, export_at_end
 from streamrl.learner.throughput import Throughput
 from streamrl.learner.tracking import Tracker
+from streamrl.runtime.jsonl_log import JsonlLog
 
 log = logging.getLogger(__name__)
 

@@ -199,7 +199,7 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 class AdaptersDisabled:
     """A LoRA policy seen with its adapters off: the initial policy, for the KL term's no-grad pass.
 
-    Stands in for a reference model wherever one is scored (``policy.scoring.sequence_logprobs``
+    Stands in for a reference model wherever one is scored (``policy.logprobs.sequence_logprobs``
     takes anything with ``parameters()`` that is called like a causal LM).
     """
 

@@ -3,8 +3,9 @@
 actors -> Redis stream -> DeepSpeed ZeRO-2 learner -> versioned weights -> actors.
 
 The subsystems are the subpackages ``streamrl.actors``, ``streamrl.broker``,
-``streamrl.learner``, ``streamrl.weightsync``, ``streamrl.configs`` and
-``streamrl.launch``; in the repository they are the top-level folders of the same
+``streamrl.learner``, ``streamrl.weightsync``, ``streamrl.policy``, ``streamrl.runtime`` (what
+every process does around its own job), ``streamrl.configs`` and ``streamrl.launch``; in the
+repository they are the top-level folders of the same
 names (``pyproject.toml`` maps them into this package). ``streamrl.examples`` (the
 folder ``examples/``) holds the example tasks, the CPU demo among them; the core never
 imports it.

@@ -28,7 +28,7 @@ from streamrl.configs import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 # the streamrl subpackages, each a top-level folder of the same name (pyproject's package-dir)
-PACKAGES = ("actors", "broker", "configs", "launch", "learner", "policy", "weightsync")
+PACKAGES = ("actors", "broker", "configs", "launch", "learner", "policy", "runtime", "weightsync")
 CONFIG_TYPES = {
     name: obj
     for name, obj in vars(schema).items()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from streamrl.learner.engine import token_logprobs
-from streamrl.policy.scoring import Sampling
+from streamrl.policy.logprobs import Sampling
 
 # Measured on the demo policy (the vLLM engine, LoRA and multi-turn tests, 190 checks): vLLM's
 # worst token strayed up to 3.8x as far as the learner's worst. The tolerances this gives there

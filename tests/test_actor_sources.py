@@ -16,7 +16,7 @@ from multiturn_envs import FEEDBACK, terse_tokenizer
 from streamrl.actors.admit import Admit
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf.engine import HFEngine
-from streamrl.actors.prompts import PromptCursor, PromptDataset
+from streamrl.actors.prompt_data import PromptCursor, PromptDataset
 from streamrl.actors.sources import Generation
 from streamrl.actors.sources.agent import AgentSource
 from streamrl.actors.sources.environment import EnvironmentSource

@@ -9,7 +9,7 @@ import pytest
 
 from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.evaluation import EVAL_LOG, Evaluator, summarize
-from streamrl.actors.prompts import PromptDataset
+from streamrl.actors.prompt_data import PromptDataset
 from streamrl.actors.rewards import RewardPool
 from streamrl.actors.sources import Generation
 from streamrl.configs import Config

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from streamrl.actors import inputs
-from streamrl.actors.prompts import PromptDataError, PromptDataset
+from streamrl.actors.prompt_data import PromptDataError, PromptDataset
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.schema import DataConfig, ModelConfig
 from streamrl.examples.reverse_digits.task import build_tokenizer

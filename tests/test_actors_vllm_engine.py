@@ -39,7 +39,7 @@ from streamrl.configs import Config  # noqa: E402
 from streamrl.learner.batching import Sample, collate  # noqa: E402
 from streamrl.learner.export import export_policy  # noqa: E402
 from streamrl.policy.load import load_policy, load_tokenizer  # noqa: E402
-from streamrl.policy.scoring import Sampling  # noqa: E402
+from streamrl.policy.logprobs import Sampling  # noqa: E402
 from streamrl.weightsync.announce import read_announcement  # noqa: E402
 from streamrl.weightsync.feed import WeightFeed  # noqa: E402
 from streamrl.weightsync.publisher import Publisher  # noqa: E402

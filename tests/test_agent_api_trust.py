@@ -15,7 +15,7 @@ from streamrl.actors.engines.base import SamplingParams
 from streamrl.actors.engines.hf.engine import HFEngine
 from streamrl.actors.group import Group
 from streamrl.actors.openai_server import AgentServer, Handlers
-from streamrl.actors.prompts import Prompt
+from streamrl.actors.prompt_data import Prompt
 from streamrl.actors.sources.base import Generation
 from streamrl.configs.schema import AgentConfig
 from streamrl.policy.load import load_policy, load_tokenizer

@@ -1,6 +1,6 @@
 """Bad configs and datasets stop a process before anything starts, naming the key, file and row.
 
-test_configs.py and test_actors_prompts.py check the messages of the loaders;
+test_configs.py and test_actors_prompt_data.py check the messages of the loaders;
 these check the processes: the exit status, that the message reaches stderr,
 and that nothing was started half-way (no Redis, no run state).
 """

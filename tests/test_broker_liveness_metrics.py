@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from streamrl.broker import metrics
+# the stream metrics the endpoint serves: a process that has a stream has imported them
+import streamrl.broker.metrics  # noqa: F401
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats, alive_actors
 from streamrl.configs.schema import BrokerConfig
+from streamrl.runtime import metrics_endpoint
 
 
 def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
@@ -43,8 +45,8 @@ def test_an_actor_that_stops_beating_drops_out_of_alive(redis_cfg):
 
 def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_cfg):
     cfg = redis_cfg
-    endpoint = metrics.Endpoint.from_config(cfg.metrics, cfg.broker, cfg.run)
-    port = metrics.serve(endpoint, "learner", "0")
+    endpoint = metrics_endpoint.Endpoint.from_config(cfg.metrics, cfg.broker, cfg.run)
+    port = metrics_endpoint.serve(endpoint, "learner", "0")
     try:
         target = connect_sync(cfg.broker, cfg.run.dir).hget(
             Keys.from_config(cfg.run, cfg.broker).metrics_targets, "learner:0"
@@ -58,7 +60,7 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
         ):
             assert name in body
     finally:
-        metrics.unregister(endpoint, "learner", "0", port)
+        metrics_endpoint.unregister(endpoint, "learner", "0", port)
     assert (
         connect_sync(cfg.broker, cfg.run.dir).hget(
             Keys.from_config(cfg.run, cfg.broker).metrics_targets, "learner:0"
@@ -69,11 +71,11 @@ def test_metrics_endpoint_serves_stream_metrics_and_registers_its_target(redis_c
 
 def test_disabled_metrics_serve_nothing_and_register_nowhere(tmp_path):
     # no Redis configured: registering would raise RedisNotConfigured
-    endpoint = metrics.Endpoint(
+    endpoint = metrics_endpoint.Endpoint(
         enabled=False,
         host="127.0.0.1",
         broker=BrokerConfig(),
         run_dir=str(tmp_path),
         targets_key="streamrl:off:metrics:targets",
     )
-    assert metrics.serve(endpoint, "actor", "a0") == 0
+    assert metrics_endpoint.serve(endpoint, "actor", "a0") == 0

@@ -1,7 +1,7 @@
 """CPU placement: which cores the learner and the actors pin themselves to once started.
 
 ``launch.placement.cpu_sets`` is checked as a function of the config, the launcher's cores and
-whether the host has GPUs; ``broker.startup.pin`` in a real process with a thread and a child
+whether the host has GPUs; ``runtime.cpu_pinning.pin`` in a real process with a thread and a child
 process, read back from /proc; the supervisor with real children: each child pins itself once ready, Redis and the launcher
 leave the learner's cores while the run lasts.
 """
@@ -115,7 +115,7 @@ def test_pin_moves_every_running_thread_and_child_process():
     script = textwrap.dedent(
         f"""
         import os, subprocess, sys, threading
-        from streamrl.broker.startup import pin
+        from streamrl.runtime.cpu_pinning import pin
         gate = threading.Event()
         threading.Thread(target=gate.wait, daemon=True).start()
         child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from bench.chaos_checks import delivery
-from streamrl.broker.audit import commits_path, published_path, read_jsonl
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import decode_group
 from streamrl.configs import load_config
 from streamrl.launch.status import read_steps
 from streamrl.launch.supervisor import Supervisor
+from streamrl.runtime.jsonl_log import commits_path, published_path, read_jsonl
 from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"

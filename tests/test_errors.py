@@ -4,7 +4,7 @@ import pytest
 
 from streamrl.actors.engines.spec import EngineUnavailable
 from streamrl.actors.engines.vllm.push import EngineFailed, PushFailed
-from streamrl.actors.prompts import PromptDataError
+from streamrl.actors.prompt_data import PromptDataError
 from streamrl.broker.client import RedisNotConfigured
 from streamrl.broker.server import RedisServerError
 from streamrl.broker.wire import WireError, decode_group

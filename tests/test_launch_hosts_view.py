@@ -8,7 +8,6 @@ import asyncio
 
 from rich.console import Console
 
-from streamrl.broker import metrics
 from streamrl.broker.client import connect_async, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import Heartbeats, alive_actors
@@ -16,6 +15,7 @@ from streamrl.launch.inspect import collect, render
 from streamrl.launch.scrape import live_targets
 from streamrl.launch.status import Snapshot
 from streamrl.launch.view import live_table
+from streamrl.runtime import metrics_endpoint
 from streamrl.weightsync.announce import announce
 from streamrl.weightsync.hosts import host_keys, relay_stats_key
 
@@ -27,15 +27,15 @@ def test_every_scrape_target_is_labelled_with_its_host_and_a_wildcard_bind_regis
     ports = []
     for host_id, bind in (("hostA", "127.0.0.1"), ("hostC", "0.0.0.0")):
         run = redis_cfg.run.model_copy(update={"host_id": host_id})
-        endpoint = metrics.Endpoint.from_config(
+        endpoint = metrics_endpoint.Endpoint.from_config(
             redis_cfg.metrics.model_copy(update={"host": bind}), redis_cfg.broker, run
         )
-        ports.append((endpoint, metrics.serve(endpoint, "actor", f"{host_id}-a0")))
+        ports.append((endpoint, metrics_endpoint.serve(endpoint, "actor", f"{host_id}-a0")))
     client = connect_sync(redis_cfg.broker, redis_cfg.run.dir)
     try:
         groups = live_targets(keys, client)
         for endpoint, port in ports:
-            metrics.unregister(endpoint, "actor", f"{endpoint.host_id}-a0", port)
+            metrics_endpoint.unregister(endpoint, "actor", f"{endpoint.host_id}-a0", port)
         left = client.hlen(keys.metrics_hosts)
     finally:
         client.close()

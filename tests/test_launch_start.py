@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.actors.prompts import PromptDataError
+from streamrl.actors.prompt_data import PromptDataError
 from streamrl.configs import load_config
 
 

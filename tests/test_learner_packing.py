@@ -33,7 +33,7 @@ from streamrl.learner.step import (
     token_scorer,
 )
 from streamrl.policy.load import load_policy
-from streamrl.policy.scoring import sequence_logprobs
+from streamrl.policy.logprobs import sequence_logprobs
 
 PAD = 0
 # the learner's scorer at temperature 1, no truncation

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +131,23 @@ def test_the_yardstick_log_becomes_a_curve_timed_from_the_end_of_its_warm_start(
     curve, warm = longtail.yardstick_curve(log)
     assert warm == 4.0
     assert curve == [(1.0 + step, reward, 0.5) for step, reward in enumerate(rewards)]
+
+
+# the reference folder's files the yardstick was copied from, as they were
+YARDSTICK_SHA256 = {
+    "grpo_toy.py": "690aefa68449634a439e1fdd454e681b595dffcc9b669cdbe44db09553d4caf7",
+    "make_tiny.py": "f8a235c3dc38cebc68e4dbd000907f81428cd6b6efd1c7e46e6f77480db0361c",
+}
+
+
+def test_the_default_yardstick_is_the_unchanged_copy_the_repository_carries():
+    repository = Path(longtail.__file__).resolve().parents[1]
+    assert longtail.DEFAULT_YARDSTICK.is_relative_to(repository / "bench" / "yardstick")
+    for name, digest in YARDSTICK_SHA256.items():
+        text = (longtail.DEFAULT_YARDSTICK.parent / name).read_bytes()
+        header, _, copied = text.partition(b"\n\n")
+        assert b"copied unchanged" in header, name
+        assert hashlib.sha256(copied).hexdigest() == digest, f"{name} changed below its header"
 
 
 def test_without_the_yardstick_the_check_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):

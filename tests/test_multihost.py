@@ -32,9 +32,9 @@ from netns_hosts import Host, available, hosts
 from user_project import IMPORTED, ROOT, user_project
 
 from bench.chaos_checks import LearnerKill, delivery, version_violations
-from streamrl.broker.audit import commits_path, read_jsonl
 from streamrl.launch.status import read_steps
 from streamrl.learner.checkpoint import latest, step_of
+from streamrl.runtime.jsonl_log import commits_path, read_jsonl
 
 PASSWORD = "multihost-test-password"
 # steps the resumed learners run past the step they were killed at

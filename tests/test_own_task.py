@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.actors.prompts import PromptDataset
+from streamrl.actors.prompt_data import PromptDataset
 from streamrl.actors.rewards import RewardInput, RewardPool
 from streamrl.configs import load_config
 from streamrl.examples.reverse_digits.task import build_tokenizer

@@ -19,6 +19,7 @@ PACKAGES = (
     "broker",
     "weightsync",
     "policy",
+    "runtime",
     "configs",
     "launch",
     "examples",

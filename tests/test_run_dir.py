@@ -341,8 +341,8 @@ def test_streamrl_writes_through_no_planted_link_and_not_at_a_predictable_temp_n
 def test_a_run_writes_its_logs_for_its_owner_only_unless_shared_read(
     tmp_path, shared_read, mode, dir_mode
 ):
-    from streamrl.broker.audit import JsonlLog
     from streamrl.configs.runfiles import restrict_umask
+    from streamrl.runtime.jsonl_log import JsonlLog
 
     before = os.umask(0o022)
     try:

@@ -16,7 +16,7 @@ from streamrl.learner.batching import Sample, collate
 from streamrl.learner.engine import token_logprobs
 from streamrl.learner.step import token_scorer
 from streamrl.policy.load import load_policy, load_tokenizer
-from streamrl.policy.scoring import Sampling, sequence_logprobs
+from streamrl.policy.logprobs import Sampling, sequence_logprobs
 
 TRUNCATED = {"temperature": 0.8, "top_k": 5, "top_p": 0.9}
 PROMPTS = ["314>", "12>", "98765>", "4444>"]

@@ -26,12 +26,12 @@ import psutil
 import pytest
 import redis
 
-from streamrl.broker import metrics
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config
+from streamrl.runtime import metrics_endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_PATH = ("broker", "learner", "actors", "weightsync")
+DATA_PATH = ("broker", "learner", "actors", "weightsync", "runtime")
 PICKLING_MODULES = {
     "pickle",
     "cPickle",
@@ -141,21 +141,23 @@ def _non_loopback_address() -> str | None:
 
 def test_metrics_endpoints_listen_on_loopback_only(redis_cfg):
     assert redis_cfg.metrics.host == "127.0.0.1"
-    endpoint = metrics.Endpoint.from_config(redis_cfg.metrics, redis_cfg.broker, redis_cfg.run)
-    port = metrics.serve(endpoint, "test", "exposure")
+    endpoint = metrics_endpoint.Endpoint.from_config(
+        redis_cfg.metrics, redis_cfg.broker, redis_cfg.run
+    )
+    port = metrics_endpoint.serve(endpoint, "test", "exposure")
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
         address = _non_loopback_address()
         # no other interface on this host: check what the socket is bound to
         if address is None:
-            server = metrics._servers[port]
+            server = metrics_endpoint._servers[port]
             assert server.server_address[0] == "127.0.0.1"
         else:
             with pytest.raises(OSError), socket.create_connection((address, port), timeout=2):
                 pass
     finally:
-        metrics.unregister(endpoint, "test", "exposure", port)
+        metrics_endpoint.unregister(endpoint, "test", "exposure", port)
 
 
 def _answers_without_password(port: int) -> bytes:

@@ -171,7 +171,7 @@ def test_each_subsystem_imports_only_what_its_docstring_allows():
 
 
 def test_every_subsystem_says_what_it_owns_and_what_it_may_import():
-    for package in ("actors", "broker", "learner", "policy", "weightsync"):
+    for package in ("actors", "broker", "learner", "policy", "runtime", "weightsync"):
         doc = ast.get_docstring(ast.parse(Path(ROOT, package, "__init__.py").read_text()))
         assert doc and "Owns" in doc and "May import:" in doc, package
 
@@ -256,3 +256,35 @@ def test_no_import_cycle_inside_a_package():
 def test_no_module_under_configs_passes_450_lines():
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "configs").rglob("*.py")}
     assert max(sizes.values()) < 450, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+# What each process does around its own job, once in broker/ and now runtime's: a name broker/
+# uses from this table means that job has crept back into the broker.
+PROCESS_PLUMBING = {
+    "JsonlLog": "step and audit logs",
+    "read_jsonl": "step and audit logs",
+    "sched_setaffinity": "CPU pinning",
+    "CPUS_ENV": "CPU pinning",
+    "create_time": "start-up phases",
+    "Phases": "start-up phases",
+    "start_http_server": "the metrics endpoint",
+}
+
+
+def test_broker_imports_nothing_about_step_logs_cpu_pinning_or_start_up_phases():
+    found = []
+    for path, tree in _modules(["broker"]):
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            names = [getattr(node, "id", None), getattr(node, "attr", None)]
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names += [alias.name for alias in node.names]
+                modules = [*names, getattr(node, "module", None) or ""]
+                if any(str(m).startswith("streamrl.runtime") for m in modules):
+                    found.append(f"{rel}:{node.lineno} imports streamrl.runtime")
+            found += [
+                f"{rel}:{node.lineno} uses {name} ({PROCESS_PLUMBING[name]})"
+                for name in names
+                if name in PROCESS_PLUMBING
+            ]
+    assert not found, "runtime/ holds these:\n" + "\n".join(found)

@@ -11,7 +11,16 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-USER_PACKAGES = ("configs", "learner", "actors", "launch", "broker", "weightsync", "policy")
+USER_PACKAGES = (
+    "configs",
+    "learner",
+    "actors",
+    "launch",
+    "broker",
+    "weightsync",
+    "policy",
+    "runtime",
+)
 # in a process's output when one of the user's packages was imported
 IMPORTED = "user project"
 

@@ -12,5 +12,6 @@ that serves one actor host over shm from the learner's dist group (``relay``) an
 only moves it.
 
 Talks to: Redis through ``broker`` (version announcements, rendezvous).
-May import: ``configs``, ``broker``, ``policy``. Must not import ``actors`` or ``learner``.
+May import: ``configs``, ``broker``, ``policy``, ``runtime``. Must not import ``actors`` or
+``learner``.
 """

@@ -29,11 +29,11 @@ import time
 import redis
 import torch
 
-from streamrl.broker import metrics as endpoint_metrics
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs import ConfigError, config_from_cli
 from streamrl.configs.schema import WeightSyncConfig
+from streamrl.runtime import metrics_endpoint as endpoint_metrics
 from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import announce
 from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key

@@ -18,7 +18,7 @@ from streamrl.actors import metrics
 from streamrl.actors.admit import Admit
 from streamrl.actors.engines.base import Engine, Output, SamplingParams
 from streamrl.actors.group import Group
-from streamrl.actors.prompts import Prompt
+from streamrl.actors.prompt_data import Prompt
 from streamrl.actors.rewards import RewardInput
 from streamrl.actors.trajectory import assistant_turn
 

@@ -2,7 +2,7 @@
 
 Pure functions on logits. Order as in transformers and vLLM: temperature, then
 top-k, then top-p on the temperature-scaled, top-k-filtered distribution, the
-kept set found by ``policy.scoring.kept_floor``, which the learner's scorer uses
+kept set found by ``policy.logprobs.kept_floor``, which the learner's scorer uses
 too. The returned log-prob is taken from that final (renormalised) distribution,
 which is what the learner's importance weights need as the behaviour policy.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.policy.scoring import kept_floor
+from streamrl.policy.logprobs import kept_floor
 
 
 def processed_logprobs(

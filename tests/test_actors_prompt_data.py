@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streamrl.actors.prompts import PromptDataError, PromptDataset, position
+from streamrl.actors.prompt_data import PromptDataError, PromptDataset, position
 from streamrl.examples.reverse_digits.task import build_tokenizer
 
 ROWS = [
@@ -184,7 +184,7 @@ configs:
 HUB_CHILD = """
 import json, sys
 from streamrl.examples.reverse_digits.task import build_tokenizer
-from streamrl.actors.prompts import PromptDataError, PromptDataset
+from streamrl.actors.prompt_data import PromptDataError, PromptDataset
 from streamrl.configs.schema import DataConfig
 tokenizer = build_tokenizer()
 out = {}

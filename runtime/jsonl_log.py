@@ -1,10 +1,11 @@
-"""Opt-in audit records of what crossed the broker: groups published (actors) and groups committed (learner).
+"""Append-only JSONL logs a process keeps in its run directory: the learner's step rows, the
+actors' evaluations, and the opt-in delivery audit of what crossed the broker (groups published,
+per actor: ``published_path``; groups committed by a learner step: ``commits_path``).
 
-Plain JSONL under the run directory, one line per event, flushed per line so
-a SIGKILLed writer loses at most the line it was writing (readers skip a torn
-last line). The chaos harness checks delivery against them: every published
-group id must be committed by exactly one checkpoint step, or still be in the
-stream, or have been wiped by a Redis restart without persistence.
+One line per record, flushed per line so a SIGKILLed writer loses at most the line it was writing
+(readers skip a torn last line). The chaos harness checks delivery against the audit: every
+published group id must be committed by exactly one checkpoint step, or still be in the stream, or
+have been wiped by a Redis restart without persistence.
 """
 
 from __future__ import annotations
