@@ -1,6 +1,6 @@
 """``streamrl sft`` / ``streamrl dpo`` runs on the learner: step rows, exact resume, export.
 
-Runs are driven in-process (``SupervisedRun``), a handful of steps on the demo policy.
+Runs are driven in-process (``SFT``, ``DPO``), a handful of steps on the demo policy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 
 from streamrl.configs import Config
 from streamrl.learner import init_optimizer
-from streamrl.learner.supervised_loop import SupervisedRun
+from streamrl.learner.dpo import DPO
+from streamrl.learner.sft import SFT
+from streamrl.learner.supervised import Supervised
 from streamrl.learner.throughput import matmul_parameters, training_flops_per_token
 from streamrl.policy.load import load_policy
 
@@ -50,8 +52,8 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "learner_steps.jsonl").read_text().splitlines()]
 
 
-def _run(cfg: Config, kind: str = "sft") -> SupervisedRun:
-    runner = SupervisedRun(cfg, kind)
+def _run(cfg: Config, objective: type[Supervised] = SFT) -> Supervised:
+    runner = objective(cfg)
     runner.run(echo=lambda _line: None)
     return runner
 
@@ -109,7 +111,7 @@ def test_dpo_on_lora_starts_at_log_2_against_its_adapters_off_and_learns_the_pre
         run__max_steps=6,
         model__lora={"rank": 4, "alpha": 8},
     )
-    _run(cfg, "dpo")
+    _run(cfg, DPO)
     rows = _rows(run_dir)
     # fresh adapters add nothing: the policy is its reference, every margin 0
     assert rows[0]["loss"] == pytest.approx(math.log(2), rel=1e-6)
