@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.request
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
 from streamrl.configs import Config
+from streamrl.configs.schema import BrokerConfig, MetricsConfig, RunConfig
 from streamrl.learner import init_optimizer
 from streamrl.learner.dpo import DPO
 from streamrl.learner.sft import SFT
 from streamrl.learner.supervised import Supervised
 from streamrl.learner.throughput import matmul_parameters, training_flops_per_token
+from streamrl.learner.trainer import metrics_endpoint
 from streamrl.policy.load import load_policy
 
 ROWS = [{"prompt": f"{n:03d}>", "completion": f"{n:03d}"[::-1]} for n in range(100, 900, 100)]
@@ -137,3 +142,44 @@ def test_the_sft_preset_builds_its_policy_and_dataset_where_missing(tmp_path):
     assert set(json.loads(rows[0])) == {"prompt", "completion"}
     with pytest.raises(ConfigError, match="supervised.path"):
         build_inputs(model, data.model_copy(update={"build": None, "path": "nothere"}), 0)
+
+
+def _scraped(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return float(next(line.split()[1] for line in body.splitlines() if line.startswith(name + " ")))
+
+
+@pytest.mark.timeout(300)
+def test_a_supervised_run_serves_the_learner_metrics_where_a_redis_lists_its_endpoint(
+    demo_policy, redis_cfg, tmp_path
+):
+    cfg = _cfg(
+        demo_policy,
+        _dataset(tmp_path, ROWS),
+        tmp_path / "sft",
+        run__name=redis_cfg.run.name,
+        broker__redis_url=redis_cfg.broker.redis_url,
+    )
+    targets = Keys.from_config(cfg.run, cfg.broker).metrics_targets
+    client = connect_sync(cfg.broker, cfg.run.dir)
+    runner = SFT(cfg)
+    try:
+        port = runner.metrics_port
+        assert client.hget(targets, "learner:0") == f"127.0.0.1:{port}".encode()
+        steps, samples = (
+            _scraped(port, f"streamrl_learner_{n}_total") for n in ("steps", "samples_trained")
+        )
+        rows = [runner.train_next() for _ in range(2)]
+        assert _scraped(port, "streamrl_learner_steps_total") == steps + 2
+        assert _scraped(port, "streamrl_learner_samples_trained_total") == samples + 8
+        assert _scraped(port, "streamrl_learner_grad_norm_count") >= 2
+        assert _scraped(port, "streamrl_learner_tokens_per_second") == rows[-1]["tokens_per_s"]
+    finally:
+        runner.close()
+    assert client.hget(targets, "learner:0") is None
+
+
+def test_without_a_redis_to_list_it_in_the_trainer_serves_no_endpoint(tmp_path, redis_cfg):
+    run = RunConfig(dir=str(tmp_path))
+    assert not metrics_endpoint(MetricsConfig(), BrokerConfig(), run).enabled
+    assert metrics_endpoint(MetricsConfig(), redis_cfg.broker, run).enabled
