@@ -14,7 +14,7 @@ from streamrl.learner import supervised_batches as sb
 from streamrl.learner import supervised_data as data
 from streamrl.learner import supervised_loss as losses
 from streamrl.learner.batching import MicroBatch, Sample
-from streamrl.learner.engine import device, token_logprobs
+from streamrl.learner.engine import token_logprobs
 from streamrl.learner.supervised import Supervised
 
 
@@ -32,14 +32,7 @@ class DPO(Supervised):
 
     def step(self, picked: list[sb.Pair]) -> dict[str, float]:
         sc = self.sc
-        batches, real = sb.pair_micro_batches(
-            picked,
-            self.world,
-            self.rank,
-            self.cfg.learner.micro_batch_tokens,
-            self.pad_id,
-            device(),
-        )
+        batches, real = self.micro_batches(picked, sb.pair_micro_batches)
         with torch.no_grad():
             refs = [token_logprobs(self.ref_model, mb, 1.0) for mb in batches]
         refs_iter = iter(refs)

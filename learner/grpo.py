@@ -34,14 +34,7 @@ import torch.distributed as dist
 
 from streamrl.broker.semantics import Limits
 from streamrl.broker.startup import pin_assigned
-from streamrl.configs.schema import (
-    ActorConfig,
-    BrokerConfig,
-    Config,
-    ModelConfig,
-    RunConfig,
-    WeightSyncConfig,
-)
+from streamrl.configs.schema import Config
 from streamrl.learner import metrics as m
 from streamrl.learner import target
 from streamrl.learner.commits import Commits, StreamProgress
@@ -55,34 +48,28 @@ from streamrl.weightsync import transports
 log = logging.getLogger(__name__)
 
 
-def weight_publisher(
-    weightsync: WeightSyncConfig, broker: BrokerConfig, run: RunConfig, model: ModelConfig,
-    actor: ActorConfig,
-):  # fmt: skip
-    """Rank 0's weight publisher, or None where the transport publishes none."""
-    if not transports.get(weightsync.transport).publishes:
-        return None
-    from streamrl.weightsync.publisher import Publisher, transfer_dtype
-
-    return Publisher.from_config(weightsync, broker, run, transfer_dtype(weightsync, model, actor))
-
-
 def rollout_io(cfg: Config, vocab_size: int, progress: StreamProgress | None = None) -> RolloutIO:
     """Rank 0's Redis side of the learner of ``cfg``: stream, admission, weights, acks."""
+    publisher = None
+    if transports.get(cfg.weightsync.transport).publishes:
+        from streamrl.weightsync.publisher import Publisher, transfer_dtype
+
+        dtype = transfer_dtype(cfg.weightsync, cfg.model, cfg.actor)
+        publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run, dtype)
     return RolloutIO(
         cfg.run,
         cfg.broker,
         cfg.algo,
         cfg.learner,
         cfg.model.lora,
-        Limits.from_config(
+        limits=Limits.from_config(
             cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit, cfg.reward_ranges
         ),
-        vocab_size,
+        vocab_size=vocab_size,
         # how the actors name each reward function's failures (its `name`, else `fn`)
-        [spec.name or spec.fn for spec in cfg.reward.functions],
-        weight_publisher(cfg.weightsync, cfg.broker, cfg.run, cfg.model, cfg.actor),
-        progress,
+        reward_names=[spec.name or spec.fn for spec in cfg.reward.functions],
+        publisher=publisher,
+        progress=progress,
     )
 
 
@@ -92,6 +79,7 @@ class GRPO(Trainer):
     ``python -m streamrl.learner`` calls ``run``; tests drive ``train_next`` step by step.
     """
 
+    name = "learner"
     progress_type = StreamProgress
 
     def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):

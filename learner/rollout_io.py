@@ -72,6 +72,7 @@ class RolloutIO:
         algo: AlgoConfig,
         learner: LearnerConfig,
         lora: LoraConfig,
+        *,
         limits: Limits,
         vocab_size: int,
         reward_names: list[str],

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from streamrl.learner import supervised_data as data
 from streamrl.learner import supervised_loss as losses
-from streamrl.learner.batching import MicroBatch, Sample, rank_micro_batches
-from streamrl.learner.engine import device
+from streamrl.learner.batching import MicroBatch, Sample
 from streamrl.learner.supervised import Supervised
 from streamrl.learner.supervised_batches import trained_tokens
 
@@ -22,14 +21,7 @@ class SFT(Supervised):
     def step(self, picked: list[Sample]) -> dict[str, float]:
         # the step's trained tokens over every rank: the loss is their mean
         normalizer = float(max(trained_tokens(picked), 1))
-        batches, real = rank_micro_batches(
-            picked,
-            self.world,
-            self.rank,
-            self.cfg.learner.micro_batch_tokens,
-            self.pad_id,
-            device(),
-        )
+        batches, real = self.micro_batches(picked)
 
         def loss_of(logprobs, mb: MicroBatch, _real: bool):
             loss = losses.sft_loss(logprobs, mb.completion_mask, normalizer)

@@ -27,8 +27,9 @@ from streamrl.configs.schema import Config
 from streamrl.learner import init_optimizer
 from streamrl.learner import metrics as m
 from streamrl.learner import supervised_batches as sb
-from streamrl.learner.batching import MicroBatch, Sample
+from streamrl.learner.batching import MicroBatch, Sample, rank_micro_batches
 from streamrl.learner.engine import (
+    device,
     mark_micro_batch,
     set_micro_batches,
     sum_over_ranks,
@@ -152,6 +153,14 @@ class Supervised(Trainer):
             grad_norm=row["grad_norm"],
         )
         return row
+
+    def micro_batches(
+        self, picked: list, pack: Callable = rank_micro_batches
+    ) -> tuple[list[MicroBatch], int]:
+        """This rank's micro-batches of the step's examples as ``pack`` shares them out
+        (``batching.rank_micro_batches``' arguments), fillers included, and how many are real."""
+        budget = self.cfg.learner.micro_batch_tokens
+        return pack(picked, self.world, self.rank, budget, self.pad_id, device())
 
     def _micro_steps(self, batches: list[MicroBatch], real: int, loss_of) -> dict[str, float]:
         """One optimizer step over ``batches``; ``loss_of(logprobs, mb, real)`` gives a micro-batch's

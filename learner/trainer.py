@@ -83,8 +83,8 @@ def metrics_endpoint(
 class Trainer:
     """One rank of a training run; each objective subclasses it (``GRPO``, ``SFT``, ``DPO``)."""
 
-    # what the logs call this trainer
-    name = "learner"
+    # what the logs call this trainer: "learner" (RL), "sft", "dpo"
+    name: str
     # what its checkpoints restore besides weights and optimizer
     progress_type: type[Progress] = Progress
 
