@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from streamrl.learner.trainer import Progress
+from streamrl.learner.progress import Progress
 
 
 @dataclass

@@ -36,7 +36,8 @@ from streamrl.learner.engine import (
     token_logprobs,
 )
 from streamrl.learner.export import default_out
-from streamrl.learner.trainer import Progress, Trainer
+from streamrl.learner.progress import Progress
+from streamrl.learner.trainer import Trainer
 
 
 @dataclass

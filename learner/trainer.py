@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ from streamrl.configs.schema import BrokerConfig, Config, LearnerConfig, Metrics
 from streamrl.learner import checkpoint, init_optimizer
 from streamrl.learner.engine import build_engine, device, init_distributed
 from streamrl.learner.export import export_at_end
+from streamrl.learner.progress import Progress
 from streamrl.learner.throughput import Throughput
 from streamrl.learner.tracking import Tracker
 from streamrl.policy.lora import reference_policy, training_policy
@@ -47,24 +48,6 @@ from streamrl.policy.lora import reference_policy, training_policy
 log = logging.getLogger(__name__)
 
 STEPS_FILE = "learner_steps.jsonl"
-
-
-@dataclass
-class Progress:
-    """What a checkpoint must restore besides weights and optimizer."""
-
-    step: int = 0
-    # the policy's version: one more with every optimizer step (an RL step may take several)
-    version: int = 0
-    samples: int = 0
-    tokens: int = 0
-
-    @classmethod
-    def from_state(cls, state: dict | None) -> Progress:
-        if not state or "progress" not in state:
-            return cls()
-        # a supervised run's checkpoint from before it saved its version: one a step
-        return cls(**{"version": state["progress"]["step"], **state["progress"]})
 
 
 def metrics_endpoint(
