@@ -3,7 +3,7 @@ reference loop's learn half on the same samples.
 
     python -m bench.learner_cost [--steps N]    # prints the section of docs/bench/learner_cost.md
 
-The learner side is the real thing on one rank: ``Learner.train_next`` on the CPU demo config
+The learner side is the real thing on one rank: ``GRPO.train_next`` on the CPU demo config
 (``configs/demo_cpu.yaml``: 16 groups x 16 completions per step, one update per batch, shm weight
 publishing, metrics served) reading pre-filled groups from a real Redis stream. Rewards are drawn
 per completion, so no group is left out as zero-variance (16 equal draws: odds ~1e-9). With a KL
@@ -216,14 +216,14 @@ def _fill(cfg, batches) -> None:
 def _timed_learner(cfg):
     """The real learner, its methods wrapped so each call's time lands in a phase of ``PHASES``."""
     from streamrl.learner import step as learner_step
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     timer = _Timer()
     io = learner.io
     timer.wrap(io, "next_batch", "read+prepare")
     timer.wrap(io, "publish", "publish")
-    timer.wrap(io, "record", "record")
+    timer.wrap(learner, "record_step", "record")
     # with ack_policy checkpoint the ack runs inside save_checkpoint
     timer.wrap(learner, "save_checkpoint", "checkpoint+ack")
     if cfg.learner.ack_policy == "step":

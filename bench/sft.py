@@ -60,7 +60,7 @@ def build_model(folder: Path, shape: tuple[int, ...]) -> Path:
 
 def run_streamrl(policy: str, data: str, steps: int, work: Path) -> dict:
     from streamrl.configs import load_config
-    from streamrl.learner.supervised_loop import SupervisedRun
+    from streamrl.learner.sft import SFT
 
     cfg = load_config(
         "sft_cpu",
@@ -71,7 +71,7 @@ def run_streamrl(policy: str, data: str, steps: int, work: Path) -> dict:
         ],
         env={},
     )  # fmt: skip
-    SupervisedRun(cfg, "sft").run(echo=lambda _line: None)
+    SFT(cfg).run(echo=lambda _line: None)
     rows = [json.loads(line) for line in (work / "learner_steps.jsonl").read_text().splitlines()]
     timed = rows[1:]
     return {

@@ -8,7 +8,9 @@ from streamrl.launch.supervised import main as supervised_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    return supervised_main("dpo", argv)
+    from streamrl.learner.dpo import DPO
+
+    return supervised_main(DPO, argv)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ from streamrl.launch.supervised import main as supervised_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    return supervised_main("sft", argv)
+    from streamrl.learner.sft import SFT
+
+    return supervised_main(SFT, argv)
 
 
 if __name__ == "__main__":

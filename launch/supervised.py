@@ -2,7 +2,8 @@
 
 The policy at ``model.path`` and the dataset at ``supervised.path`` are filled by their hooks
 (``model.build``, ``supervised.build``: ``fn(path, seed=run.seed)``) where missing, as ``make
-run`` fills its inputs; then ``learner.supervised_loop`` trains in this process. Several ranks:
+run`` fills its inputs; then the objective (``learner.sft``, ``learner.dpo``) trains in this
+process (``learner.supervised.train``). Several ranks:
 ``torchrun --nproc_per_node N -m streamrl.launch.sft --config ...``.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +20,9 @@ from streamrl.actors import plugins
 from streamrl.configs import config_from_cli
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.schema import ModelConfig, SupervisedConfig
+
+if TYPE_CHECKING:
+    from streamrl.learner.supervised import Supervised
 
 
 def build_inputs(model: ModelConfig, supervised: SupervisedConfig, seed: int) -> None:
@@ -39,17 +44,19 @@ def build_inputs(model: ModelConfig, supervised: SupervisedConfig, seed: int) ->
         raise ConfigError(f"supervised.path={supervised.path}: no such file")
 
 
-def main(kind: str, argv: list[str] | None = None) -> int:
+def main(objective: type[Supervised], argv: list[str] | None = None) -> int:
+    """``streamrl <objective.name>``: build the missing inputs, then train ``objective``."""
+    name = objective.name
     parser = argparse.ArgumentParser(
-        prog=f"streamrl {kind}",
-        description=f"{kind.upper()} on the streamrl learner from supervised.path (no actors, no Redis)",
+        prog=f"streamrl {name}",
+        description=f"{name.upper()} on the streamrl learner from supervised.path (no actors, no Redis)",
     )
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
     torch.set_num_threads(cfg.run.torch_threads)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {kind} %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
-    from streamrl.learner.supervised_loop import train
+    from streamrl.learner.supervised import train
 
-    train(cfg, kind, echo=lambda line: print(line, flush=True))
+    train(cfg, objective, echo=lambda line: print(line, flush=True))
     return 0

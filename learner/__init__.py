@@ -1,11 +1,14 @@
 """learner: turns scored groups from the stream into optimizer steps and policy versions.
 
-Owns the RL math as pure functions (``algorithm``), batching into token-budget
-micro-batches (``batching``), the DeepSpeed ZeRO-2 engine (``engine``),
-checkpoint/resume (``checkpoint``), the training loop (``__main__``), experiment
-tracking of the step rows (``tracking``), their MFU (``throughput``) and the export of the policy as a Hugging Face
-folder (``export``); the same engine trains SFT and DPO from a dataset file
-(``supervised_loop``, ``supervised_data``, ``supervised_batches``, ``supervised_loss``). The policy itself (loading, token scoring, LoRA) is ``policy``'s.
+Owns one trainer (``trainer``: the policy and its reference, the DeepSpeed ZeRO-2 engine
+(``engine``), checkpoint/resume (``checkpoint``, ``init_optimizer``, ``progress``), the export
+as a Hugging Face folder (``export``), the step rows, their trackers (``tracking``) and MFU
+(``throughput``), the Prometheus endpoint (``metrics``)) and the objectives that run on it, each
+supplying its batches and its loss: RL (``grpo``: the stream through ``rollout_io``, the commit
+bookkeeping ``commits``, the step ``step`` of the RL math in ``algorithm``, batching into
+token-budget micro-batches in ``batching``), SFT (``sft``) and DPO (``dpo``), which share a
+dataset file's steps (``supervised``, ``supervised_data``, ``supervised_batches``,
+``supervised_loss``). The policy itself (loading, token scoring, LoRA) is ``policy``'s.
 
 Talks to: Redis through ``broker`` (consumer group, version, admission
 counters) and the actors through ``weightsync`` publishers. May import:

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
 
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from streamrl.learner.checkpoint import CheckpointDirNotShared
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{FATAL_MARK} {exc}", flush=True)
             return FATAL_EXIT
 
-    learner = Learner(cfg, should_stop=lambda: stop["requested"])
+    learner = GRPO(cfg, should_stop=lambda: stop["requested"])
     progress = learner.run(echo=lambda line: print(line, flush=True))
     logging.info("stopped at step %d, version %d", progress.step, progress.version)
     if torch.distributed.is_initialized():

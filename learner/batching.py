@@ -315,6 +315,26 @@ def plan_rank_micro_batches(
     return per_rank[rank], max(len(b) for b in per_rank)
 
 
+def rank_micro_batches(
+    samples: list[Sample], world: int, rank: int, budget: int, pad_id: int, device
+) -> tuple[list[MicroBatch], int]:
+    """This rank's collated micro-batches of ``samples`` (``plan_rank_micro_batches``), fillers
+    included, and how many of them are real."""
+    mine, count = plan_rank_micro_batches(samples, world, rank, budget)
+    batches = [collate(b, pad_id, budget).to(device) for b in mine]
+    return with_fillers(batches, count, samples[:1], pad_id, budget, device)
+
+
+def with_fillers(
+    batches: list[MicroBatch], count: int, spare: list[Sample], pad_id: int, budget: int, device
+) -> tuple[list[MicroBatch], int]:
+    """``batches`` padded to ``count`` with ``masked_out`` copies (of ``spare`` collated, where
+    this rank has none), and how many of them are real."""
+    real = len(batches)
+    filler = masked_out(batches[0] if batches else collate(spare, pad_id, budget).to(device))
+    return batches + [filler] * (count - real), real
+
+
 def masked_out(batch: MicroBatch) -> MicroBatch:
     """The same tensors with nothing counted (no completion token, no sequence token): a filler
     micro-batch that contributes zero gradient."""

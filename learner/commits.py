@@ -1,10 +1,10 @@
 """The learner's commit bookkeeping: which trained entries are not acked yet, and how many groups
 the completed steps took (admission's ``consumed``). ``Commits`` is the one writer of
-``Progress.consumed``, ``Progress.unacked`` and ``Progress.redis_epoch``.
+``StreamProgress.consumed``, ``StreamProgress.unacked`` and ``StreamProgress.redis_epoch``.
 
 Every rank keeps the same figures: a checkpoint is collective, and every rank must agree whether
 one is still due when the learner stops. Rank 0 also writes them to Redis, through its
-``RolloutIO``.
+``RolloutIO`` (``learner.rollout_io``, which makes this rank's ``Commits``).
 
 Ack policy (``learner.ack_policy``):
 - ``checkpoint`` (default): entries are acked only after a checkpoint holds the step that used
@@ -23,21 +23,16 @@ from the checkpoint by a restarted learner, see broker.admission).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from streamrl.learner.rollout_io import RolloutIO
+from streamrl.learner.progress import Progress
 
 
 @dataclass
-class Progress:
-    """What a checkpoint must restore besides weights and optimizer."""
+class StreamProgress(Progress):
+    """The progress of a run trained from the stream: the trainer's, and the commit bookkeeping
+    (written by ``Commits`` only)."""
 
-    step: int = 0
-    version: int = 0
-    samples: int = 0
-    tokens: int = 0
-    # the commit bookkeeping, written by Commits only:
     # groups taken by completed steps (admission); below zero right after a Redis wipe, by the
     # entries held from before it (the wiped `accepted` no longer counts them)
     consumed: int = 0
@@ -47,7 +42,7 @@ class Progress:
     unacked: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
-    def from_state(cls, state: dict | None) -> Progress:
+    def from_state(cls, state: dict | None) -> StreamProgress:
         if not state or "progress" not in state:
             return cls()
         p = {"consumed": 0, **state["progress"]}
@@ -55,10 +50,22 @@ class Progress:
         return cls(**p)
 
 
+class Ledger(Protocol):
+    """Where rank 0's commits go: the run's Redis (``learner.rollout_io.RolloutIO``)."""
+
+    def ack(self, entries: list[tuple[str, str]], consumed: int, step: int) -> None: ...
+
+    def set_consumed(self, consumed: int) -> None: ...
+
+    def redis_epoch(self) -> str: ...
+
+    def consumed_in_redis(self) -> int: ...
+
+
 class Commits:
     """The commit bookkeeping of ``progress`` under ``ack_policy``; ``io`` on rank 0 only."""
 
-    def __init__(self, progress: Progress, ack_policy: str, io: RolloutIO | None = None):
+    def __init__(self, progress: StreamProgress, ack_policy: str, io: Ledger | None = None):
         self.progress = progress
         self.ack_policy = ack_policy
         self.io = io

@@ -150,6 +150,17 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def sum_over_ranks(values: Tensor) -> Tensor:
+    """``values`` summed over every rank (the same tensor in a world of one): a step's figures,
+    which each rank holds its share of."""
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # NCCL reduces only tensors on the rank's GPU
+        if torch.distributed.get_backend() == "nccl":
+            values = values.to(torch.device("cuda", torch.cuda.current_device()))
+        torch.distributed.all_reduce(values)
+    return values
+
+
 def deepspeed_config(lc: LearnerConfig, world_size: int, bf16: bool) -> dict:
     zero: dict = {"stage": lc.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if lc.offload_optimizer:

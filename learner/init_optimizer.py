@@ -106,6 +106,32 @@ def write(
     return path
 
 
+def engine_moments(engine) -> tuple:
+    """Collective: (step, betas, eps, amsgrad, moments by name) of the engine's AdamW, gathered
+    from the ZeRO partitions, as ``write`` takes them."""
+    optimizer = engine.optimizer
+    base = base_optimizer(optimizer)
+    betas, eps, amsgrad = settings(base)
+    params = trainable(engine.module)
+    moments: dict[str, dict[str, torch.Tensor]] = {key: {} for key in MOMENTS}
+    if hasattr(optimizer, "single_partition_of_fp32_groups"):
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        step = int(base.state[optimizer.single_partition_of_fp32_groups[0]]["step"])
+        for name, param in params.items():
+            for key in MOMENTS:
+                full = safe_get_full_optimizer_state(param, key)
+                moments[key][name] = full.detach().to("cpu", torch.float32).clone()
+    else:
+        step = int(base.state[next(iter(params.values()))]["step"])
+        for name, param in params.items():
+            for key in MOMENTS:
+                moments[key][name] = (
+                    base.state[param][key].detach().to("cpu", torch.float32).clone()
+                )
+    return step, betas, eps, amsgrad, moments
+
+
 def read(folder: str | os.PathLike) -> Moments | None:
     """The moments saved in ``folder`` (None: no ``FILE`` there); ValueError naming the file when
     it is not one ``save`` wrote. Only tensors and plain values are unpickled."""

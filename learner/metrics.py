@@ -95,3 +95,29 @@ def observe_staleness(staleness) -> None:
     """Every token's staleness into the histogram."""
     for value in staleness.tolist():
         STALENESS.observe(value)
+
+
+def observe_step(
+    *,
+    samples: int,
+    tokens: int,
+    sequence_tokens: float,
+    packed_tokens: float,
+    tokens_per_s: float,
+    mfu: float | None,
+    loss: float,
+    grad_norm: float,
+) -> None:
+    """A trained step's figures that every objective has (the RL learner sets more): its samples
+    and tokens (``sequence_tokens``, ``packed_tokens``: every pass's), its rate and MFU, the loss
+    and gradient norm of its last optimizer step."""
+    STEPS.inc()
+    SAMPLES.inc(samples)
+    TOKENS.inc(tokens)
+    SEQUENCE_TOKENS.inc(sequence_tokens)
+    PACKED_TOKENS.inc(packed_tokens)
+    TOKENS_PER_SECOND.set(tokens_per_s)
+    if mfu is not None:
+        MFU.set(mfu)
+    LOSS.observe(loss)
+    GRAD_NORM.observe(grad_norm)

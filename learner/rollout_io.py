@@ -1,4 +1,4 @@
-"""Rank 0's side of the learner outside the math: the rollout stream, admission, weights, the step log.
+"""Rank 0's side of the RL learner outside the math: the rollout stream, admission, weights, acks.
 
 One asyncio loop runs on a thread of its own with one ``redis.asyncio`` client; the learner's
 thread hands it the broker's coroutines (``RolloutConsumer``, ``Admission``) and waits for each.
@@ -13,7 +13,8 @@ versions against a version not yet announced, so a recorded stream replayed on t
 learner tests' reference runs) would be dead-lettered.
 
 The commit bookkeeping (the consumed count, the entries to ack) is ``learner.commits``'s; this
-module carries out its writes to Redis.
+module carries out its writes to Redis. The step rows, the trackers and the metrics endpoint are
+the trainer's (``learner.trainer``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamrl.broker.admission import Admission, Bounds
 from streamrl.broker.client import connect_async, connect_sync
@@ -33,19 +34,16 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.liveness import alive_actors
 from streamrl.broker.semantics import Limits
 from streamrl.broker.stream import Delivery, RolloutConsumer
-from streamrl.configs.redact import redacted
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import AlgoConfig, BrokerConfig, LearnerConfig, LoraConfig, RunConfig
 from streamrl.learner import lineage
 from streamrl.learner import metrics as m
-from streamrl.learner.commits import Commits, Progress
+from streamrl.learner.commits import Commits, StreamProgress
 from streamrl.learner.prepare import Batch, dynamic_batch_size, has_signal, prepare_batch
-from streamrl.learner.step import UpdateStats, first_pass_tokens
-from streamrl.learner.throughput import Throughput
-from streamrl.learner.tracking import Tracker
 from streamrl.policy.lora import published_tensors
-from streamrl.runtime import metrics_endpoint
 from streamrl.runtime.jsonl_log import JsonlLog, commits_path
-from streamrl.weightsync import transports
+
+if TYPE_CHECKING:
+    from streamrl.weightsync.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -65,67 +63,49 @@ class NoBatch(enum.Enum):
 
 
 class RolloutIO:
-    """Everything rank 0 does outside the math: stream, admission, weights, metrics, step log."""
+    """Everything rank 0 does outside the math: stream, admission, weights, acks."""
 
     def __init__(
         self,
-        cfg: Config,
+        run: RunConfig,
+        broker: BrokerConfig,
+        algo: AlgoConfig,
+        learner: LearnerConfig,
+        lora: LoraConfig,
+        *,
+        limits: Limits,
         vocab_size: int,
-        progress: Progress | None = None,
-        throughput: Throughput | None = None,
+        reward_names: list[str],
+        publisher: Publisher | None = None,
+        progress: StreamProgress | None = None,
     ):
-        """``throughput``: what the step row's mfu divides by (None: the row's mfu stays empty)."""
-        self.cfg = cfg
-        self.throughput = throughput
-        self.progress = progress if progress is not None else Progress()
+        """``limits``: what the stream's entries are checked against; ``reward_names``: how the
+        actors name each reward function's failures; ``publisher``: the weights' (None: the
+        transport publishes none, the version is announced alone)."""
+        self.run_dir = run.dir
+        self.broker, self.algo, self.learner, self.lora = broker, algo, learner, lora
+        self.progress = progress if progress is not None else StreamProgress()
         # the learner's commit bookkeeping: a Redis wipe seen while reading resets its count
-        self.commits = Commits(self.progress, cfg.learner.ack_policy, self)
+        self.commits = Commits(self.progress, learner.ack_policy, self)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rollout-io", daemon=True
         )
         self._thread.start()
-        self.redis = connect_async(cfg.broker, cfg.run.dir)
-        self.keys = Keys.from_config(cfg.run, cfg.broker)
+        self.redis = connect_async(broker, run.dir)
+        self.keys = Keys.from_config(run, broker)
         self.consumer = RolloutConsumer(
-            self.redis,
-            self.keys,
-            cfg.broker,
-            Limits.from_config(
-                cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit, cfg.reward_ranges
-            ),
-            "learner-0",
-            vocab_size,
+            self.redis, self.keys, broker, limits, "learner-0", vocab_size
         )
         self.admission = Admission(
-            self.redis, self.keys, Bounds.from_config(cfg.algo, cfg.learner), cfg.broker.lease_ttl_s
+            self.redis, self.keys, Bounds.from_config(algo, learner), broker.lease_ttl_s
         )
         # the live-actor count reads heartbeats with the tools' sync helper, on this thread
-        self._heartbeats = connect_sync(cfg.broker, cfg.run.dir)
+        self._heartbeats = connect_sync(broker, run.dir)
         self.alive_checked = 0.0
-        self.publisher = None
-        if transports.get(cfg.weightsync.transport).publishes:
-            from streamrl.weightsync.publisher import Publisher, transfer_dtype
-
-            self.publisher = Publisher.from_config(
-                cfg.weightsync,
-                cfg.broker,
-                cfg.run,
-                transfer_dtype(cfg.weightsync, cfg.model, cfg.actor),
-            )
-        self.metrics_endpoint = metrics_endpoint.Endpoint.from_config(
-            cfg.metrics, cfg.broker, cfg.run
-        )
-        self.metrics_port = metrics_endpoint.serve(
-            self.metrics_endpoint, "learner", "0", cfg.learner.metrics_port
-        )
-        run_dir = Path(cfg.run.dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.steps_log = JsonlLog(run_dir / "learner_steps.jsonl")
-        self.tracker = Tracker(cfg.run, cfg.model.path, redacted(cfg))
-        # how the actors name each reward function's failures (its `name`, else `fn`)
-        self.reward_names = [spec.name or spec.fn for spec in cfg.reward.functions]
-        self.commit_log = JsonlLog(commits_path(run_dir)) if cfg.learner.commit_log else None
+        self.publisher = publisher
+        self.reward_names = reward_names
+        self.commit_log = JsonlLog(commits_path(Path(run.dir))) if learner.commit_log else None
         self.buffer: list[Delivery] = []
         self.wait_s = 0.0
         self.last_progress = time.monotonic()
@@ -138,9 +118,7 @@ class RolloutIO:
         """Pick up from the restored progress: resume the commits (``Commits.resume``), then
         re-announce the version (and its weights)."""
         progress = self.progress
-        announced = max(
-            self._run(self.admission.version()), lineage.logged_version(self.cfg.run.dir)
-        )
+        announced = max(self._run(self.admission.version()), lineage.logged_version(self.run_dir))
         progress.version = lineage.resume_version(progress.version, announced)
         self.commits.resume()
         self._run(self.consumer.start_version_check(progress.version))
@@ -151,8 +129,7 @@ class RolloutIO:
 
     def next_batch(self, version: int, should_stop: Callable[[], bool]) -> Batch | NoBatch:
         """A full batch, or ``NoBatch.STOP``, or ``NoBatch.IDLE`` (nothing yet)."""
-        cfg = self.cfg
-        need = cfg.learner.groups_per_step
+        need = self.learner.groups_per_step
         started = time.monotonic()
         if should_stop():
             return NoBatch.STOP
@@ -165,7 +142,7 @@ class RolloutIO:
             # a short buffer reads up to a batch; a full one still short of signal reads another batch
             count = need - len(self.buffer) if len(self.buffer) < need else need
             held, wipes = len(self.buffer), self.consumer.group_recreated
-            got = self._run(self.consumer.read(count, cfg.broker.block_ms))
+            got = self._run(self.consumer.read(count, self.broker.block_ms))
             self._recount_after_wipe(wipes, held)
             now = time.monotonic()
             self.wait_s += now - t0
@@ -173,22 +150,23 @@ class RolloutIO:
                 self.buffer += got
                 self.last_progress = now
             elif (
-                cfg.learner.read_timeout_s and now - self.last_progress > cfg.learner.read_timeout_s
+                self.learner.read_timeout_s
+                and now - self.last_progress > self.learner.read_timeout_s
             ):
                 log.warning(
                     "no rollouts for %.0f s (learner.read_timeout_s): stopping",
-                    cfg.learner.read_timeout_s,
+                    self.learner.read_timeout_s,
                 )
                 return NoBatch.STOP
         deliveries, self.buffer = self.buffer[:take], self.buffer[take:]
-        batch = prepare_batch(deliveries, version, cfg.algo, self.wait_s, self.reward_names)
+        batch = prepare_batch(deliveries, version, self.algo, self.wait_s, self.reward_names)
         m.STEP_PHASE.labels("wait").observe(self.wait_s)
         self.wait_s = 0.0
         return batch
 
     def _batch_size(self, version: int) -> int | None:
         """Groups of the buffer that make the next step, or None while more must be read."""
-        need, a = self.cfg.learner.groups_per_step, self.cfg.algo
+        need, a = self.learner.groups_per_step, self.algo
         if not a.dynamic_sampling:
             return need if len(self.buffer) >= need else None
         cap = a.dynamic_sampling_max_groups or 8 * need
@@ -212,9 +190,7 @@ class RolloutIO:
             m.POLICY_VERSION.set(version)
 
         if self.publisher is not None:
-            self.publisher.submit(
-                version, published_tensors(model, self.cfg.model.lora), then=announced
-            )
+            self.publisher.submit(version, published_tensors(model, self.lora), then=announced)
         else:
             announced()
         m.STEP_PHASE.labels("publish").observe(time.perf_counter() - t0)
@@ -254,79 +230,20 @@ class RolloutIO:
         if self.commit_log is not None:
             self.commit_log.write({"step": step, "groups": groups})
 
-    def record(
-        self, progress: Progress, batch: Batch, updates: list[UpdateStats], step_s: float
-    ) -> dict:
-        """Write the step's row (step log, trackers) and set the learner's metrics; returns the row."""
-        last = updates[-1] if updates else None
-        # every pass's tokens over step_s (training and publishing, not the read): the learner's
-        # throughput (the row's token counts are the batch's, first pass only)
-        trained = sum(u.sequence_tokens for u in updates)
-        row = {
-            "step": progress.step,
-            "version": progress.version,
-            # False for a batch whose every group was dropped (stale or zero-variance): no update
-            "trained": bool(updates),
-            **batch.log,
-            "samples": len(batch.samples),
-            "tokens": first_pass_tokens(updates),
-            # prompt + completion tokens of the batch, and what its packed rows took
-            "sequence_tokens": first_pass_tokens(updates, "sequence_tokens"),
-            "packed_tokens": first_pass_tokens(updates, "packed_tokens"),
-            "tokens_per_s": trained / step_s if step_s > 0 else math.nan,
-            # the share of the learner GPUs' peak those tokens needed (learner.throughput); None
-            # (empty, not 0) where the peak is unknown: a CPU learner, a GPU not in the table
-            "mfu": self.throughput.mfu(trained, step_s) if self.throughput and updates else None,
-            "loss": last.loss if last else math.nan,
-            "clip_fraction": last.clip_fraction if last else math.nan,
-            "is_weight_mean": last.is_weight_mean if last else math.nan,
-            "is_truncated_fraction": last.is_truncated_fraction if last else math.nan,
-            "kl": last.kl if last else math.nan,
-            "entropy": last.entropy if last else math.nan,
-            "grad_norm": last.grad_norm if last else math.nan,
-            # the last optimizer step's (learner.lr_scheduler)
-            "lr": last.lr if last else math.nan,
-            "step_s": step_s,
-            "time": time.time(),
-        }
-        self.steps_log.write(row)
-        self.tracker.log(row, batch)
+    def watch_actors(self) -> None:
+        """Count the live actors for ``streamrl_actors_alive`` (at most every ``ALIVE_EVERY_S``)."""
         if time.monotonic() - self.alive_checked > ALIVE_EVERY_S:
             self.alive_checked = time.monotonic()
             m.ACTORS_ALIVE.set(len(alive_actors(self._heartbeats, self.keys)))
-        if last:
-            m.STEPS.inc()
-            m.SAMPLES.inc(len(batch.samples))
-            m.TOKENS.inc(row["tokens"])
-            m.SEQUENCE_TOKENS.inc(trained)
-            m.PACKED_TOKENS.inc(sum(u.packed_tokens for u in updates))
-            m.TOKENS_PER_SECOND.set(row["tokens_per_s"])
-            if row["mfu"] is not None:
-                m.MFU.set(row["mfu"])
-            m.LOSS.observe(last.loss)
-            m.CLIP_RATIO.set(last.clip_fraction)
-            m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
-            m.IS_TRUNCATED.set(last.is_truncated_fraction)
-            m.KL.observe(last.kl)
-            m.ENTROPY.set(last.entropy)
-            m.GRAD_NORM.observe(last.grad_norm)
-            for u in updates:
-                m.STEP_PHASE.labels("forward_backward").observe(u.forward_backward_s)
-                m.STEP_PHASE.labels("optimizer").observe(u.optimizer_s)
-        return row
 
     def close(self) -> None:
-        """Release weights, metrics, logs and Redis (once). Entries read and not trained stay
+        """Release weights, the commit log and Redis (once). Entries read and not trained stay
         pending: the next learner gets them again."""
         if self._loop.is_closed():
             return
         if self.publisher is not None:
             # the last versions are announced before Redis goes
             self.publisher.close()
-        if self.metrics_port:
-            metrics_endpoint.unregister(self.metrics_endpoint, "learner", "0", self.metrics_port)
-        self.steps_log.close()
-        self.tracker.close()
         if self.commit_log is not None:
             self.commit_log.close()
         self._heartbeats.close()

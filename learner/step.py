@@ -27,20 +27,18 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from streamrl.broker.semantics import is_stale
 from streamrl.configs.schema import AlgoConfig, LearnerConfig, RolloutConfig
 from streamrl.learner import algorithm
-from streamrl.learner.batching import (
-    MicroBatch,
-    Sample,
-    collate,
-    masked_out,
-    plan_rank_micro_batches,
+from streamrl.learner.batching import MicroBatch, Sample, rank_micro_batches
+from streamrl.learner.engine import (
+    mark_micro_batch,
+    set_micro_batches,
+    sum_over_ranks,
+    token_logprobs,
 )
-from streamrl.learner.engine import mark_micro_batch, set_micro_batches, token_logprobs
 from streamrl.policy.logprobs import Sampling
 
 
@@ -210,22 +208,6 @@ class UpdateSums:
         )
 
 
-def _rank_micro_batches(
-    samples: list[Sample],
-    token_budget: int,
-    rank: int,
-    world: int,
-    pad_id: int,
-    device: torch.device,
-) -> list[MicroBatch]:
-    mine, count = plan_rank_micro_batches(samples, world, rank, token_budget)
-    batches = [collate(b, pad_id, token_budget).to(device) for b in mine]
-    filler = masked_out(
-        batches[0] if batches else collate(samples[:1], pad_id, token_budget).to(device)
-    )
-    return batches + [filler] * (count - len(batches))
-
-
 def _loss(
     algo: AlgoConfig, logprobs, entropy, mb: MicroBatch, version: int, prox, ref, normalizer: float
 ):
@@ -296,13 +278,7 @@ def _logprobs_no_grad(model, batches: list[MicroBatch], score: Callable) -> list
 
 
 def _all_reduce_sum(sums: UpdateSums) -> UpdateSums:
-    t = sums.to_tensor()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        # NCCL reduces only tensors on the rank's GPU
-        if dist.get_backend() == "nccl":
-            t = t.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(t)
-    return UpdateSums.from_tensor(t)
+    return UpdateSums.from_tensor(sum_over_ranks(sums.to_tensor()))
 
 
 def train_batch(
@@ -340,8 +316,8 @@ def train_batch(
     for trained, left_out in split:
         if not trained:
             continue
-        batches = _rank_micro_batches(
-            trained, learner.micro_batch_tokens, rank, world, pad_id, device
+        batches, _real = rank_micro_batches(
+            trained, world, rank, learner.micro_batch_tokens, pad_id, device
         )
         minis.append(
             MiniBatch(

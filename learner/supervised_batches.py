@@ -18,10 +18,9 @@ from streamrl.learner.batching import (
     MicroBatch,
     Sample,
     collate,
-    masked_out,
     pack_micro_batches,
     partition_across_ranks,
-    plan_rank_micro_batches,
+    with_fillers,
 )
 
 Pair = tuple[Sample, Sample]
@@ -43,21 +42,6 @@ def step_indices(examples: int, batch_size: int, step: int, seed: int, shuffle: 
         else np.arange(examples)
     )
     return order[index * batch_size : (index + 1) * batch_size].tolist()
-
-
-def sample_micro_batches(
-    samples: list[Sample], world: int, rank: int, budget: int, pad_id: int, device
-) -> tuple[list[MicroBatch], int]:
-    """This rank's micro-batches (fillers included) and how many of them are real."""
-    mine, count = plan_rank_micro_batches(samples, world, rank, budget)
-    batches = [collate(b, pad_id, budget).to(device) for b in mine]
-    return _with_fillers(batches, count, samples[:1], pad_id, budget, device)
-
-
-def _with_fillers(batches, count, spare: list[Sample], pad_id, budget, device):
-    real = len(batches)
-    filler = masked_out(batches[0] if batches else collate(spare, pad_id, budget).to(device))
-    return batches + [filler] * (count - real), real
 
 
 def _pair_len(pair: Pair) -> int:
@@ -94,7 +78,7 @@ def pair_micro_batches(
     ]
     batches = [collate(_flat(g), pad_id, budget).to(device) for g in per_rank[rank]]
     count = max(len(groups) for groups in per_rank)
-    return _with_fillers(batches, count, list(pairs[0]), pad_id, budget, device)
+    return with_fillers(batches, count, list(pairs[0]), pad_id, budget, device)
 
 
 def trained_tokens(samples: Sequence[Sample]) -> int:

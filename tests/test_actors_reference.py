@@ -57,7 +57,7 @@ def test_the_actors_reference_logprobs_equal_one_forward_pass_per_sequence(
 def test_a_learner_on_the_actors_reference_logprobs_trains_as_with_its_own_reference_pass(
     redis_cfg, demo_policy
 ):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     steps, groups_per_step, group_size = 3, 4, 8
     model = load_policy(demo_policy)
@@ -90,7 +90,7 @@ def test_a_learner_on_the_actors_reference_logprobs_trains_as_with_its_own_refer
             learner={"groups_per_step": groups_per_step},
             algo={"kl_coef": 1.0, "reference_on": reference_on, "max_staleness": 1000},
         )
-        learner = Learner(cfg)
+        learner = GRPO(cfg)
         assert (learner.ref_model is None) == (reference_on == "actors")
         learner.run(echo=lambda line: None)
         trained[reference_on] = {n: p.detach().clone() for n, p in learner.model.named_parameters()}

@@ -166,9 +166,9 @@ def test_hostile_entries_are_dead_lettered_by_the_learner_which_keeps_stepping(
     ]
     xadd_groups(cfg, stream)
 
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
-    Learner(cfg).run(echo=lambda line: None)
+    GRPO(cfg).run(echo=lambda line: None)
 
     logged = _steps_logged(cfg)
     assert [row["step"] for row in logged] == list(range(1, steps + 1))

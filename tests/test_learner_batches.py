@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup
+from streamrl.learner.grpo import rollout_io
 from streamrl.learner.prepare import dynamic_batch_size, has_signal, prepare_batch
-from streamrl.learner.rollout_io import NoBatch, RolloutIO
+from streamrl.learner.rollout_io import NoBatch
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -84,11 +85,11 @@ def _never() -> bool:
 
 @pytest.fixture
 def open_io():
-    """RolloutIO instances that are closed (Redis clients, metrics registration) after the test."""
+    """RolloutIOs that are closed (Redis clients, publisher) after the test."""
     made = []
 
     def make(cfg):
-        made.append(RolloutIO(cfg, VOCAB))
+        made.append(rollout_io(cfg, VOCAB))
         return made[-1]
 
     yield make

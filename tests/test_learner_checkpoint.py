@@ -13,9 +13,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def learner(redis_cfg, demo_policy):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
-    learner = Learner(learner_config(redis_cfg, demo_policy))
+    learner = GRPO(learner_config(redis_cfg, demo_policy))
     yield learner
     learner.close()
 
@@ -39,7 +39,7 @@ def test_a_resave_that_fails_half_way_leaves_latest_loadable(learner, tmp_path):
     root = tmp_path / "checkpoints"
     good = checkpoint.save(learner.engine, root, 4, {"version": 4}, 0)
     # A client state that cannot be pickled: DeepSpeed raises in the middle of writing the folder,
-    # as a SIGKILL during the re-save in Learner.close() would stop it.
+    # as a SIGKILL during the re-save in GRPO.close() would stop it.
     with pytest.raises(Exception):  # noqa: B017 - whatever DeepSpeed's torch.save raises
         checkpoint.save(learner.engine, root, 4, {"version": 4, "bad": lambda: None}, 0)
     assert checkpoint.latest(root) == good.resolve() and good.exists()

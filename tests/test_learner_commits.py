@@ -11,8 +11,8 @@ import redis
 from broker_helpers import make_group
 
 from streamrl.broker.keys import Keys
-from streamrl.learner.commits import Commits, Progress
-from streamrl.learner.rollout_io import RolloutIO
+from streamrl.learner.commits import Commits, StreamProgress
+from streamrl.learner.grpo import rollout_io
 from tests.learner_rollouts import xadd_groups
 
 VOCAB = 64
@@ -21,7 +21,7 @@ EMPTY_STEP = [("4-0", "g4"), ("5-0", "g5")]
 
 
 def test_a_step_is_counted_whether_or_not_it_trained_and_its_entries_wait_for_the_checkpoint():
-    commits = Commits(Progress(), "checkpoint")
+    commits = Commits(StreamProgress(), "checkpoint")
     assert commits.count_with(len(STEP)) == 3 and not commits.pending
     commits.step_done(STEP, trained=True)
     commits.step_done(EMPTY_STEP, trained=False)
@@ -33,7 +33,7 @@ def test_a_step_is_counted_whether_or_not_it_trained_and_its_entries_wait_for_th
 
 
 def test_under_ack_policy_step_no_entry_waits_for_a_checkpoint():
-    commits = Commits(Progress(), "step")
+    commits = Commits(StreamProgress(), "step")
     commits.step_done(STEP, trained=True)
     assert not commits.pending and commits.progress.consumed == 3
 
@@ -70,7 +70,7 @@ def rank0(redis_cfg, request):
     """Rank 0's RolloutIO on a stream of two groups (one step), and a view of Redis."""
     cfg = _config(redis_cfg, request.param)
     xadd_groups(cfg, [make_group(uuid.uuid4().hex), make_group(uuid.uuid4().hex)])
-    io = RolloutIO(cfg, VOCAB)
+    io = rollout_io(cfg, VOCAB)
     yield io, _Redis(cfg)
     io.close()
 
@@ -100,8 +100,8 @@ def test_a_restarted_learner_acks_what_its_checkpoint_lists_and_announces_its_co
     batch = io.next_batch(0, lambda: False)
     io.close()
     # the checkpoint of the step holds its entries, unacked: the learner died before acking
-    restored = Progress(step=1, consumed=2, unacked=list(batch.entries))
-    successor = RolloutIO(io.cfg, VOCAB, restored)
+    restored = StreamProgress(step=1, consumed=2, unacked=list(batch.entries))
+    successor = rollout_io(held.cfg, VOCAB, restored)
     try:
         successor.commits.resume()
         assert held.pending() == 0 and held.consumed() == 2
@@ -114,8 +114,8 @@ def test_a_restarted_learner_acks_what_its_checkpoint_lists_and_announces_its_co
 def test_a_count_saved_under_another_redis_data_set_is_void(rank0):
     io, held = rank0
     io.close()
-    restored = Progress(step=3, consumed=6, redis_epoch="a-wiped-redis")
-    successor = RolloutIO(io.cfg, VOCAB, restored)
+    restored = StreamProgress(step=3, consumed=6, redis_epoch="a-wiped-redis")
+    successor = rollout_io(held.cfg, VOCAB, restored)
     try:
         successor.commits.resume()
         assert restored.consumed == 0 and held.consumed() == 0

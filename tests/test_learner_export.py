@@ -19,7 +19,7 @@ STEPS = 2
 @pytest.fixture
 def trained(redis_cfg, demo_policy):
     """A learner that trained STEPS steps on demo rollouts and stopped (checkpointed, exported)."""
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     model, tokenizer = load_policy(demo_policy), load_tokenizer(demo_policy)
     groups = sample_groups(model, tokenizer, random.Random(3), 4 * STEPS * 2, 8, version=0)
@@ -40,7 +40,7 @@ def trained(redis_cfg, demo_policy):
             "metrics": {"enabled": False},
         }
     )
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     progress = learner.run(echo=lambda line: None)
     assert progress.step == STEPS
     return cfg, learner

@@ -26,7 +26,7 @@ RISE = 0.06
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_reward_on_reverse_digits_rises_clearly_within_bounded_steps(redis_cfg, demo_policy):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     cfg = learner_config(
         redis_cfg,
@@ -40,7 +40,7 @@ def test_reward_on_reverse_digits_rises_clearly_within_bounded_steps(redis_cfg, 
         algo={"max_staleness": 2},
         rollout={"group_size": 16},
     )
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     tokenizer = load_tokenizer(demo_policy)
     rng = random.Random(0)
     # the "actor": always one learner step behind

@@ -20,7 +20,7 @@ STEPS = 2
 
 @pytest.fixture
 def trained(redis_cfg, demo_policy):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     model, tokenizer = load_policy(demo_policy), load_tokenizer(demo_policy)
     groups = sample_groups(model, tokenizer, random.Random(5), 4 * STEPS, 8, version=0)
@@ -38,7 +38,7 @@ def trained(redis_cfg, demo_policy):
             "metrics": {"enabled": False},
         }
     )
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     progress = learner.run(echo=lambda line: None)
     assert progress.step == STEPS
     return cfg, learner
@@ -139,11 +139,11 @@ def test_adapters_train_under_gradient_checkpointing_and_optimizer_offload(demo_
 
 @pytest.mark.timeout(300)
 def test_a_restarted_learner_resumes_the_adapters_from_its_checkpoint(trained):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     cfg, first = trained
     adapters = {n: p.detach().clone() for n, p in first.model.named_parameters() if "lora_" in n}
-    again = Learner(cfg)
+    again = GRPO(cfg)
     try:
         assert again.progress.step == STEPS
         resumed = {n: p for n, p in again.model.named_parameters() if "lora_" in n}
@@ -151,4 +151,4 @@ def test_a_restarted_learner_resumes_the_adapters_from_its_checkpoint(trained):
         for name, tensor in adapters.items():
             assert torch.equal(resumed[name], tensor), name
     finally:
-        again.io.close()
+        again.release()

@@ -58,7 +58,7 @@ def reference_minibatch_steps(model, optimizer, groups, seed: int) -> int:
 
 @pytest.mark.timeout(120)
 def test_two_minibatches_equal_two_reference_updates_on_disjoint_halves(redis_cfg, demo_policy):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     tokenizer = load_tokenizer(demo_policy)
     ref_model = load_policy(demo_policy)
@@ -83,7 +83,7 @@ def test_two_minibatches_equal_two_reference_updates_on_disjoint_halves(redis_cf
         algo={"max_staleness": 0, "proximal": "recompute", "skip_zero_variance": False},
         learner={"micro_batch_tokens": 48, "minibatches": MINIBATCHES},
     )
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     rows = []
     progress = learner.run(echo=rows.append)
     assert progress.version == version, rows

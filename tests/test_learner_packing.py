@@ -22,13 +22,13 @@ from streamrl.learner.batching import (
     collate,
     pack_micro_batches,
     pack_rows,
+    rank_micro_batches,
     row_width,
 )
 from streamrl.learner.engine import token_logprobs
 from streamrl.learner.step import (
     _loss,
     _policy_logprobs,
-    _rank_micro_batches,
     loss_normalizer,
     token_scorer,
 )
@@ -181,7 +181,7 @@ def test_packed_micro_batches_give_the_padded_mini_batchs_gradient(model64, aggr
     rollout = RolloutConfig(max_new_tokens=24)
     normalizer = loss_normalizer(algo, rollout, samples, VERSION)
 
-    batches = _rank_micro_batches(samples, 64, 0, 1, PAD, torch.device("cpu"))
+    batches, _real = rank_micro_batches(samples, 1, 0, 64, PAD, torch.device("cpu"))
     assert len(batches) > 2
     for mb in batches:
         logprobs, entropy = _policy_logprobs(model64, mb, SCORE, algo)

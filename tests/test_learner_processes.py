@@ -68,9 +68,9 @@ def _stream_of(policy: str, steps: int, seed: int) -> list:
 
 
 def _in_process_weights(cfg: Config) -> dict[str, torch.Tensor]:
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     learner.run(echo=lambda line: None)
     return {n: p.detach().clone() for n, p in learner.model.named_parameters()}
 
@@ -113,8 +113,8 @@ HARNESS = """
 import sys, torch
 torch.set_num_threads(1)
 from streamrl.configs.load import load_config
-from streamrl.learner.loop import Learner
-learner = Learner(load_config(None, sys.argv[2:]))
+from streamrl.learner.grpo import GRPO
+learner = GRPO(load_config(None, sys.argv[2:]))
 learner.run(echo=print)
 torch.save({n: p.detach() for n, p in learner.model.named_parameters()}, f"{sys.argv[1]}-{learner.rank}.pt")
 """

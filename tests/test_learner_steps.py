@@ -19,7 +19,7 @@ from streamrl.policy.load import load_policy, load_tokenizer
 def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_slots(
     redis_cfg, demo_policy
 ):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     groups = sample_groups(
         load_policy(demo_policy), load_tokenizer(demo_policy), random.Random(7), 8, 4, 0
@@ -44,7 +44,7 @@ def test_a_batch_of_zero_variance_groups_writes_a_row_and_frees_its_admission_sl
         rollout={"group_size": 4},
     )
     xadd_groups(cfg, groups)
-    progress = Learner(cfg).run(echo=lambda line: None)
+    progress = GRPO(cfg).run(echo=lambda line: None)
     # one version per optimizer step
     assert progress.step == 1 and progress.version == 2 and progress.consumed == 8
 

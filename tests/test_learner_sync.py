@@ -81,7 +81,7 @@ def synchronous_grpo_step(model, optimizer, groups) -> bool:
 
 @pytest.mark.timeout(120)
 def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg, demo_policy):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     tokenizer = load_tokenizer(demo_policy)
     sync_model = load_policy(demo_policy)
@@ -105,7 +105,7 @@ def test_max_staleness_zero_on_policy_learner_equals_synchronous_grpo(redis_cfg,
         algo={"max_staleness": 0, "proximal": "recompute"},
         learner={"micro_batch_tokens": 48},
     )
-    learner = Learner(cfg)
+    learner = GRPO(cfg)
     progress = learner.run(echo=lambda line: None)
     assert progress.version == version
 

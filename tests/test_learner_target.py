@@ -58,7 +58,7 @@ def test_one_extreme_group_does_not_reach_the_target():
 
 @pytest.mark.timeout(180)
 def test_the_learner_stops_once_the_last_window_of_steps_reaches_the_target(redis_cfg, demo_policy):
-    from streamrl.learner.loop import Learner
+    from streamrl.learner.grpo import GRPO
 
     tokenizer, model = load_tokenizer(demo_policy), load_policy(demo_policy)
     rng = random.Random(0)
@@ -77,7 +77,7 @@ def test_the_learner_stops_once_the_last_window_of_steps_reaches_the_target(redi
         algo={"max_staleness": 100, "skip_zero_variance": False},
     )
     lines: list[str] = []
-    progress = Learner(cfg).run(echo=lines.append)
+    progress = GRPO(cfg).run(echo=lines.append)
     assert progress.step == WINDOW, lines
     assert lines[-1].startswith(
         "target reached: 3-step means of reward >= 0.01 and reverse_digits/position >= 0.01"

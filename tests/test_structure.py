@@ -26,12 +26,13 @@ from streamrl.configs.schema import ActorConfig, Config
 PROCESS_ROOTS = {
     "actors/__main__.py": {"_run_here"},
     "actors/loop.py": {"build_actor", "run_actor"},
-    "learner/loop.py": {"Learner.__init__"},
-    # rank 0's Redis side of the learner's root: stream, admission, publisher, tracking
-    "learner/rollout_io.py": {"RolloutIO.__init__"},
+    # the trainer every objective runs on: policy, engine, checkpoints, step rows, endpoint
+    "learner/trainer.py": {"Trainer.__init__"},
+    # RL, and rank 0's Redis side of it: stream, admission, publisher
+    "learner/grpo.py": {"GRPO.__init__", "rollout_io"},
     "learner/__main__.py": {"main"},
-    # streamrl sft / dpo
-    "learner/supervised_loop.py": {"SupervisedRun.__init__", "train"},
+    # streamrl sft / dpo: the dataset, then the trainer
+    "learner/supervised.py": {"Supervised.__init__", "train"},
     "broker/__main__.py": {"main"},
 }
 # the config package itself, and the launcher, which composes every process's command line
@@ -288,3 +289,125 @@ def test_broker_imports_nothing_about_step_logs_cpu_pinning_or_start_up_phases()
                 if name in PROCESS_PLUMBING
             ]
     assert not found, "runtime/ holds these:\n" + "\n".join(found)
+
+
+# The learner trains every objective on one base: nothing is written twice, and nothing asks
+# which objective it is training.
+OBJECTIVE_NAMES = {"grpo", "rl", "sft", "dpo"}
+# names that hold an objective's name, wherever a comparison or a lookup reads them
+OBJECTIVE_HOLDERS = {"kind", "kinds", "objective", "objectives"}
+MIN_REPEATED_LINES = 6
+
+
+def _learner_modules():
+    return list(_modules(["learner"]))
+
+
+def _body_without_docstring(fn: ast.FunctionDef) -> list[ast.stmt]:
+    body = fn.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        if isinstance(first.value.value, str):
+            body = body[1:]
+    return body
+
+
+def _normalised(fn: ast.FunctionDef, body: list[ast.stmt]) -> str:
+    """``body`` as an AST dump in which the function's own names (its parameters and every name
+    it binds) are numbered in order of appearance: a copy whose locals were renamed is the same."""
+    bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    bound |= {
+        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    numbers: dict[str, str] = {}
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.Name:
+            if node.id in bound:
+                node.id = numbers.setdefault(node.id, f"_{len(numbers)}")
+            return node
+
+        def visit_arg(self, node: ast.arg) -> ast.arg:
+            node.arg = numbers.setdefault(node.arg, f"_{len(numbers)}")
+            return node
+
+    tree = ast.parse(ast.unparse(ast.Module(body=body, type_ignores=[])))
+    return ast.dump(Rename().visit(tree))
+
+
+def test_no_function_body_of_six_lines_or_more_is_written_twice_in_the_learner():
+    seen: dict[str, str] = {}
+    twice = []
+    for path, tree in _learner_modules():
+        rel = path.relative_to(ROOT)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = _body_without_docstring(fn)
+            if not body or body[-1].end_lineno - body[0].lineno + 1 < MIN_REPEATED_LINES:
+                continue
+            where = f"{rel}:{fn.lineno} {fn.name}"
+            key = _normalised(fn, body)
+            if key in seen:
+                twice.append(f"{where} repeats {seen[key]}")
+            seen.setdefault(key, where)
+    assert not twice, "\n".join(twice)
+
+
+def test_no_two_learner_modules_define_a_class_or_a_private_helper_of_the_same_name():
+    """A public function is named through its module (``checkpoint.save``); a class, or a private
+    helper defined twice (two ``_format``s, two ``Progress``es) is one job done in two places."""
+    homes: dict[str, list[str]] = {}
+    for path, tree in _learner_modules():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) or (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.name.startswith("_")
+            ):
+                homes.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: where for name, where in homes.items() if len(where) > 1}
+    assert not twice, twice
+
+
+def test_the_learner_sums_figures_over_ranks_in_one_function():
+    callers = [
+        f"{path.relative_to(ROOT)}:{fn.name}"
+        for path, tree in _learner_modules()
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for call in ast.walk(fn)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "all_reduce"
+    ]
+    assert len(callers) <= 1, callers
+
+
+def _names_an_objective(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.lower() in OBJECTIVE_NAMES
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return isinstance(name, str) and name.lower() in OBJECTIVE_HOLDERS
+
+
+def test_the_learner_never_asks_which_objective_it_trains():
+    """``kind == "dpo"``, ``kind in KINDS``, ``{"sft": ..., "dpo": ...}[kind]``, ``case "sft":``:
+    an objective supplies its batches and its loss instead."""
+    found = []
+    for path, tree in _learner_modules():
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.Dict):
+                operands = [k for k in node.keys if k is not None]
+            elif isinstance(node, ast.Subscript):
+                operands = [node.slice]
+            elif isinstance(node, ast.match_case):
+                operands = list(ast.walk(node.pattern))
+            else:
+                continue
+            if any(_names_an_objective(o) for o in operands):
+                line = node.pattern.lineno if isinstance(node, ast.match_case) else node.lineno
+                found.append(f"{rel}:{line}: {ast.unparse(node)[:80]}")
+    assert not found, "\n".join(found)

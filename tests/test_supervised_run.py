@@ -1,21 +1,28 @@
 """``streamrl sft`` / ``streamrl dpo`` runs on the learner: step rows, exact resume, export.
 
-Runs are driven in-process (``SupervisedRun``), a handful of steps on the demo policy.
+Runs are driven in-process (``SFT``, ``DPO``), a handful of steps on the demo policy.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import urllib.request
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from streamrl.broker.client import connect_sync
+from streamrl.broker.keys import Keys
 from streamrl.configs import Config
+from streamrl.configs.schema import BrokerConfig, MetricsConfig, RunConfig
 from streamrl.learner import init_optimizer
-from streamrl.learner.supervised_loop import SupervisedRun
+from streamrl.learner.dpo import DPO
+from streamrl.learner.sft import SFT
+from streamrl.learner.supervised import Supervised
 from streamrl.learner.throughput import matmul_parameters, training_flops_per_token
+from streamrl.learner.trainer import rank0_endpoint
 from streamrl.policy.load import load_policy
 
 ROWS = [{"prompt": f"{n:03d}>", "completion": f"{n:03d}"[::-1]} for n in range(100, 900, 100)]
@@ -50,8 +57,8 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "learner_steps.jsonl").read_text().splitlines()]
 
 
-def _run(cfg: Config, kind: str = "sft") -> SupervisedRun:
-    runner = SupervisedRun(cfg, kind)
+def _run(cfg: Config, objective: type[Supervised] = SFT) -> Supervised:
+    runner = objective(cfg)
     runner.run(echo=lambda _line: None)
     return runner
 
@@ -109,7 +116,7 @@ def test_dpo_on_lora_starts_at_log_2_against_its_adapters_off_and_learns_the_pre
         run__max_steps=6,
         model__lora={"rank": 4, "alpha": 8},
     )
-    _run(cfg, "dpo")
+    _run(cfg, DPO)
     rows = _rows(run_dir)
     # fresh adapters add nothing: the policy is its reference, every margin 0
     assert rows[0]["loss"] == pytest.approx(math.log(2), rel=1e-6)
@@ -135,3 +142,44 @@ def test_the_sft_preset_builds_its_policy_and_dataset_where_missing(tmp_path):
     assert set(json.loads(rows[0])) == {"prompt", "completion"}
     with pytest.raises(ConfigError, match="supervised.path"):
         build_inputs(model, data.model_copy(update={"build": None, "path": "nothere"}), 0)
+
+
+def _scraped(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return float(next(line.split()[1] for line in body.splitlines() if line.startswith(name + " ")))
+
+
+@pytest.mark.timeout(300)
+def test_a_supervised_run_serves_the_learner_metrics_where_a_redis_lists_its_endpoint(
+    demo_policy, redis_cfg, tmp_path
+):
+    cfg = _cfg(
+        demo_policy,
+        _dataset(tmp_path, ROWS),
+        tmp_path / "sft",
+        run__name=redis_cfg.run.name,
+        broker__redis_url=redis_cfg.broker.redis_url,
+    )
+    targets = Keys.from_config(cfg.run, cfg.broker).metrics_targets
+    client = connect_sync(cfg.broker, cfg.run.dir)
+    runner = SFT(cfg)
+    try:
+        port = runner.metrics_port
+        assert client.hget(targets, "learner:0") == f"127.0.0.1:{port}".encode()
+        steps, samples = (
+            _scraped(port, f"streamrl_learner_{n}_total") for n in ("steps", "samples_trained")
+        )
+        rows = [runner.train_next() for _ in range(2)]
+        assert _scraped(port, "streamrl_learner_steps_total") == steps + 2
+        assert _scraped(port, "streamrl_learner_samples_trained_total") == samples + 8
+        assert _scraped(port, "streamrl_learner_grad_norm_count") >= 2
+        assert _scraped(port, "streamrl_learner_tokens_per_second") == rows[-1]["tokens_per_s"]
+    finally:
+        runner.close()
+    assert client.hget(targets, "learner:0") is None
+
+
+def test_without_a_redis_to_list_it_in_the_trainer_serves_no_endpoint(tmp_path, redis_cfg):
+    run = RunConfig(dir=str(tmp_path))
+    assert not rank0_endpoint(MetricsConfig(), BrokerConfig(), run).enabled
+    assert rank0_endpoint(MetricsConfig(), redis_cfg.broker, run).enabled

@@ -15,7 +15,7 @@ import torch
 from streamrl.examples.reverse_digits.task import build_model, build_tokenizer
 from streamrl.learner import supervised_batches as sb
 from streamrl.learner import supervised_data as data
-from streamrl.learner.batching import collate
+from streamrl.learner.batching import collate, rank_micro_batches
 from streamrl.learner.engine import token_logprobs
 from streamrl.learner.supervised_loss import sft_loss
 
@@ -118,7 +118,7 @@ def test_packed_sft_loss_and_gradients_equal_the_padded_torch_loss_in_float64(to
 
     # a budget of two packed rows of 64: several samples share a row, and two micro-batches
     budget = 128
-    batches, real = sb.sample_micro_batches(samples, 1, 0, budget, pad, torch.device("cpu"))
+    batches, real = rank_micro_batches(samples, 1, 0, budget, pad, torch.device("cpu"))
     assert real == len(batches) >= 2
     assert any(mb.packed_ids.shape[0] < mb.input_ids.shape[0] for mb in batches)
     normalizer = float(sb.trained_tokens(samples))

@@ -1,6 +1,6 @@
-"""The learner loop: read a batch, train it on every rank, publish the weights, checkpoint, ack.
+"""The RL objective (GRPO family): read a batch, train it on every rank, publish, checkpoint, ack.
 
-One step, as ``Learner.run`` drives it::
+One step, as ``GRPO.train_next`` drives it::
 
     batch = io.next_batch(version)     # rank 0: stream -> drop stale / zero-variance -> advantages
     batch = broadcast(batch)           # every rank trains the same batch on its balanced share
@@ -8,12 +8,13 @@ One step, as ``Learner.run`` drives it::
       after each update: io.publish    # rank 0: stage the weights (one copy); a background thread
                                        #   writes them, then announces the version and admission's count
     commits.step_done(entries)         # count the step's groups for admission (ack_policy step: ack)
-    io.record(row)                     # rank 0: step log, trackers, metrics
+    record_step(row)                   # rank 0: step log, trackers, metrics
     every checkpoint_every steps: save_checkpoint, then commits.checkpointed (ack the entries)
 
 Rank 0 alone talks to Redis, through ``learner.rollout_io``; the batch is small next to the model,
 so ``broadcast_object_list`` over the gloo/NCCL group carries it to the other ranks, and their
-weights stay identical.
+weights stay identical. The engine, checkpoints, export, step log, trackers and metrics endpoint
+are the trainer's (``learner.trainer``).
 
 A stop (SIGTERM through ``should_stop``) is honoured between steps only, and ``close`` saves a
 checkpoint only at a step boundary: a step cut short by an error leaves its weights unsaved, and
@@ -24,88 +25,79 @@ its entries pending for the next learner. The commit bookkeeping (the consumed c
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from streamrl.broker.semantics import Limits
 from streamrl.configs.schema import Config
-from streamrl.learner import checkpoint, init_optimizer, target
 from streamrl.learner import metrics as m
-from streamrl.learner.commits import Commits, Progress
-from streamrl.learner.engine import build_engine, device, init_distributed
-from streamrl.learner.export import export_at_end
+from streamrl.learner import target
+from streamrl.learner.commits import Commits, StreamProgress
 from streamrl.learner.prepare import Batch
 from streamrl.learner.rollout_io import NoBatch, RolloutIO
 from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
 from streamrl.learner.throughput import Throughput
-from streamrl.policy.lora import reference_policy, training_policy
+from streamrl.learner.trainer import Trainer
 from streamrl.runtime.cpu_pinning import pin_assigned
-from streamrl.runtime.startup_phases import Phases
+from streamrl.weightsync import transports
 
 log = logging.getLogger(__name__)
 
 
-class Learner:
-    """The learner of one rank: engine, resumed progress, and (rank 0) the Redis side.
+def rollout_io(cfg: Config, vocab_size: int, progress: StreamProgress | None = None) -> RolloutIO:
+    """Rank 0's Redis side of the learner of ``cfg``: stream, admission, weights, acks."""
+    publisher = None
+    if transports.get(cfg.weightsync.transport).publishes:
+        from streamrl.weightsync.publisher import Publisher, transfer_dtype
+
+        dtype = transfer_dtype(cfg.weightsync, cfg.model, cfg.actor)
+        publisher = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run, dtype)
+    return RolloutIO(
+        cfg.run,
+        cfg.broker,
+        cfg.algo,
+        cfg.learner,
+        cfg.model.lora,
+        limits=Limits.from_config(
+            cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit, cfg.reward_ranges
+        ),
+        vocab_size=vocab_size,
+        # how the actors name each reward function's failures (its `name`, else `fn`)
+        reward_names=[spec.name or spec.fn for spec in cfg.reward.functions],
+        publisher=publisher,
+        progress=progress,
+    )
+
+
+class GRPO(Trainer):
+    """The RL learner of one rank: the trainer, and (rank 0) the Redis side.
 
     ``python -m streamrl.learner`` calls ``run``; tests drive ``train_next`` step by step.
     """
 
-    def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):
-        from streamrl.policy.load import load_policy, model_folder
+    name = "learner"
+    progress_type = StreamProgress
 
-        self.cfg = cfg
-        self.started = time.monotonic()
+    def __init__(self, cfg: Config, should_stop: Callable[[], bool] = lambda: False):
+        super().__init__(
+            cfg, horizon=cfg.run.max_steps, reference=cfg.algo.learner_scores_reference
+        )
         self.should_stop = should_stop
-        phases = Phases()
-        self.rank, self.world = init_distributed()
-        phases.done("distributed")
-        model = load_policy(cfg.model.path, cfg.model.dtype, str(device()), cfg.model.init_kwargs)
-        model = training_policy(model, cfg.model.lora)
-        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         # the most tokens one completion may hold (a trajectory's, an agent's): the constant loss normaliser's
         self.completion_budget = Limits.from_config(
             cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit
         ).max_completion_tokens
-        phases.done("policy")
-        self.engine = build_engine(cfg.learner, model, self.world, cfg.run.max_steps)
-        phases.done("engine")
-        self.ref_model = (
-            reference_policy(cfg.model, self.engine.module, str(device()))
-            if cfg.algo.learner_scores_reference
-            else None
-        )
-        self.ckpt_root = Path(cfg.run.dir) / "checkpoints"
-        state = init_optimizer.resume_or_start(
-            self.engine, self.ckpt_root, self.rank, model_folder(cfg.model.path),
-            cfg.learner.init_optimizer, "learner",
-        )  # fmt: skip
-        self.progress = Progress.from_state(state)
-        self.last_ckpt_step = self.progress.step
-        # between the start of a step's first update and its end: the weights are not a step's
-        self.mid_step = False
         # the recent step records' figures for cfg.run.target_* (rank 0 decides the stop)
         self.recent: deque[dict[str, float]] = deque(maxlen=cfg.run.target_window)
         # per reward function, the steps in a row on which it failed on most samples
         self.failing_steps: dict[str, int] = {}
         # why the run must stop (a reward that keeps failing); rank 0 decides, None while fine
         self.failure: str | None = None
-        self.io = (
-            RolloutIO(
-                cfg,
-                model.config.vocab_size,
-                self.progress,
-                Throughput.of(self.engine.module, cfg.learner.peak_tflops, self.world),
-            )
-            if self.rank == 0
-            else None
-        )
+        self.io = rollout_io(cfg, self.vocab_size, self.progress) if self.rank == 0 else None
         self.commits = (
             self.io.commits
             if self.io is not None
@@ -113,23 +105,13 @@ class Learner:
         )
         if self.io is not None:
             self.io.resume(self.engine.module)
-        phases.done("redis_io")
-        phases.log(log, f"learner rank {self.rank}")
+        self.phases.done("redis_io")
+        self.phases.log(log, f"learner rank {self.rank}")
         pin_assigned(log, f"learner rank {self.rank}")
 
-    def run(self, echo: Callable[[str], None] = print) -> Progress:
-        """Train until run.max_steps / run.max_time_s / the run.target_* / ``should_stop()`` / the read timeout."""
-        try:
-            while (row := self.train_next()) is not None:
-                if row:
-                    echo(_format(row))
-            if self.target_reached():
-                echo(
-                    f"target reached: {target.describe(self.cfg.run)} at step {self.progress.step}"
-                )
-        finally:
-            self.close()
-        return self.progress
+    def at_end(self, echo: Callable[[str], None]) -> None:
+        if self.target_reached():
+            echo(f"target reached: {target.describe(self.cfg.run)} at step {self.progress.step}")
 
     def train_next(self) -> dict | None:
         """Take the next batch and train it. Returns rank 0's step record ({} elsewhere; with
@@ -185,12 +167,22 @@ class Learner:
         commits.step_done(batch.entries, trained=bool(updates))
         row: dict = {}
         if io is not None:
-            row = io.record(progress, batch, updates, time.perf_counter() - t0)
+            row = self.record_step(batch, updates, time.perf_counter() - t0)
             if updates:
                 self.recent.append(target.measures(row, self.cfg.reward_ranges))
             self._watch_rewards(row, batch.reward_errors)
-        if updates and progress.step % cfg.learner.checkpoint_every == 0:
-            self.save_checkpoint()
+        if updates:
+            self.checkpoint_if_due()
+        return row
+
+    def record_step(self, batch: Batch, updates: list[UpdateStats], step_s: float) -> dict:
+        """Rank 0: write the step's row (step log, trackers) and set the learner's metrics;
+        returns the row."""
+        row = step_row(self.progress, batch, updates, step_s, self.throughput)
+        self.record(row, batch)
+        self.io.watch_actors()
+        if updates:
+            _step_metrics(row, batch, updates)
         return row
 
     def save_checkpoint(self) -> None:
@@ -199,12 +191,14 @@ class Learner:
         if self.io is not None:
             # what the checkpoint holds is announced first (lineage reads the announced version)
             self.io.flush()
-        state = {"progress": asdict(self.progress)}
-        checkpoint.save(self.engine, self.ckpt_root, self.progress.step, state, self.rank)
-        self.last_ckpt_step = self.progress.step
+        super().save_checkpoint()
         if self.io is not None:
             m.STEP_PHASE.labels("checkpoint").observe(time.perf_counter() - t0)
         self.commits.checkpointed()
+
+    def checkpoint_due(self) -> bool:
+        """Steps since the last checkpoint, or entries it must list before they are acked."""
+        return super().checkpoint_due() or self.commits.pending
 
     def _watch_rewards(self, row: dict, errors: dict[str, str]) -> None:
         """Count the steps in a row on which a reward function failed on more than half of the
@@ -233,35 +227,91 @@ class Learner:
         bars = target.bars(r)
         return bool(bars) and target.window_reached(list(self.recent), bars, r.target_window)
 
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.engine.module
-
-    def close(self) -> None:
-        """Checkpoint what is not yet saved (at a step boundary only), export the policy (rank 0),
-        then release Redis, weights, metrics."""
+    def release(self) -> None:
+        """Rank 0: Redis and the weights first (the last versions are announced), then the
+        trainer's step log, trackers and endpoint."""
         try:
-            if self.mid_step:
-                log.warning(
-                    "stopped inside step %d: not saving its half-updated weights; the next "
-                    "learner resumes from step %d",
-                    self.progress.step + 1,
-                    self.last_ckpt_step,
-                )
-                return
-            if self.progress.step > self.last_ckpt_step or self.commits.pending:
-                self.save_checkpoint()
-            if self.io is not None:
-                export_at_end(
-                    self.cfg.run,
-                    self.cfg.model.path,
-                    self.model,
-                    self.progress.step,
-                    self.progress.version,
-                )
-        finally:
             if self.io is not None:
                 self.io.close()
+        finally:
+            super().release()
+
+    def describe(self, row: dict) -> str:
+        parts = "".join(f" {name} {value:.3f}" for name, value in row["reward_parts"].items())
+        parts += "".join(
+            f" {name} FAILED {rate:.0%}"
+            for name, rate in row.get("reward_failure_rate", {}).items()
+            if rate > 0
+        )
+        return (
+            f"step {row['step']:5d} v{row['version']:<5d} reward {row['reward_mean']:.3f}{parts} "
+            f"loss {row['loss']:+.4f} tokens {row['tokens']:6d} stale {row['staleness_mean']:.2f} "
+            f"wait {row['wait_s']:.2f}s step {row['step_s']:.2f}s"
+        )
+
+
+def step_row(
+    progress: StreamProgress,
+    batch: Batch,
+    updates: list[UpdateStats],
+    step_s: float,
+    throughput: Throughput | None,
+) -> dict:
+    """The step's row: ``learner_steps.jsonl``'s, the trackers' and the console line's."""
+    last = updates[-1] if updates else None
+    # every pass's tokens over step_s (training and publishing, not the read): the learner's
+    # throughput (the row's token counts are the batch's, first pass only)
+    trained = sum(u.sequence_tokens for u in updates)
+    return {
+        "step": progress.step,
+        "version": progress.version,
+        # False for a batch whose every group was dropped (stale or zero-variance): no update
+        "trained": bool(updates),
+        **batch.log,
+        "samples": len(batch.samples),
+        "tokens": first_pass_tokens(updates),
+        # prompt + completion tokens of the batch, and what its packed rows took
+        "sequence_tokens": first_pass_tokens(updates, "sequence_tokens"),
+        "packed_tokens": first_pass_tokens(updates, "packed_tokens"),
+        "tokens_per_s": trained / step_s if step_s > 0 else math.nan,
+        # the share of the learner GPUs' peak those tokens needed (learner.throughput); None
+        # (empty, not 0) where the peak is unknown: a CPU learner, a GPU not in the table
+        "mfu": throughput.mfu(trained, step_s) if throughput and updates else None,
+        "loss": last.loss if last else math.nan,
+        "clip_fraction": last.clip_fraction if last else math.nan,
+        "is_weight_mean": last.is_weight_mean if last else math.nan,
+        "is_truncated_fraction": last.is_truncated_fraction if last else math.nan,
+        "kl": last.kl if last else math.nan,
+        "entropy": last.entropy if last else math.nan,
+        "grad_norm": last.grad_norm if last else math.nan,
+        # the last optimizer step's (learner.lr_scheduler)
+        "lr": last.lr if last else math.nan,
+        "step_s": step_s,
+        "time": time.time(),
+    }
+
+
+def _step_metrics(row: dict, batch: Batch, updates: list[UpdateStats]) -> None:
+    """A trained step's metrics: every objective's (``metrics.observe_step``), then RL's own."""
+    last = updates[-1]
+    m.observe_step(
+        samples=len(batch.samples),
+        tokens=row["tokens"],
+        sequence_tokens=sum(u.sequence_tokens for u in updates),
+        packed_tokens=sum(u.packed_tokens for u in updates),
+        tokens_per_s=row["tokens_per_s"],
+        mfu=row["mfu"],
+        loss=last.loss,
+        grad_norm=last.grad_norm,
+    )
+    m.CLIP_RATIO.set(last.clip_fraction)
+    m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
+    m.IS_TRUNCATED.set(last.is_truncated_fraction)
+    m.KL.observe(last.kl)
+    m.ENTROPY.set(last.entropy)
+    for u in updates:
+        m.STEP_PHASE.labels("forward_backward").observe(u.forward_backward_s)
+        m.STEP_PHASE.labels("optimizer").observe(u.optimizer_s)
 
 
 def _broadcast(obj, rank: int, world: int):
@@ -270,17 +320,3 @@ def _broadcast(obj, rank: int, world: int):
     box = [obj if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _format(row: dict) -> str:
-    parts = "".join(f" {name} {value:.3f}" for name, value in row["reward_parts"].items())
-    parts += "".join(
-        f" {name} FAILED {rate:.0%}"
-        for name, rate in row.get("reward_failure_rate", {}).items()
-        if rate > 0
-    )
-    return (
-        f"step {row['step']:5d} v{row['version']:<5d} reward {row['reward_mean']:.3f}{parts} "
-        f"loss {row['loss']:+.4f} tokens {row['tokens']:6d} stale {row['staleness_mean']:.2f} "
-        f"wait {row['wait_s']:.2f}s step {row['step_s']:.2f}s"
-    )
