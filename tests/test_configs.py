@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
-from streamrl.configs import Config, ConfigError, load_config, parse_overrides
+from streamrl.configs import Config, ConfigError, load_config, parse_overrides, write_config
 from streamrl.configs.reference import render
+from streamrl.configs.renamed import RENAMED
 
 PRESETS = sorted(Path("configs").glob("*.yaml"))
 
@@ -122,3 +125,73 @@ def test_configuration_reference_is_generated_from_the_schema():
     assert committed == render(), (
         "docs/configuration.md is stale: run `python -m streamrl.configs.reference > docs/configuration.md`"
     )
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_a_key_that_moved_fails_naming_where_it_went(old):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{old}=1"], env={})
+    assert f"{old}: unknown key; {old} moved: it is " in str(err.value)
+    assert all(new in str(err.value) for new in RENAMED[old])
+
+
+def _schema_keys(model, prefix: str = "") -> set[str]:
+    keys = set()
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys |= _schema_keys(field.annotation, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
+
+
+def test_every_key_a_moved_key_names_is_a_key_of_the_schema():
+    assert {new for news in RENAMED.values() for new in news} <= _schema_keys(Config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["weightsync.dist.port=29700"],
+            "weightsync.dist.port=29700 is set, but weightsync.transport=shm does not read it: "
+            "leave it at its default (29600)",
+        ),
+        (
+            ["weightsync.transport=dist", "weightsync.shm.slots=4"],
+            "weightsync.shm.slots=4 is set, but weightsync.transport=dist does not read it",
+        ),
+        (
+            ["actor.vllm.tensor_parallel_size=2"],
+            "actor.vllm.tensor_parallel_size=2 is set, but no actor runs that engine",
+        ),
+    ],
+)
+def test_a_setting_of_a_backend_nobody_runs_is_refused_naming_it(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides, env={})
+
+
+def test_the_backends_that_run_read_their_settings_and_a_saved_config_loads_back(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "weightsync.transport=dist",
+            "weightsync.dist.relay=true",
+            "weightsync.dist.port=29700",
+            # relays hand each version to their hosts' actors over shm
+            "weightsync.shm.slots=4",
+            "actor.engines=[vllm, hf]",
+            "actor.vllm.tensor_parallel_size=2",
+            "actor.hf.cuda_graphs=off",
+        ],
+        env={},
+    )
+    assert (cfg.weightsync.options.port, cfg.weightsync.shm.slots) == (29700, 4)
+    assert cfg.actor.gpus_per_actor == 2 and cfg.actor.computes_on == {"device", "gpu"}
+    # a saved run config spells out every backend's defaults, and loads
+    write_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml", env={}) == cfg
+    # moved to another transport, it names what the new one would ignore
+    with pytest.raises(ConfigError, match=re.escape("weightsync.dist.port=29700 is set")):
+        load_config(tmp_path / "config.yaml", ["weightsync.transport=shm"], env={})

@@ -20,6 +20,7 @@ from config_walk import PACKAGES, ROOT, Walk
 
 from streamrl.actors import engines, sources
 from streamrl.configs.schema import ActorConfig, Config
+from streamrl.weightsync import transports
 
 # The functions that may take the whole Config: each process's composition root, where the
 # config is read once and each part gets the sections it reads.
@@ -97,21 +98,56 @@ def test_no_signature_outside_the_process_roots_takes_the_whole_config():
     assert not offenders, "take the sections they read instead:\n" + "\n".join(offenders)
 
 
-def test_only_the_engine_registry_knows_engine_names():
-    names = "|".join(engines.ENGINES)
-    compares = re.compile(
-        rf"engine\w*(\(\w*\))?\s*[!=]=\s*['\"]|['\"]({names})['\"]\s+(not\s+)?in\s|"
-        rf"[!=]=\s*['\"]({names})['\"]"
-    )
+def _own_files(kind: str, name: str) -> tuple[str, ...]:
+    """The files of backend ``name`` (``kind``: its registry's folder): its module or subpackage."""
+    return (f"{kind}/{name}.py", f"{kind}/{name}/")
+
+
+def test_no_validator_or_module_outside_a_backends_own_files_compares_its_name():
+    """Callers ask an engine's or a transport's capabilities (and the schema composes their
+    options), so a new backend never needs an edit elsewhere; a comparison with a backend's name
+    (``engine == "hf"``, ``"shm" in (...)``, ``transport != "dist"``) is allowed only in that
+    backend's own files. ``none`` is too common a word to look for alone: any comparison of an
+    engine or transport with a literal is refused too."""
+    backends = {name: _own_files("actors/engines", name) for name in engines.ENGINES}
+    backends |= {
+        name: _own_files("weightsync/transports", name)
+        for name in transports.TRANSPORTS
+        if name != "none"
+    }
+    literal = r"['\"]({})['\"]"
+    patterns = {
+        name: re.compile(
+            rf"[!=]=\s*{literal.format(name)}|{literal.format(name)}\s*[!=]=|"
+            rf"{literal.format(name)}\s+(not\s+)?in\s|\bin\s+[(\[{{][^)\]}}]*{literal.format(name)}"
+        )
+        for name in backends
+    }
+    by_variable = re.compile(r"(engine|transport)\w*(\.name)?\s*[!=]=\s*['\"]")
     found = []
-    for path, _ in _modules():
-        rel = path.relative_to(ROOT)
-        if rel.parts[:2] == ("actors", "engines"):
-            continue
+    for path, tree in _modules():
+        rel = str(path.relative_to(ROOT))
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if compares.search(line):
+            named = [n for n, pattern in patterns.items() if pattern.search(line)]
+            if by_variable.search(line):
+                named.append("a literal")
+            if any(not rel.startswith(backends.get(n, ())) for n in named):
                 found.append(f"{rel}:{number}: {line.strip()}")
-    assert not found, "ask the engine's capabilities instead:\n" + "\n".join(found)
+        # a table keyed by backend names (the old ``ENGINE_PLACEMENT``) is a comparison too
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                members = [k for k in node.keys if k is not None]
+            elif isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+                members = node.elts
+            elif isinstance(node, ast.Subscript):
+                members = [node.slice]
+            else:
+                continue
+            for member in members:
+                name = member.value if isinstance(member, ast.Constant) else None
+                if name in backends and not rel.startswith(backends[name]):
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, "ask the backend's capabilities instead:\n" + "\n".join(found)
 
 
 def test_the_registered_engines_are_the_schemas_choices():

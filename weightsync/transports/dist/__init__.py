@@ -33,13 +33,12 @@ Imports nothing heavy: the modules above are imported where a sender or receiver
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from streamrl.configs.section import Section
+from streamrl.weightsync.transports import shm
 from streamrl.weightsync.transports.base import Transport
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ class Dist(Transport):
 
     def reads(self, ws: WeightSyncConfig) -> set[str]:
         # relays write the shm segments their hosts' actors read
-        return {self.name, "shm"} if ws.dist.relay else {self.name}
+        return {self.name, shm.TRANSPORT.name} if ws.dist.relay else {self.name}
 
     def sender(
         self,
