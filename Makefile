@@ -90,7 +90,7 @@ SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_sys
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
 # failure instead of a skip. Two streams of modules run side by side (each process mostly waits on
 # one core while its engine starts): 209 s for the six modules, against ~360 s one after the other, on 2 cores.
-VLLM_STREAM_1 := tests/test_actors_vllm_multiturn.py tests/test_actors_vllm_adapter.py tests/test_actors_vllm_lora.py tests/test_weightsync_vllm_ipc_engine.py
+VLLM_STREAM_1 := tests/test_actors_vllm_multiturn.py tests/test_actors_vllm_adapter.py tests/test_actors_vllm_lora.py tests/test_actors_vllm_cuda_ipc_backend.py
 VLLM_STREAM_2 := tests/test_system_vllm_hf.py tests/test_agent_api_vllm.py tests/test_actors_vllm_engine.py
 VLLM_TESTS := $(VLLM_STREAM_1) $(VLLM_STREAM_2)
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1

@@ -6,10 +6,14 @@ Owns the config schema: ``schema`` composes the whole ``Config`` from one module
 (``load``), the one redaction of secrets from a config (``redact``), how a run's files are
 created and which directories a run trusts (``runfiles``), TRL's and verl's names for its keys
 (``foreign``) and the translation of their config files (``convert``, its per-field rules in
-``convert_rules``), the configuration reference (``reference``), ``streamrl config show|convert``
+``convert_rules``), where the keys of an older streamrl went (``renamed``), the configuration
+reference (``reference``), ``streamrl config show|convert``
 (``__main__``) and the YAML presets beside them.
 
-Imports nothing from the other streamrl packages; every other package imports it.
+Every other package imports it. It imports, of the others, only the two registries whose
+backends bring their own settings: ``actors.engines`` (each engine's options, the section
+``actor.<engine>``) and ``weightsync.transports`` (``weightsync.<transport>``); both are light
+(no torch) and take from ``configs`` only its leaf modules ``section`` and ``errors``.
 
 The names below load on first use (PEP 562), so importing one leaf module (``errors``,
 ``section``) does not build the whole schema.

@@ -1,4 +1,4 @@
-"""A stand-in for ``weightsync.device_ipc.CudaIpc`` on CPU, and an actor process that uses it.
+"""A stand-in for ``weightsync.transports.cuda_ipc.device.CudaIpc`` on CPU, and an actor process that uses it.
 
 ``FileIpc`` "allocates device memory" as a file-backed CPU tensor and "shares" it by the file's
 path, so two unrelated processes see the same bytes as two processes see one GPU buffer through

@@ -11,6 +11,8 @@ import ast
 import inspect
 import itertools
 import re
+import subprocess
+import sys
 import textwrap
 import typing
 from pathlib import Path
@@ -447,3 +449,31 @@ def test_the_learner_never_asks_which_objective_it_trains():
                 line = node.pattern.lineno if isinstance(node, ast.match_case) else node.lineno
                 found.append(f"{rel}:{line}: {ast.unparse(node)[:80]}")
     assert not found, "\n".join(found)
+
+
+# what configs may take from the other packages: the registries whose backends bring their own
+# settings (each light: their options and capabilities, no torch)
+CONFIG_REGISTRIES = {"streamrl.actors.engines", "streamrl.weightsync.transports"}
+
+
+def test_configs_takes_only_the_backend_registries_from_other_packages_and_loads_without_torch():
+    taken = set()
+    for _, tree in _modules(["configs"]):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamrl."):
+                if node.module.split(".")[1] != "configs":
+                    taken.add(node.module)
+    assert taken == CONFIG_REGISTRIES
+    # each importable first (the registries then import configs' leaf modules, configs them)
+    for first in ("streamrl.configs", *sorted(CONFIG_REGISTRIES)):
+        code = (
+            f"import sys, {first}\n"
+            "from streamrl.configs import load_config\n"
+            "load_config('demo_cpu')\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'vllm', 'transformers'}))"
+        )
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "[]", first
