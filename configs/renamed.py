@@ -12,7 +12,11 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "actor.cuda_graphs": ("actor.hf.cuda_graphs",),
     "actor.gpu_memory_utilization": ("actor.vllm.gpu_memory_utilization",),
     "actor.tensor_parallel_size": ("actor.vllm.tensor_parallel_size",),
-    "weightsync.slots": ("weightsync.shm.slots", "weightsync.cuda_ipc.slots"),
+    "weightsync.slots": (
+        "weightsync.shm.slots",
+        "weightsync.cuda_ipc.slots",
+        "weightsync.dist.relay_slots",
+    ),
     "weightsync.bucket_bytes": ("weightsync.dist.bucket_bytes", "actor.vllm.bucket_bytes"),
     "weightsync.backend": ("weightsync.dist.backend",),
     "weightsync.dist_host": ("weightsync.dist.host",),

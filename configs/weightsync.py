@@ -48,9 +48,8 @@ class _Shared(Section):
 
     @model_validator(mode="after")
     def _unread_options_at_defaults(self) -> _Shared:
-        reads = TRANSPORTS[self.transport].reads(self)
         unread_options_kept(
-            self, "weightsync", [name for name in TRANSPORTS if name not in reads],
+            self, "weightsync", [name for name in TRANSPORTS if name != self.transport],
             f"weightsync.transport={self.transport} does not read it",
         )  # fmt: skip
         return self

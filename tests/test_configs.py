@@ -179,15 +179,14 @@ def test_the_backends_that_run_read_their_settings_and_a_saved_config_loads_back
             "weightsync.transport=dist",
             "weightsync.dist.relay=true",
             "weightsync.dist.port=29700",
-            # relays hand each version to their hosts' actors over shm
-            "weightsync.shm.slots=4",
+            "weightsync.dist.relay_slots=4",
             "actor.engines=[vllm, hf]",
             "actor.vllm.tensor_parallel_size=2",
             "actor.hf.cuda_graphs=off",
         ],
         env={},
     )
-    assert (cfg.weightsync.options.port, cfg.weightsync.shm.slots) == (29700, 4)
+    assert (cfg.weightsync.options.port, cfg.weightsync.options.relay_slots) == (29700, 4)
     assert cfg.actor.gpus_per_actor == 2 and cfg.actor.computes_on == {"device", "gpu"}
     # a saved run config spells out every backend's defaults, and loads
     write_config(cfg, tmp_path / "config.yaml")

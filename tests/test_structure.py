@@ -477,3 +477,35 @@ def test_configs_takes_only_the_backend_registries_from_other_packages_and_loads
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip() == "[]", first
+
+
+def test_no_weightsync_module_outside_transports_is_named_after_a_transport():
+    """A transport's wire and storage code lives in its own subpackage, never in a namesake
+    module one folder up."""
+    named = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "weightsync").rglob("*.py")
+        if "transports" not in path.relative_to(ROOT).parts
+        and any(
+            path.stem == name or path.stem.startswith(f"{name}_") for name in transports.TRANSPORTS
+        )
+    ]
+    assert named == []
+
+
+def test_nothing_in_the_repository_reaches_for_the_developers_shared_folder():
+    """A user's clone has no ``../shared``: a benchmark that needs the reference loop carries
+    its own copy (``bench/yardstick``)."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    found = [
+        name
+        for name in tracked
+        if (ROOT / name).is_file()
+        and name != "tests/test_structure.py"
+        and re.search(r"\.\./shared|shared/reference", (ROOT / name).read_text(errors="replace"))
+    ]
+    assert found == []

@@ -86,7 +86,11 @@ class Relay:
             if self.writer is not None:
                 self.writer.close()
             self.writer = ShmWriter(
-                self.keys.run_name, layout, self.ws.shm.slots, self.ws.timeout_s, self.host_id
+                self.keys.run_name,
+                layout,
+                self.ws.dist.relay_slots,
+                self.ws.timeout_s,
+                self.host_id,
             )
             self.layout = layout
         self.aliases = aliases

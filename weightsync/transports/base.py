@@ -142,11 +142,6 @@ class Transport(ABC):
         GPU); None: no group."""
         return None
 
-    def reads(self, ws: WeightSyncConfig) -> set[str]:
-        """The transports' option sections (``weightsync.<name>``) this transport reads under ``ws``:
-        its own. A section it does not read must keep its defaults (the schema checks)."""
-        return {self.name} if self.options is not None else set()
-
     def check(self, ws: WeightSyncConfig, actor: ActorConfig) -> None:  # noqa: B027 - most serve any actor
         """Raise ``ValueError``, saying why, when this transport cannot serve ``actor``'s engines
         (run at config load)."""

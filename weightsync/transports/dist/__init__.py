@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from streamrl.configs.section import Section
-from streamrl.weightsync.transports import shm
 from streamrl.weightsync.transports.base import Transport
 
 if TYPE_CHECKING:
@@ -76,7 +75,12 @@ class Options(Section):
     bucket_bytes: int = Field(64 << 20, ge=1 << 16, description="Broadcast bucket size.")
     relay: bool = Field(
         False,
-        description="One relay per actor host (`python -m streamrl.weightsync.relay`, started by `streamrl actors`) joins the learner's group and hands each version to its host's actors over shm (`weightsync.shm`), so one copy per host crosses the network; the learner's own host's actors read the learner's shm. False = every actor joins the group itself (NCCL straight into its GPU).",
+        description="One relay per actor host (`python -m streamrl.weightsync.relay`, started by `streamrl actors`) joins the learner's group and hands each version to its host's actors over shm, so one copy per host crosses the network; the learner's own host's actors read the learner's shm. False = every actor joins the group itself (NCCL straight into its GPU).",
+    )
+    relay_slots: int = Field(
+        3,
+        ge=2,
+        description="With relay: the ring of slots in each host's shm segment (written by its relay, or on the learner's host by the learner), so a version is never written over a slot an actor is copying.",
     )
 
 
@@ -94,10 +98,6 @@ class Dist(Transport):
 
     def group_backend(self, ws: WeightSyncConfig) -> str | None:
         return ws.dist.backend
-
-    def reads(self, ws: WeightSyncConfig) -> set[str]:
-        # relays write the shm segments their hosts' actors read
-        return {self.name, shm.TRANSPORT.name} if ws.dist.relay else {self.name}
 
     def sender(
         self,
@@ -133,7 +133,7 @@ class Dist(Transport):
         from streamrl.weightsync.transports.shm.sender import ShmSender
         from streamrl.weightsync.transports.shm.slots import ShmWriter
 
-        shm = ShmSender(ShmWriter(keys.run_name, layout, ws.shm.slots, ws.timeout_s, host_id))
+        shm = ShmSender(ShmWriter(keys.run_name, layout, ws.dist.relay_slots, ws.timeout_s, host_id))
         return HostSender(dist, shm, client, host_keys(keys, host_id), publisher)
 
     def receiver(

@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 
 class Options(Section):
-    """The ``shm`` transport's segment (``weightsync.shm``); read under ``dist`` too, where relays
-    hand each version to their host's actors over shm."""
+    """The ``shm`` transport's segment (``weightsync.shm``)."""
 
     slots: int = Field(
         3,
