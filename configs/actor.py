@@ -2,7 +2,7 @@
 
 What every engine shares is declared here; each engine's own settings are its ``options`` class in
 its own module (``actors.engines.<name>``), which becomes the section ``actor.<name>`` of the
-registry's every engine. So an engine is one module plus one line in the registry, and nothing
+registry's every engine. So an engine is one module plus its entry in the registry, and nothing
 here names one.
 """
 

@@ -2,8 +2,8 @@
 
 What every transport shares is declared here; each transport's own settings are its ``options``
 class in its own module (``weightsync.transports.<name>``), which becomes the section
-``weightsync.<name>`` of the registry's every transport. So a transport is one module plus one
-line in the registry, and nothing here names one.
+``weightsync.<name>`` of the registry's every transport. So a transport is one module plus its
+entry in the registry, and nothing here names one.
 """
 
 from __future__ import annotations

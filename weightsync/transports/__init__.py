@@ -1,7 +1,8 @@
 """The weight transports by name (``weightsync.transport``): ``shm``, ``cuda_ipc``, ``dist`` and ``none``.
 
-What a transport is, is ``base``'s: a ``Transport`` declares its capabilities and makes the
-learner's ``Sender`` (driven by ``weightsync.publisher``) and an actor's ``Receiver`` (driven by
+What a transport is, is ``base``'s: a ``Transport`` declares its capabilities and its own
+settings (``options``, the config section ``weightsync.<name>``), and makes the learner's
+``Sender`` (driven by ``weightsync.publisher``) and an actor's ``Receiver`` (driven by
 ``weightsync.subscriber``, filling its ``Staging`` copy). Each transport is one subpackage here
 holding all its wire and storage code (``none``: one module), whose ``__init__`` exports
 ``TRANSPORT``:
@@ -13,11 +14,13 @@ holding all its wire and storage code (``none``: one module), whose ``__init__``
 - ``none``: nothing moves.
 
 ``slot_receiver`` is the one receive loop of the transports that keep versions in slots (shm,
-cuda_ipc). Listing a transport in ``TRANSPORTS`` and in the schema's ``weightsync.transport``
-literal makes it selectable. Callers ask a transport's capabilities, never its name.
+cuda_ipc). Importing a transport here and listing it in ``TRANSPORTS`` makes it selectable: the
+config schema takes its name and its section from this registry. Callers ask a transport's
+capabilities, never its name.
 
-Importing this is cheap (no torch, numpy or vLLM; from ``configs`` only ``configs.errors``): each
-transport imports its heavy code where it makes a sender or receiver.
+Importing this is cheap (no torch, numpy or vLLM; from ``configs`` only its leaf modules
+``errors`` and ``section``): each transport imports its heavy code where it makes a sender or
+receiver.
 """
 
 from __future__ import annotations
