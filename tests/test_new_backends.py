@@ -195,12 +195,9 @@ pub = Publisher.from_config(cfg.weightsync, cfg.broker, cfg.run, torch.float32)
 sub = Subscriber.from_config(cfg.weightsync, cfg.broker, cfg.run, "a0", template).start()
 try:
     pub.publish(1, weights)
-    import time
-    deadline = time.monotonic() + 60
-    while (staged := sub.take_staged()) is None:
-        assert time.monotonic() < deadline, sub.failures
-        time.sleep(0.05)
-    version, tensors = staged
+    from weightsync_helpers import wait_staged
+    assert wait_staged(sub, 120), sub.failures
+    version, tensors = sub.take_staged()
     found["received"] = [version, all(torch.equal(tensors[n], weights[n]) for n in weights)]
 finally:
     sub.close()
@@ -247,7 +244,12 @@ def test_a_new_engine_and_a_new_transport_are_one_module_and_a_registry_entry_ea
     run = subprocess.run(
         [sys.executable, "-c", CHECK, str(top), redis_cfg.broker.redis_url, str(folder)],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        # the copy first; the suite's helpers after it (they import no streamrl of their own)
+        env={
+            "PYTHONPATH": f"{tmp_path}:{ROOT / 'tests'}",
+            "PATH": "/usr/bin:/bin",
+            "OMP_NUM_THREADS": "1",
+        },
         capture_output=True,
         text=True,
         timeout=240,

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import get_args
 
 import pytest
+from fresh_imports import heavy, modules_after
 from weightsync_helpers import with_weightsync
 from weightsync_procs import engine_template, learner_tensors
 
@@ -72,22 +71,15 @@ REGISTRY_FILES = [
 
 
 def test_importing_the_registry_imports_no_torch_numpy_or_vllm_and_only_the_registry():
-    code = (
-        "import sys, streamrl.weightsync.transports\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'vllm')))\n"
-        "print(sorted(m for m in sys.modules if m.startswith('streamrl.weightsync')))"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-    assert run.returncode == 0, run.stderr
-    heavy, ours = run.stdout.splitlines()
-    assert heavy == "[]"
+    modules = modules_after("import streamrl.weightsync.transports")
+    assert heavy(modules) == set()
     registry = {
         ".".join(("streamrl", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
         for p in REGISTRY_FILES
     }
-    assert set(ast.literal_eval(ours)) == registry | {"streamrl.weightsync"}
+    assert {m for m in modules if m.startswith("streamrl.weightsync")} == registry | {
+        "streamrl.weightsync"
+    }
 
 
 def test_the_registry_takes_nothing_from_configs_but_its_errors_and_the_section_base():
