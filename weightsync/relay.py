@@ -38,6 +38,7 @@ from streamrl.weightsync import metrics, transports
 from streamrl.weightsync.announce import announce
 from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key
 from streamrl.weightsync.layout import Layout
+from streamrl.weightsync.transports.dist import host_segment
 from streamrl.weightsync.transports.dist.receiver import DistReceiver
 from streamrl.weightsync.transports.shm.slots import ShmWriter
 
@@ -85,13 +86,7 @@ class Relay:
         if layout != self.layout:
             if self.writer is not None:
                 self.writer.close()
-            self.writer = ShmWriter(
-                self.keys.run_name,
-                layout,
-                self.ws.dist.relay_slots,
-                self.ws.timeout_s,
-                self.host_id,
-            )
+            self.writer = host_segment(self.ws, self.keys, layout, self.host_id)
             self.layout = layout
         self.aliases = aliases
         self.slot, flat = self.writer.begin(version)

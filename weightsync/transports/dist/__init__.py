@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from streamrl.weightsync.layout import Layout
     from streamrl.weightsync.transports.dist.receiver import DistTransportReceiver
     from streamrl.weightsync.transports.dist.sender import DistSender, HostSender
+    from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 
 class Options(Section):
@@ -131,9 +132,8 @@ class Dist(Transport):
         from streamrl.weightsync.hosts import host_keys
         from streamrl.weightsync.transports.dist.sender import HostSender
         from streamrl.weightsync.transports.shm.sender import ShmSender
-        from streamrl.weightsync.transports.shm.slots import ShmWriter
 
-        shm = ShmSender(ShmWriter(keys.run_name, layout, ws.dist.relay_slots, ws.timeout_s, host_id))
+        shm = ShmSender(host_segment(ws, keys, layout, host_id))
         return HostSender(dist, shm, client, host_keys(keys, host_id), publisher)
 
     def receiver(
@@ -150,3 +150,11 @@ class Dist(Transport):
 
 
 TRANSPORT = Dist()
+
+
+def host_segment(ws: WeightSyncConfig, keys: Keys, layout: Layout, host_id: str) -> ShmWriter:
+    """The shm ring (``relay_slots``) that ``host_id``'s actors read under ``relay``: written by
+    the host's relay, or on the learner's host by the learner."""
+    from streamrl.weightsync.transports.shm.slots import ShmWriter
+
+    return ShmWriter(keys.run_name, layout, ws.dist.relay_slots, ws.timeout_s, host_id)
