@@ -38,7 +38,7 @@ from streamrl.configs import ConfigError, config_from_cli
 from streamrl.configs.schema import WeightSyncConfig
 from streamrl.runtime import metrics_endpoint as endpoint_metrics
 from streamrl.weightsync import metrics, transports
-from streamrl.weightsync.announce import announce
+from streamrl.weightsync.announce import announce, read_announcement
 from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.dist import host_segment
@@ -74,6 +74,18 @@ class Relay:
         # (publisher, version) served last: a catch-up resend of it is received and dropped
         self.served: tuple[str, int] | None = None
         self._refused = 0
+        self._forget_predecessor()
+
+    def _forget_predecessor(self) -> None:
+        """Withdraw the announcement a previous relay of this host left: its segment went with it,
+        and an actor that found it gone would skip that version for good, the one this relay is
+        about to be caught up with (the learner's, on the learner's host, is left alone)."""
+        try:
+            ann = read_announcement(self.client, self.local)
+        except ValueError:
+            ann = None
+        if ann is not None and ann.meta.get("relay") == self.host_id:
+            self.client.delete(self.local.weights)
 
     def learner_here(self) -> bool:
         """Whether the learner publishing now runs on this host (it serves the host's shm itself)."""

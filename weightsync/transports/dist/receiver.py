@@ -62,9 +62,11 @@ class DistReceiver:
 
     def heartbeat(self, now: bool = False) -> None:
         t = time.time()
+        # the epoch whose group this member is in: a member restarted under the same id is in none
+        joined = -1 if self.epoch is None else self.epoch
         if now or t >= self._next_beat:
             self.client.hset(
-                self.keys.weights_dist_members, self.actor_id, f"{t + self.timeout_s} {self.seen}"
+                self.keys.weights_dist_members, self.actor_id, f"{t + self.timeout_s} {self.seen} {joined}"
             )
             self._next_beat = t + self.timeout_s / 4
 
@@ -99,12 +101,16 @@ class DistReceiver:
         timeout = dt.timedelta(seconds=self.timeout_s)
         with bounded(f"connecting to epoch {epoch}'s store", self.timeout_s):
             store = tdist.TCPStore(record.host, record.port, is_master=False, timeout=timeout)
-        store.set(f"e{epoch}/ready/{self.actor_id}", "1")
+        # an epoch formed already (listing this member's previous process, after a restart) is not
+        # joined: the heartbeat says so, and the publisher takes this member in again
+        checked_in = not store.check([f"e{epoch}/final"])
+        if checked_in:
+            store.set(f"e{epoch}/ready/{self.actor_id}", "1")
         # the publisher writes the final list within timeout_s of the record; a member that checked
         # in just in time waits a little longer than that
         final = members(self._signed(store, f"e{epoch}/final", 2 * self.timeout_s))
         self.heartbeat(now=True)
-        if self.actor_id not in final:
+        if not checked_in or self.actor_id not in final:
             return
         self.device = device_of(record.backend)
         publisher_host = record.host
@@ -119,6 +125,7 @@ class DistReceiver:
                 local or publisher_host,
             )
         self.store, self.epoch, self.seq = store, epoch, 0
+        self.heartbeat(now=True)
 
     def _signed(self, store: tdist.TCPStore, key: str, within_s: float) -> object:
         """The value the learner signed under ``key``, waiting up to ``within_s`` for it: a value

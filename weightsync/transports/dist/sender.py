@@ -71,11 +71,15 @@ class DistSender:
         self.broken = True
 
     def live_members(self) -> list[str]:
-        """Members with a fresh heartbeat, less those dropped that have not noticed it yet. An
-        entry that does not parse (or is not finite) is dropped as an expired one is, and counted."""
+        """Members with a fresh heartbeat, less those dropped that have not noticed it yet."""
+        return sorted(self._live_beats())
+
+    def _live_beats(self) -> dict[str, int]:
+        """``live_members`` -> the epoch whose group each is in (-1: none). An entry that does not parse (or is not
+        finite) is dropped as an expired one is, and counted."""
         now = time.time()
         raw = self.client.hgetall(self.keys.weights_dist_members)
-        live, expired = [], []
+        live, expired = {}, []
         for key, value in raw.items():
             parsed = beat(value)
             try:
@@ -89,10 +93,10 @@ class DistSender:
                 expired.append(key)
             elif parsed[1] >= self.dropped.get(member, -1):
                 self.dropped.pop(member, None)
-                live.append(member)
+                live[member] = parsed[2]
         if expired:
             self.client.hdel(self.keys.weights_dist_members, *expired)
-        return sorted(live)
+        return live
 
     def _announce_group(self, members: list[str]) -> None:
         record = {
@@ -252,8 +256,10 @@ class DistSender:
                     self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
 
     def joiners(self) -> set[str]:
-        """Live members outside the current group (a relay that started or restarted)."""
-        return set(self.live_members()) - set(self.members)
+        """Live members outside the current group: new, or restarted under the same id (in no
+        group of this epoch, by its heartbeat)."""
+        beats = self._live_beats()
+        return {m for m, joined in beats.items() if m not in self.members or joined != self.epoch}
 
     def close(self) -> None:
         self._close_group()
@@ -326,6 +332,8 @@ class HostSender:
                         version, aliases, slot = self._last
                         writer = self.shm.writer
                         sums = writer.checksums(slot)
+                        # a relay restarted under the same id would otherwise fail the broadcast first
+                        self.dist.broken = True
                         self.dist.send(version, {}, aliases, flat=writer.flat(slot), sums=sums)
                         joiners = set()
                 seen = joiners

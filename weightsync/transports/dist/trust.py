@@ -234,13 +234,14 @@ def group_record(raw: bytes | str) -> GroupRecord:
         raise Refused("group", str(exc)) from exc
 
 
-def beat(value: bytes | str) -> tuple[float, int] | None:
-    """(expiry, seen epoch) of a member's heartbeat ``"<expiry> <seen epoch>"``; None when it does
-    not parse or its expiry is not finite (a ``nan`` compares false with any time: it would never
+def beat(value: bytes | str) -> tuple[float, int, int] | None:
+    """(expiry, seen epoch, joined epoch) of a member's heartbeat ``"<expiry> <seen> <joined>"``
+    (seen: the newest group record it acted on; joined: the epoch whose group it is in, -1 for
+    none; missing fields read as -1); None when it does not parse or its expiry is not finite (a ``nan`` compares false with any time: it would never
     expire), which the publisher drops as it drops an expired one."""
     try:
-        expiry, _, seen = as_str(value).partition(" ")
-        when, epoch = float(expiry), int(seen or -1)
+        expiry, seen, joined = (as_str(value).split(" ", 2) + ["-1", "-1"])[:3]
+        when, epochs = float(expiry), (int(seen), int(joined))
     except (ValueError, TypeError):
         return None
-    return (when, epoch) if math.isfinite(when) else None
+    return (when, *epochs) if math.isfinite(when) else None
