@@ -59,6 +59,10 @@ class Keys:
         """Set (NX) by the one actor that evaluates this policy version."""
         return f"{self.prefix}eval:{version}"
 
+    def weights_dist_secret(self, epoch: int) -> str:
+        """The dist transport's HMAC secret of one group epoch (weightsync.transports.dist.trust)."""
+        return f"{self.prefix}weights:dist:secret:{epoch}"
+
     def actor(self, actor_id: str) -> str:
         """Heartbeat hash of one actor."""
         return f"{self.prefix}actor:{actor_id}"

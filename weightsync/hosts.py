@@ -29,5 +29,7 @@ def relay_member(host_id: str) -> str:
 
 
 def relay_stats_key(keys: Keys) -> str:
-    """Hash of what each host's relay received: ``<host_id>:bytes`` and ``<host_id>:versions``."""
+    """Hash of what each host's relay received: ``<host_id>:bytes`` and ``<host_id>:versions``, and
+    what went wrong: ``<host_id>:refused`` (values the learner did not sign) and ``<host_id>:errors``
+    (failed steps)."""
     return f"{keys.prefix}weights:relay:received"

@@ -49,3 +49,8 @@ RELAY_VERSIONS = Counter(
     "streamrl_weights_relay_versions_total",
     "Versions a host relay received and served to its host.",
 )
+REFUSED = Counter(
+    "streamrl_weights_refused_total",
+    "Values the dist transport refused to act on, by kind (unsigned, forged, malformed, no_secret, group, heartbeat): a header or member list in the learner's store it did not sign, or a record in Redis that does not parse.",
+    ["kind"],
+)

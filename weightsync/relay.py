@@ -10,7 +10,11 @@ or restarts takes the newest version from the segment at once. On the learner's 
 learner writes that host's segment itself, and a relay started there stays out of the group.
 
 What it received is counted in ``streamrl_weights_relay_bytes``/``..._relay_versions`` and in the
-run's ``weights:relay:received`` hash (``<host_id>:bytes``, ``<host_id>:versions``). A lost
+run's ``weights:relay:received`` hash (``<host_id>:bytes``, ``<host_id>:versions``; what it
+refused, ``<host_id>:refused``: headers the learner did not sign, ``weightsync.transports.dist.trust``;
+and its failed steps, ``<host_id>:errors``, also in ``streamrl_weights_transfer_failures{reason="relay"}``).
+Versions, layouts and checksums come only from what the learner signed; no bytes a peer sends
+end its loop: a step that fails is counted and the next version is served. A lost
 learner, broker or link is waited out (the learner drops the relay after ``weightsync.timeout_s``
 and takes it back when it returns); it exits 0 on SIGTERM or SIGINT, 1 when it cannot start, 2
 when the config asks for no relay.
@@ -19,7 +23,6 @@ when the config asks for no relay.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -35,11 +38,12 @@ from streamrl.configs import ConfigError, config_from_cli
 from streamrl.configs.schema import WeightSyncConfig
 from streamrl.runtime import metrics_endpoint as endpoint_metrics
 from streamrl.weightsync import metrics, transports
-from streamrl.weightsync.announce import announce
+from streamrl.weightsync.announce import announce, read_announcement
 from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.dist import host_segment
 from streamrl.weightsync.transports.dist.receiver import DistReceiver
+from streamrl.weightsync.transports.dist.trust import Refused, group_record
 from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 log = logging.getLogger(__name__)
@@ -67,22 +71,63 @@ class Relay:
         self.layout: Layout | None = None
         self.slot = -1
         self.aliases: dict[str, str] = {}
+        # (publisher, version) served last: a catch-up resend of it is received and dropped
+        self.served: tuple[str, int] | None = None
+        self._refused = 0
+        self._forget_predecessor()
+
+    def _forget_predecessor(self) -> None:
+        """Withdraw the announcement a previous relay of this host left: its segment went with it,
+        and an actor that found it gone would skip that version for good, the one this relay is
+        about to be caught up with (the learner's, on the learner's host, is left alone)."""
+        try:
+            ann = read_announcement(self.client, self.local)
+        except ValueError:
+            ann = None
+        if ann is not None and ann.meta.get("relay") == self.host_id:
+            self.client.delete(self.local.weights)
 
     def learner_here(self) -> bool:
         """Whether the learner publishing now runs on this host (it serves the host's shm itself)."""
         raw = self.client.get(self.keys.weights_dist_group)
-        return raw is not None and json.loads(raw).get("host_id") == self.host_id
+        try:
+            return raw is not None and group_record(raw).host_id == self.host_id
+        # the receiver counts it, and joins no group from it
+        except Refused:
+            return False
 
     def step(self, wait_s: float = STEP_WAIT_S) -> int | None:
-        """Receive and serve the next version if one comes within ``wait_s``; returns it."""
-        if self.learner_here():
-            self.receiver.close()
-            time.sleep(wait_s)
-            return None
-        return self.receiver.step(wait_s, self._acquire, self._release)
+        """Receive and serve the next version if one comes within ``wait_s``; returns it. A
+        failure is counted (``<host_id>:errors``) and raised for the caller to back off."""
+        try:
+            if self.learner_here():
+                self.receiver.close()
+                time.sleep(wait_s)
+                return None
+            return self.receiver.step(wait_s, self._acquire, self._release)
+        except Exception:
+            metrics.TRANSFER_FAILURES.labels(reason="relay").inc()
+            self._count("errors", 1)
+            raise
+        finally:
+            if self.receiver.refused != self._refused:
+                self._count("refused", self.receiver.refused - self._refused)
+                self._refused = self.receiver.refused
 
-    def _acquire(self, version: int, layout: Layout, aliases: dict[str, str]) -> torch.Tensor:
-        """The broadcast lands straight in a free slot of this host's segment."""
+    def _count(self, what: str, n: int) -> None:
+        try:
+            self.client.hincrby(relay_stats_key(self.keys), f"{self.host_id}:{what}", n)
+        # Redis away: the Prometheus counters still have it
+        except redis.RedisError:
+            pass
+
+    def _acquire(
+        self, version: int, layout: Layout, aliases: dict[str, str]
+    ) -> torch.Tensor | None:
+        """The broadcast lands straight in a free slot of this host's segment (dropped if it is
+        the version served last: the learner caught another relay up)."""
+        if self.served == (self.receiver.publisher, version):
+            return None
         if layout != self.layout:
             if self.writer is not None:
                 self.writer.close()
@@ -96,6 +141,7 @@ class Relay:
         # a slot left unfinished keeps its begin stamp alone: no reader takes it
         if not ok:
             return
+        self.served = (self.receiver.publisher, version)
         # the learner's checksums: the host's actors check what crossed the network end to end
         self.writer.commit(self.slot, version, self.receiver.checksums)
         meta = {
@@ -159,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             try:
                 version = relay.step()
-            # the learner, its store or the broker out of reach: wait it out, the learner takes us back
-            except (redis.RedisError, RuntimeError, OSError) as exc:
+            # the learner, its store or the broker out of reach, or a peer's bytes it refused: wait
+            # it out (counted by step), the learner takes us back
+            except Exception as exc:
                 log.warning("relay %s: %s", host_id, str(exc).splitlines()[0][:300])
                 stop.wait(RETRY_S)
                 continue

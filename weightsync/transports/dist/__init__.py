@@ -14,8 +14,9 @@ other hosts reach it on (``address``), so members can join and leave between ver
 membership an "epoch" under its own key prefix.
 
 Rendezvous through Redis (``sender.DistSender``, ``receiver.DistReceiver``):
-- members heartbeat ``{weights}:dist:members`` (hash: member id -> "expiry seen-epoch", the newest
-  group record the member has acted on);
+- members heartbeat ``{weights}:dist:members`` (hash: member id -> "expiry seen joined": the newest
+  group record the member has acted on, and the epoch whose group it is in, -1 for none); an entry
+  that does not parse, or is not finite, is dropped and counted (``trust.beat``);
 - before a publish, if the membership changed (or the last broadcast failed), the publisher writes
   ``{weights}:dist:group`` (epoch, host, port, backend, invited members, its host id) and notifies;
   each invited member checks in (``e{epoch}/ready/{member}``). After all checked in, or
@@ -24,8 +25,10 @@ Rendezvous through Redis (``sender.DistSender``, ``receiver.DistReceiver``):
   at most ``timeout_s`` and never a retry loop. A dropped member is invited again only once its
   heartbeat says it has seen the epoch it was dropped from: a dead or partitioned one is not waited
   for twice, and one that comes back (or restarts, or starts late) joins at the next publish;
-- each publish puts ``pub/{seq}`` (version, layout, aliases, publisher id) into the store, then
-  broadcasts the buckets. Every collective waits at most ``timeout_s``; a failure marks the group
+- each publish puts ``pub/{seq}`` (version, layout, aliases, bucket size, publisher id, checksums)
+  into the store, then broadcasts the buckets. ``final`` and every ``pub/{seq}`` are signed with
+  the epoch's secret from Redis, and members act on nothing else (``trust``): the store answers
+  anyone who reaches its port. Every collective waits at most ``timeout_s``; a failure marks the group
   broken, and the next publish re-forms it.
 
 Imports nothing heavy: the modules above are imported where a sender or receiver is made.

@@ -1,6 +1,6 @@
 """The dist transport's group: the publisher's rendezvous store on a port of its range, a process
-group outside the learner's DeepSpeed world (the only NCCL-specific lines of the transport), the
-members' heartbeats, and the bound on every step torch may block in."""
+group outside the learner's DeepSpeed world (the only NCCL-specific lines of the transport), and
+the bound on every step torch may block in."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as tdist
 
-from streamrl.broker.client import as_str
 from streamrl.weightsync.transports.base import TransferTimeout
 
 
@@ -88,12 +87,6 @@ def bound_store(host: str, timeout_s: float, first_port: int = 0, ports: int = 1
         f"weightsync.dist.port: no free port on {host} in {candidates[0]}-{candidates[-1]} "
         f"({'; '.join(errors[:3])}); widen weightsync.dist.ports or move weightsync.dist.port"
     )
-
-
-def parse_beat(value: bytes | str) -> tuple[float, int]:
-    """(expiry, seen epoch) of a member's heartbeat."""
-    expiry, _, seen = as_str(value).partition(" ")
-    return float(expiry), int(seen or -1)
 
 
 @contextmanager

@@ -5,7 +5,6 @@ and receives every broadcast (an actor's, or a host relay's with its own destina
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 
 import redis
@@ -20,9 +19,21 @@ from streamrl.weightsync.transports.base import Staging, TransferTimeout
 from streamrl.weightsync.transports.dist.address import toward
 from streamrl.weightsync.transports.dist.buckets import as_bytes, bucket_sizes, windows
 from streamrl.weightsync.transports.dist.group import bounded, device_of, make_group
+from streamrl.weightsync.transports.dist.trust import (
+    Header,
+    Refused,
+    count_refused,
+    epoch_secret,
+    group_record,
+    header,
+    members,
+    verify,
+)
 
 # how long one step waits for the next broadcast before it looks for a new epoch
 STEP_WAIT_S = 0.2
+# how often a member reads a refused value again, waiting for the learner's own to replace it
+SIGNED_POLL_S = 0.02
 
 
 class DistReceiver:
@@ -42,13 +53,20 @@ class DistReceiver:
         # the publisher id and shm checksums (None: not sent) of the version being received
         self.publisher = ""
         self.checksums: list[int] | None = None
+        # the epoch's HMAC secret, from Redis (trust), and what was refused (counted once each)
+        self.secret: bytes | None = None
+        self.refused = 0
+        self._bad_record: bytes | None = None
+        self._bad_header: bytes | None = None
         self._next_beat = 0.0
 
     def heartbeat(self, now: bool = False) -> None:
         t = time.time()
+        # the epoch whose group this member is in: a member restarted under the same id is in none
+        joined = -1 if self.epoch is None else self.epoch
         if now or t >= self._next_beat:
             self.client.hset(
-                self.keys.weights_dist_members, self.actor_id, f"{t + self.timeout_s} {self.seen}"
+                self.keys.weights_dist_members, self.actor_id, f"{t + self.timeout_s} {self.seen} {joined}"
             )
             self._next_beat = t + self.timeout_s / 4
 
@@ -58,41 +76,48 @@ class DistReceiver:
 
     def _join_if_listed(self) -> None:
         raw = self.client.get(self.keys.weights_dist_group)
-        if raw is None:
+        if raw is None or raw == self._bad_record:
             return
-        record = json.loads(raw)
-        epoch = int(record["epoch"])
+        try:
+            record = group_record(raw)
+        except Refused as exc:
+            self._bad_record = raw
+            self._refuse(exc)
+            return
         # (not <=: a Redis that lost its data restarts the count)
-        if epoch == self.seen:
+        if record.epoch == self.seen:
             return
         self._leave()
-        self.seen = epoch
-        if self.actor_id not in record["members"]:
+        self.seen = epoch = record.epoch
+        if self.actor_id not in record.members:
             # tells the publisher this member is alive and listening again (after being dropped)
+            self.heartbeat(now=True)
+            return
+        self.secret = epoch_secret(self.client, self.keys, epoch)
+        if self.secret is None:
+            self._refuse(Refused("no_secret", f"epoch {epoch} has no secret in Redis"))
             self.heartbeat(now=True)
             return
         timeout = dt.timedelta(seconds=self.timeout_s)
         with bounded(f"connecting to epoch {epoch}'s store", self.timeout_s):
-            store = tdist.TCPStore(
-                record["host"], int(record["port"]), is_master=False, timeout=timeout
-            )
-        store.set(f"e{epoch}/ready/{self.actor_id}", "1")
+            store = tdist.TCPStore(record.host, record.port, is_master=False, timeout=timeout)
+        # an epoch formed already (listing this member's previous process, after a restart) is not
+        # joined: the heartbeat says so, and the publisher takes this member in again
+        checked_in = not store.check([f"e{epoch}/final"])
+        if checked_in:
+            store.set(f"e{epoch}/ready/{self.actor_id}", "1")
         # the publisher writes the final list within timeout_s of the record; a member that checked
         # in just in time waits a little longer than that
-        store.set_timeout(dt.timedelta(seconds=2 * self.timeout_s))
-        with bounded(f"waiting for epoch {epoch}'s members", 2 * self.timeout_s):
-            final = json.loads(store.get(f"e{epoch}/final"))
-        store.set_timeout(timeout)
+        final = members(self._signed(store, f"e{epoch}/final", 2 * self.timeout_s))
         self.heartbeat(now=True)
-        if self.actor_id not in final:
+        if not checked_in or self.actor_id not in final:
             return
-        backend = record["backend"]
-        self.device = device_of(backend)
-        publisher_host = record["host"]
+        self.device = device_of(record.backend)
+        publisher_host = record.host
         local = publisher_host if is_loopback(publisher_host) else toward(publisher_host)
         with bounded(f"forming epoch {epoch}'s group", self.timeout_s):
             self.group = make_group(
-                backend,
+                record.backend,
                 tdist.PrefixStore(f"e{epoch}/pg/", store),
                 final.index(self.actor_id) + 1,
                 len(final) + 1,
@@ -100,6 +125,38 @@ class DistReceiver:
                 local or publisher_host,
             )
         self.store, self.epoch, self.seq = store, epoch, 0
+        self.heartbeat(now=True)
+
+    def _signed(self, store: tdist.TCPStore, key: str, within_s: float) -> object:
+        """The value the learner signed under ``key``, waiting up to ``within_s`` for it: a value
+        someone else put there first is refused, and read again until the learner's replaces it."""
+        deadline = time.monotonic() + within_s
+        with bounded(f"waiting for {key}", within_s):
+            store.wait([key], dt.timedelta(seconds=within_s))
+        while True:
+            try:
+                return verify(self.secret, key, store.get(key))
+            except Refused as exc:
+                self._refuse(exc)
+            if time.monotonic() >= deadline:
+                raise TransferTimeout(f"{key}: nothing the learner signed within {within_s:g} s")
+            time.sleep(SIGNED_POLL_S)
+
+    def _refuse(self, exc: Refused) -> None:
+        self.refused += 1
+        count_refused(exc.kind, str(exc))
+
+    def _header(self, key: str) -> Header | None:
+        """The header the learner signed under ``key``, or None (refused: read again next step)."""
+        raw = self.store.get(key)
+        try:
+            return header(verify(self.secret, key, raw))
+        except Refused as exc:
+            # counted once per value: it stays until the learner's own header replaces it
+            if raw != self._bad_header:
+                self._bad_header = raw
+                self._refuse(exc)
+            return None
 
     def step(self, wait_s: float, acquire, release) -> int | None:
         """Join a new epoch if listed, then wait up to ``wait_s`` for the next publish and receive it.
@@ -107,7 +164,8 @@ class DistReceiver:
         ``acquire(version, layout, aliases)`` returns destination tensors by
         published name, or one flat uint8 tensor to take the layout's byte stream as it is (a shm
         slot), or None to receive and drop (staging busy); ``release(version, ok)`` is called
-        after. Returns the version received.
+        after. Returns the version received. Only what the learner signed is acted on
+        (``trust``): anything else in its place is refused, counted, and waited past.
         """
         self.heartbeat()
         self._join_if_listed()
@@ -117,6 +175,7 @@ class DistReceiver:
         key = f"e{self.epoch}/pub/{self.seq}"
         try:
             self.store.wait([key], dt.timedelta(seconds=wait_s))
+            head = self._header(key)
         except tdist.DistNetworkError:
             # the publisher (and its store) is gone: wait for a new epoch
             self._leave()
@@ -124,23 +183,22 @@ class DistReceiver:
         # timeout: nothing published yet
         except tdist.DistStoreError:
             return None
-        header = json.loads(self.store.get(key))
+        if head is None:
+            time.sleep(wait_s)
+            return None
         self.seq += 1
-        self.publisher = header.get("publisher", "")
-        self.checksums = header.get("checksums")
-        layout = Layout.from_json(header["layout"])
-        version = int(header["version"])
-        dest = acquire(version, layout, header["aliases"])
+        self.publisher, self.checksums = head.publisher, head.checksums
+        dest = acquire(head.version, head.layout, head.aliases)
         ok = False
         try:
-            self._receive(layout, int(header["bucket_bytes"]), dest)
+            self._receive(head.layout, head.bucket_bytes, dest)
             ok = dest is not None
         except Exception:
             self._leave()
             raise
         finally:
-            release(version, ok)
-        return version if ok else None
+            release(head.version, ok)
+        return head.version if ok else None
 
     def _receive(
         self,

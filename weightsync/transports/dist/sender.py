@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 
 import redis
@@ -24,9 +25,9 @@ from streamrl.weightsync.transports.dist.group import (
     bounded,
     device_of,
     make_group,
-    parse_beat,
     resolve_backend,
 )
+from streamrl.weightsync.transports.dist.trust import beat, count_refused, create_secret, sign
 from streamrl.weightsync.transports.shm.sender import ShmSender
 
 log = logging.getLogger(__name__)
@@ -63,26 +64,39 @@ class DistSender:
         # member -> the epoch it was dropped from (invited again once it has seen that epoch)
         self.dropped: dict[str, int] = {}
         self.store: tdist.TCPStore | None = None
+        # the epoch's HMAC secret (trust): every value members act on is signed with it
+        self.secret = b""
         self.group = None
         self.seq = 0
         self.broken = True
 
     def live_members(self) -> list[str]:
         """Members with a fresh heartbeat, less those dropped that have not noticed it yet."""
+        return sorted(self._live_beats())
+
+    def _live_beats(self) -> dict[str, int]:
+        """``live_members`` -> the epoch whose group each is in (-1: none). An entry that does not parse (or is not
+        finite) is dropped as an expired one is, and counted."""
         now = time.time()
         raw = self.client.hgetall(self.keys.weights_dist_members)
-        live, expired = [], []
-        for member, beat in raw.items():
-            member = as_str(member)
-            expiry, seen = parse_beat(beat)
-            if expiry <= now:
-                expired.append(member)
-            elif seen >= self.dropped.get(member, -1):
+        live, expired = {}, []
+        for key, value in raw.items():
+            parsed = beat(value)
+            try:
+                member = as_str(key)
+            except UnicodeDecodeError:
+                parsed = None
+            if parsed is None:
+                count_refused("heartbeat", f"member {key[:80]!r}: {value[:80]!r}")
+                expired.append(key)
+            elif parsed[0] <= now:
+                expired.append(key)
+            elif parsed[1] >= self.dropped.get(member, -1):
                 self.dropped.pop(member, None)
-                live.append(member)
+                live[member] = parsed[2]
         if expired:
             self.client.hdel(self.keys.weights_dist_members, *expired)
-        return sorted(live)
+        return live
 
     def _announce_group(self, members: list[str]) -> None:
         record = {
@@ -110,6 +124,9 @@ class DistSender:
             self.store = bound_store(self.host, self.timeout_s, self.port, self.ports)
         self.epoch += 1
         self.seq = 0
+        # made before the epoch is announced: a member never finds an epoch without its secret
+        self.secret = create_secret(self.client, self.keys, self.epoch)
+        self.client.delete(self.keys.weights_dist_secret(self.epoch - 1))
         self._announce_group(invited)
         joined = self._wait_ready(invited, deadline)
         missing = [m for m in invited if m not in joined]
@@ -122,7 +139,8 @@ class DistSender:
             )
             metrics.TRANSFER_FAILURES.labels(reason="peer_dropped").inc(len(missing))
             self.dropped.update(dict.fromkeys(missing, self.epoch))
-        self.store.set(f"e{self.epoch}/final", json.dumps(joined))
+        final = f"e{self.epoch}/final"
+        self.store.set(final, sign(self.secret, final, joined))
         self.broken = False
         if not joined:
             return
@@ -204,7 +222,8 @@ class DistSender:
             "publisher": self.publisher,
             "checksums": sums,
         }
-        self.store.set(f"e{self.epoch}/pub/{self.seq}", json.dumps(header))
+        key = f"e{self.epoch}/pub/{self.seq}"
+        self.store.set(key, sign(self.secret, key, header))
         # members read a header before its broadcast starts; two back is long taken
         if self.seq >= 2:
             self.store.delete_key(f"e{self.epoch}/pub/{self.seq - 2}")
@@ -213,8 +232,11 @@ class DistSender:
         if flat is not None:
             for index, size in enumerate(self.sizes):
                 start = index * self.bucket_bytes
+                bucket = flat[start : start + size]
+                # a host slot sent over NCCL (a catch-up) goes by the GPU's bucket
+                if bucket.device != self.device:
+                    bucket = self.bucket[:size].copy_(bucket)
                 with bounded(f"broadcast of version {version}", self.timeout_s):
-                    bucket = flat[start : start + size]
                     self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
             return
         dtypes = {s.name: s.torch_dtype for s in self.layout.specs}
@@ -233,16 +255,33 @@ class DistSender:
                 with bounded(f"broadcast of version {version}", self.timeout_s):
                     self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
 
+    def joiners(self) -> set[str]:
+        """Live members outside the current group: new, or restarted under the same id (in no
+        group of this epoch, by its heartbeat)."""
+        beats = self._live_beats()
+        return {m for m, joined in beats.items() if m not in self.members or joined != self.epoch}
+
     def close(self) -> None:
         self._close_group()
         # its server stops with it: members of the last epoch see the store gone
         self.store = None
+        try:
+            self.client.delete(self.keys.weights_dist_secret(self.epoch))
+        except redis.RedisError:
+            pass
 
+
+# how often the learner looks for relays that joined between versions
+CATCH_UP_POLL_S = 0.25
 
 
 class HostSender:
     """With relays: each version goes to the group (one relay per actor host) and into this host's
-    shm segment, announced under this host's keys, for the actors that run beside the learner."""
+    shm segment, announced under this host's keys, for the actors that run beside the learner.
+
+    A relay that starts or restarts between versions gets the current one at once, from this
+    host's slot (``catch_up``), not at the next publish: its host's actors may have none yet.
+    """
 
     def __init__(
         self,
@@ -254,6 +293,12 @@ class HostSender:
     ):
         self.dist, self.shm, self.client = dist, shm, client
         self.local_keys, self.publisher = local_keys, publisher
+        # one publish or catch-up at a time; the last version sent: (version, aliases, slot)
+        self._lock = threading.Lock()
+        self._last: tuple[int, dict[str, str], int] | None = None
+        self._stop = threading.Event()
+        self._catcher = threading.Thread(target=self.catch_up, name="weight-catch-up", daemon=True)
+        self._catcher.start()
 
     def send(
         self,
@@ -262,16 +307,43 @@ class HostSender:
         aliases: dict[str, str],
         checksums: dict[str, int] | None = None,
     ) -> dict:
-        # the one copy: into this host's slot, which then is the broadcast's source (gloo's, on
-        # the host; NCCL's buckets are on the GPU and are filled from the tensors)
-        local = {"layout": self.dist.layout.to_json(), "aliases": aliases}
-        local |= self.shm.send(version, tensors, aliases, checksums)
-        announce(self.client, self.local_keys, version, "shm", self.publisher, local)
-        slot, writer = local["slot"], self.shm.writer
-        flat = writer.flat(slot) if self.dist.device.type == "cpu" else None
-        sums = writer.checksums(slot)
-        return self.dist.send(version, tensors, aliases, checksums, flat=flat, sums=sums)
+        with self._lock:
+            # the one copy: into this host's slot, which then is the broadcast's source (gloo's,
+            # on the host; NCCL's buckets are on the GPU and are filled from the tensors)
+            local = {"layout": self.dist.layout.to_json(), "aliases": aliases}
+            local |= self.shm.send(version, tensors, aliases, checksums)
+            announce(self.client, self.local_keys, version, "shm", self.publisher, local)
+            slot, writer = local["slot"], self.shm.writer
+            self._last = (version, aliases, slot)
+            flat = writer.flat(slot) if self.dist.device.type == "cpu" else None
+            sums = writer.checksums(slot)
+            return self.dist.send(version, tensors, aliases, checksums, flat=flat, sums=sums)
+
+    def catch_up(self) -> None:
+        """The background thread: a joiner seen on two polls running (a publish in between takes
+        it in anyway) gets the last version, re-sent from this host's slot, which no publish can
+        overwrite meanwhile. The group's other members take it again and drop it."""
+        seen: set[str] = set()
+        while not self._stop.wait(CATCH_UP_POLL_S):
+            try:
+                with self._lock:
+                    joiners = self.dist.joiners() if self._last is not None else set()
+                    if joiners & seen:
+                        version, aliases, slot = self._last
+                        writer = self.shm.writer
+                        sums = writer.checksums(slot)
+                        # a relay restarted under the same id would otherwise fail the broadcast first
+                        self.dist.broken = True
+                        self.dist.send(version, {}, aliases, flat=writer.flat(slot), sums=sums)
+                        joiners = set()
+                seen = joiners
+            # Redis or the store out of reach: the next publish meets it and says so
+            except Exception as exc:
+                log.warning("weightsync dist: catching a joiner up failed: %s", exc)
+                seen = set()
 
     def close(self) -> None:
+        self._stop.set()
+        self._catcher.join()
         self.dist.close()
         self.shm.close()
