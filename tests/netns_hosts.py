@@ -100,7 +100,7 @@ class Host:
 
     def command(self, argv: Sequence[str], cwd: str | os.PathLike | None = None) -> list[str]:
         """``argv`` as run on this host: in its network, mount and UTS namespaces, in ``cwd``."""
-        wd = [f"--wd={cwd}"] if cwd is not None else []
+        wd = [f"--wdns={cwd}"] if cwd is not None else []
         ns = ["--mount", "--uts", "--net"]
         return ["nsenter", f"--target={self.anchor.pid}", *ns, *wd, "--", *argv]
 
