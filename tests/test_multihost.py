@@ -144,15 +144,16 @@ class Run:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """SIGTERM every command, as a user would, and wait for each."""
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for name, proc in self.procs:
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"`{name}` still running 90 s after SIGTERM") from None
+        """SIGTERM every command, as a user would: the broker last, once the others are gone."""
+        for group in (self.procs[1:], self.procs[:1]):
+            for _, proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for name, proc in group:
+                try:
+                    proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"`{name}` still running 90 s after SIGTERM") from None
 
     def logs(self) -> dict[str, str]:
         """Every command's output and every host's files under run.dir/hosts, by name."""
@@ -194,6 +195,13 @@ def _opened(host: Host) -> str:
 def _writer_pid(segment: str) -> int:
     """The pid in a segment's name (``streamrl.<run>.weights.<host>.<pid>.<hex>``)."""
     return int(segment.rsplit(".", 2)[-2])
+
+
+def _tensor_bytes(safetensors: Path) -> int:
+    """One model: the tensors' bytes in a safetensors file (its size less its JSON header)."""
+    with open(safetensors, "rb") as f:
+        header = int.from_bytes(f.read(8), "little")
+    return safetensors.stat().st_size - 8 - header
 
 
 def _c_actors(snap: dict) -> dict[str, dict]:
@@ -310,7 +318,7 @@ def _scenario(run: Run, probe: Probe, h: dict[str, Host]) -> None:
     assert prefix + "C." in opened
     try:
         # 2. C's link carries one model per version, however many actors C runs
-        model = (a.own / "my_project" / "runs" / "demo-policy" / "model.safetensors").stat().st_size
+        model = _tensor_bytes(a.own / "my_project" / "runs" / "demo-policy" / "model.safetensors")
         v0, rx0 = _at_next_version(run, probe, c)
         run.wait(f"{LINK_VERSIONS} more versions on C",
                  lambda: max(x["version"] for x in _c_actors(probe()).values()) >= v0 + LINK_VERSIONS - 1,
