@@ -117,8 +117,12 @@ class Actor:
     async def _heartbeat(self) -> None:
         while True:
             try:
+                engine = self.gen.engine
                 await self.heartbeats.beat(
-                    self.gen.actor_id, self.gen.engine.version, self.gen.tokens_per_s
+                    self.gen.actor_id,
+                    engine.version,
+                    self.gen.tokens_per_s,
+                    weights_from=engine.weights_from,
                 )
                 await self.admit.renew()
             # a Redis hiccup must not kill the actor; the next beat retries

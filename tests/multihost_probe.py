@@ -23,7 +23,11 @@ def snapshot(client: redis.Redis, keys: Keys) -> dict:
     return {
         "version": int(client.get(keys.version) or 0),
         "actors": {
-            a["id"]: {"version": int(float(a.get("version", 0))), "pid": int(a.get("pid", 0))}
+            a["id"]: {
+                "version": int(float(a.get("version", 0))),
+                "pid": int(a.get("pid", 0)),
+                "weights_from": a.get("weights_from", ""),
+            }
             for a in alive_actors(client, keys)
         },
         "relay": stats,

@@ -124,6 +124,9 @@ class Subscriber:
         self._live_version = initial_version
         self._live_publisher: str | None = None
         self._staged_publisher: str | None = None
+        # where the live and the staged weights were read (``live_source``)
+        self._live_source = ""
+        self._staged_source = ""
         self._announced: Announcement | None = None
         self._failed: tuple[str, int] | None = None
         self._pairs: list[tuple[str, str]] = []
@@ -168,6 +171,12 @@ class Subscriber:
         return self._live_version
 
     @property
+    def live_source(self) -> str:
+        """Where the live weights were read: the shm segment's name (it names the host and the
+        process that wrote it), "" before any or where the transport reads none."""
+        return self._live_source
+
+    @property
     def lag(self) -> int:
         """Versions the live weights are behind the newest announcement."""
         newest = self.poll()
@@ -196,6 +205,7 @@ class Subscriber:
             if self._state == "lent":
                 if version == self._staged_version:
                     self._live_publisher = self._staged_publisher
+                    self._live_source = self._staged_source
                 if recycled is not None:
                     if recycled.keys() != self._staging.keys():
                         raise ValueError(
@@ -330,7 +340,11 @@ class Subscriber:
         return torch.zeros(layout.padded_bytes, dtype=torch.uint8, device=devices.pop())
 
     def end_fill(
-        self, version: int | None, publisher: str | None, seconds: float | None = None
+        self,
+        version: int | None,
+        publisher: str | None,
+        seconds: float | None = None,
+        source: str = "",
     ) -> None:
         if seconds is not None:
             self.last_receive_seconds = seconds
@@ -344,6 +358,7 @@ class Subscriber:
                     version,
                     publisher,
                 )
+                self._staged_source = source
             self._cond.notify_all()
 
     # background thread

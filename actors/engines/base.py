@@ -127,6 +127,9 @@ class Engine(ABC):
     """
 
     version: int
+    # where the live weights were read (an shm segment's name, naming its host and writer), reported
+    # in the actor's heartbeat; "" before any, or where the transport reads no segment
+    weights_from: str = ""
 
     @abstractmethod
     def generate(

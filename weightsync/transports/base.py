@@ -88,10 +88,14 @@ class Staging(Protocol):
         ...
 
     def end_fill(
-        self, version: int | None, publisher: str | None, seconds: float | None = None
+        self,
+        version: int | None,
+        publisher: str | None,
+        seconds: float | None = None,
+        source: str = "",
     ) -> None:
-        """Release the copy ``begin_fill`` claimed: staged as ``version``, received in ``seconds``;
-        or empty if ``version`` is None."""
+        """Release the copy ``begin_fill`` claimed: staged as ``version``, received in ``seconds``
+        from ``source`` (the shm segment read, where there is one); or empty if ``version`` is None."""
         ...
 
     def fail(self, reason: str, detail: str = "", skip: Announcement | None = None) -> None:

@@ -86,7 +86,8 @@ class SlotReceiver(ABC):
                 result = self.read(ann.version, int(ann.meta["slot"]), layout, fill)
             finally:
                 if result == "ok":
-                    staging.end_fill(ann.version, ann.publisher, time.perf_counter() - start)
+                    seconds = time.perf_counter() - start
+                    staging.end_fill(ann.version, ann.publisher, seconds, ann.meta["segment"])
                 else:
                     staging.end_fill(None, ann.publisher)
             if result == "ok":

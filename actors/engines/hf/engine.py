@@ -149,6 +149,7 @@ class HFEngine(Engine):
         self.sessions.clear()
         self._serve(version)
         self.weight_source.applied(version, recycled=replaced)
+        self.weights_from = self.weight_source.live_source
 
     def end_sessions(self, sessions: Iterable[str]) -> None:
         self.sessions.drop(sessions)

@@ -351,10 +351,12 @@ class VLLMEngine(Engine):
         ok = await self._push(ann.version, [shm_step(ann.version, ann.meta)], fallback)
         if ok:
             self._live_meta, self._live_publisher = ann.meta, ann.publisher
+            self.weights_from = ann.meta["segment"]
         else:
             self._refused.add(key)
             if restored:
                 self._live_meta, self._live_publisher = restored["meta"], restored["publisher"]
+                self.weights_from = restored["meta"]["segment"]
         return ok
 
     async def _next_staged(self) -> tuple[int, dict]:
