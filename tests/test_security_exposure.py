@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import ipaddress
-import json
 import shutil
 import socket
 import uuid
@@ -210,7 +209,9 @@ def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
     sup.redis = redis.Redis.from_url(cfg.broker.redis_url, socket_timeout=2)
     sup.scale_key = create_key(tmp_path)
     try:
-        sup.redis.rpush(sup.keys.launch_control, encode(sup.scale_key, sup.keys.launch_control, 5000))
+        sup.redis.rpush(
+            sup.keys.launch_control, encode(sup.scale_key, sup.keys.launch_control, 5000)
+        )
         sup._apply_control()
         assert len(sup.actors) == 2 and sup.want_actors == 2
         assert any("clamped" in e for e in sup.events)
