@@ -1,16 +1,18 @@
 """Where the roles of a run on several hosts get the Redis password: never the command line.
 
-A password in argv is in every local user's ``ps``. ``streamrl broker`` and ``streamrl actors
---join`` read it from ``STREAMRL_REDIS_PASSWORD``, else from ``broker.password_file``, which must
-be readable by its owner only, as ``ssh`` insists of a private key. A config file's
-``broker.password`` is still taken (a file, like the password file).
+A password in argv is in every local user's ``ps``: every command refuses ``broker.password=`` as
+an override (``configs.load.refuse_secrets``), and a ``--join`` URL must carry none. ``streamrl
+broker``, ``streamrl run`` and every ``--join`` (``actors``, ``learner``, ``scale``) read it from
+``STREAMRL_REDIS_PASSWORD``, else from ``broker.password_file``, which must be readable by its
+owner only, as ``ssh`` insists of a private key. A config file's ``broker.password`` is still taken
+(a file, like the password file).
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -22,16 +24,6 @@ PASSWORD_ENV = "STREAMRL_REDIS_PASSWORD"
 
 class PasswordError(StreamRLError, ValueError):
     """A password given where others can read it, or a password file that cannot be used."""
-
-
-def refuse_on_command_line(overrides: Sequence[str]) -> None:
-    """A ``broker.password=...`` override would sit in ``ps`` for the life of the process."""
-    for item in overrides:
-        if item.split("=", 1)[0].strip() == "broker.password":
-            raise PasswordError(
-                f"broker.password on the command line is visible to every local user (ps): "
-                f"set {PASSWORD_ENV} or broker.password_file instead"
-            )
 
 
 def read_password_file(path: str | os.PathLike) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import redis
 
-from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url
+from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url, tls_url
 from streamrl.broker.password import PasswordError, join_url
 from streamrl.configs import Config, StreamRLError, config_from_cli, write_config
 from streamrl.configs.runfiles import restrict_umask
@@ -59,9 +59,10 @@ class HostSupervisor(Supervisor):
         self.started_at = time.monotonic()
         # a wrong URL or password fails at once (the run's clients retry, a wrong password too),
         # before the inputs are loaded
-        with redis.Redis.from_url(self.redis_url, socket_connect_timeout=JOIN_TIMEOUT_S) as probe:
-            probe.ping()
         broker = self.cfg.broker.model_copy(update={"redis_url": self.redis_url})
+        url, tls = tls_url(self.redis_url, broker)
+        with redis.Redis.from_url(url, socket_connect_timeout=JOIN_TIMEOUT_S, **tls) as probe:
+            probe.ping()
         self.redis = connect_sync(broker, self.cfg.run.dir)
         self._prepare_inputs()
         placement.check_launcher(self.cfg, self.launcher_devices, learner_here=False)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
+from streamrl.broker.password import with_password
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
 from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
@@ -227,8 +228,9 @@ class Supervisor:
         if self.cfg.broker.redis_url:
             self.redis_url = self.cfg.broker.redis_url
             return
+        # the password from where every role takes it (broker.password), else a random one
         self.redis_server = EmbeddedRedis(
-            self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.run_dir)
+            with_password(self.cfg.broker), self.run_dir / "redis", url_file=url_file(self.run_dir)
         ).start()
         self.redis_url = self.redis_server.url
         self.event(f"redis-server on {self.redis_server.broker.host}:{self.redis_server.port}")
