@@ -10,6 +10,7 @@ owner only, as ``ssh`` insists of a private key. A config file's ``broker.passwo
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 from collections.abc import Mapping
@@ -58,6 +59,16 @@ def password(broker: BrokerConfig, env: Mapping[str, str] = os.environ) -> str |
 def with_password(broker: BrokerConfig, env: Mapping[str, str] = os.environ) -> BrokerConfig:
     """``broker`` with ``password`` filled in from where ``password`` looks."""
     return broker.model_copy(update={"password": password(broker, env)})
+
+
+def add_join_argument(parser: argparse.ArgumentParser) -> None:
+    """``--join REDIS_URL``, as every role joining a run whose broker is on another host takes it."""
+    parser.add_argument(
+        "--join",
+        metavar="REDIS_URL",
+        help="the run's broker on another host (streamrl broker prints it); the password comes "
+        f"from {PASSWORD_ENV} or broker.password_file, never this URL",
+    )
 
 
 def join_url(url: str, broker: BrokerConfig, env: Mapping[str, str] = os.environ) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import redis
 
 from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url, tls_url
-from streamrl.broker.password import PasswordError, join_url
+from streamrl.broker.password import PasswordError, add_join_argument, join_url
 from streamrl.configs import Config, StreamRLError, config_from_cli, write_config
 from streamrl.configs.runfiles import restrict_umask
 from streamrl.launch import control, placement
@@ -104,11 +104,7 @@ class HostSupervisor(Supervisor):
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(prog="streamrl actors", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--join",
-        metavar="URL",
-        help="the run's broker, as `streamrl broker` prints it (redis[s]://host:port/0, no password)",
-    )
+    add_join_argument(parser)
     parser.add_argument("--count", type=int, default=1, help="actor processes to start here")
     return config_from_cli(parser, argv)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.broker.password import PASSWORD_ENV, PasswordError, join_url
+from streamrl.broker.password import PasswordError, add_join_argument, join_url
 from streamrl.configs import config_from_cli
 from streamrl.launch import control
 from streamrl.launch.host import host_dir
@@ -38,12 +38,7 @@ def _parse(argv: list[str] | None):
         help="scale the actors `streamrl actors` supervises on this host (its run.host_id) "
         "instead of those of `streamrl run`",
     )
-    parser.add_argument(
-        "--join",
-        metavar="REDIS_URL",
-        help="the run's broker on another host (streamrl broker prints it); the password comes "
-        f"from {PASSWORD_ENV} or broker.password_file, never this URL",
-    )
+    add_join_argument(parser)
     parser.add_argument(
         "--key-file",
         metavar="PATH",

@@ -74,7 +74,7 @@ def test_two_runs_resume_and_a_failing_start_keeps_the_checkpoints_and_the_polic
     (run_dir / "learner_steps.jsonl").write_text('{"step": 1, "version": 1}\n')
     secret = f"pw-{uuid.uuid4().hex}"
     # the Redis password as every role takes it (never on the command line)
-    monkeypatch.setenv(PASSWORD_ENV)
+    monkeypatch.setenv(PASSWORD_ENV, secret)
 
     # an older streamrl's steps (no marker of a run's directory): refused, nothing touched,
     # --overwrite too, saying what it would have removed

@@ -196,31 +196,6 @@ def test_the_embedded_redis_wants_the_password_and_refuses_file_and_code_command
         client.close()
 
 
-def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
-    from streamrl.launch.control import create_key, encode
-    from streamrl.launch.supervisor import Supervisor
-
-    cfg = redis_cfg.model_copy(
-        update={"actor": redis_cfg.actor.model_copy(update={"max_actors": 2})}
-    )
-    # `true` stands in for the actor program only: what is bounded is how many the supervisor starts.
-    sup = Supervisor(cfg, actors=0, python=shutil.which("true"))
-    sup.log_dir.mkdir(parents=True)
-    sup.redis = redis.Redis.from_url(cfg.broker.redis_url, socket_timeout=2)
-    sup.scale_key = create_key(tmp_path)
-    try:
-        sup.redis.rpush(
-            sup.keys.launch_control, encode(sup.scale_key, sup.keys.launch_control, 5000)
-        )
-        sup._apply_control()
-        assert len(sup.actors) == 2 and sup.want_actors == 2
-        assert any("clamped" in e for e in sup.events)
-    finally:
-        for child in sup.actors:
-            child.proc.wait(timeout=10)
-        sup.redis.close()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_listening_socket_of_a_running_system_is_loopback_and_redis_wants_the_password(
