@@ -26,6 +26,7 @@ from streamrl.broker.password import PASSWORD_ENV, PasswordError, join_url
 from streamrl.configs import config_from_cli
 from streamrl.configs.errors import StreamRLError
 from streamrl.configs.runfiles import restrict_umask
+from streamrl.configs.schema import BrokerConfig, LearnerConfig, RunConfig
 from streamrl.learner.nodes import (
     Nodes,
     NodesError,
@@ -40,7 +41,9 @@ from streamrl.learner.nodes import (
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 
-def _meeting(args: argparse.Namespace, cfg) -> tuple[Nodes, Placement, str]:
+def _meeting(
+    args: argparse.Namespace, run: RunConfig, broker: BrokerConfig
+) -> tuple[Nodes, Placement, str]:
     """This node's part of several: its address and the run's rendezvous id (from the broker)."""
     from streamrl.broker.client import connect_sync, redis_url
     from streamrl.broker.keys import Keys
@@ -48,33 +51,35 @@ def _meeting(args: argparse.Namespace, cfg) -> tuple[Nodes, Placement, str]:
     if not args.rdzv_endpoint:
         raise NodesError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (on node 0)")
     nodes = Nodes(args.nnodes, args.node_rank, args.rdzv_endpoint, args.max_restarts)
-    url = redis_url(cfg.broker, cfg.run.dir)
+    url = redis_url(broker, run.dir)
     placement = choose_address(nodes, host_view(nodes, urlsplit(url).hostname, os.environ))
     try:
-        with connect_sync(cfg.broker, cfg.run.dir) as client:
-            rdzv_id = rendezvous_id(client, Keys.from_config(cfg.run, cfg.broker).learner_rdzv)
+        with connect_sync(broker, run.dir) as client:
+            rdzv_id = rendezvous_id(client, Keys.from_config(run, broker).learner_rdzv)
     except redis.RedisError as exc:
         raise NodesError(f"the rendezvous id from the broker ({exc})") from None
     return nodes, placement, rdzv_id
 
 
-def _launch_ranks(args: argparse.Namespace, cfg) -> int:
+def _launch_ranks(
+    args: argparse.Namespace, learner: LearnerConfig, run: RunConfig, broker: BrokerConfig
+) -> int:
     """Become torchrun for this node's ``learner.ranks`` ranks (one node, or this node of several)."""
     rank_argv = (["--config", args.config] if args.config else []) + list(args.overrides)
     env = dict(os.environ)
     meeting = ()
     if args.nnodes > 1:
         try:
-            meeting = _meeting(args, cfg)
+            meeting = _meeting(args, run, broker)
         except (NodesError, StreamRLError) as exc:
             print(f"streamrl learner: {exc}", file=sys.stderr)
             return 2
         nodes, placement, _ = meeting
         env.update(interface_env(placement, env))
-        warning = exposure_warning(nodes, placement, cfg.learner.trusted_network)
+        warning = exposure_warning(nodes, placement, learner.trusted_network)
         if warning:
             print(warning, file=sys.stderr, flush=True)
-    argv = torchrun_argv(sys.executable, cfg.learner.ranks, rank_argv, *meeting)
+    argv = torchrun_argv(sys.executable, learner.ranks, rank_argv, *meeting)
     sys.stdout.flush()
     os.execve(sys.executable, argv, env)
 
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["REDIS_URL"] = url
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"redis_url": url})})
     if "RANK" not in os.environ and (args.nnodes > 1 or cfg.learner.ranks > 1):
-        return _launch_ranks(args, cfg)
+        return _launch_ranks(args, cfg.learner, cfg.run, cfg.broker)
     # what it writes in run.dir (steps, checkpoints, TensorBoard) is its user's only
     restrict_umask(cfg.run.shared_read)
     torch.set_num_threads(cfg.run.torch_threads)
