@@ -40,7 +40,7 @@ while True:
     if stop.item():
         break
     # rank 0 is mid-step when the other node's worker dies
-    time.sleep(3.0 if rank == 0 else 0.05)
+    time.sleep(8.0 if rank == 0 else 0.05)
 dist.destroy_process_group()
 """
 
