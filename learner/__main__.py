@@ -22,11 +22,11 @@ from urllib.parse import urlsplit
 import redis
 import torch
 
-from streamrl.broker.password import PASSWORD_ENV, PasswordError, join_url
+from streamrl.broker.password import PasswordError, add_join_argument, join_url
 from streamrl.configs import config_from_cli
 from streamrl.configs.errors import StreamRLError
 from streamrl.configs.runfiles import restrict_umask
-from streamrl.configs.schema import BrokerConfig, LearnerConfig, RunConfig
+from streamrl.configs.schema import BrokerConfig, Config, LearnerConfig, RunConfig
 from streamrl.learner.nodes import (
     Nodes,
     NodesError,
@@ -93,7 +93,8 @@ def _check_shared_run_dir(run_dir: str, host_id: str) -> None:
     checkpoint.check_shared(Path(run_dir) / "checkpoints", rank, world, device(), host_id)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
+    """The command line and the config it names, with ``--join``'s URL as the broker's."""
     parser = argparse.ArgumentParser(prog="streamrl learner", description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--nnodes", type=int, default=1, help="nodes the learner runs on")
@@ -104,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --nnodes > 1: where node 0 serves torchrun's rendezvous store, an address (or "
         "name) of node 0 and a free port",
     )
-    parser.add_argument(
-        "--join",
-        metavar="REDIS_URL",
-        help="the run's broker on another host (streamrl broker prints it); the password comes "
-        f"from {PASSWORD_ENV} or broker.password_file, never this URL",
-    )
+    add_join_argument(parser)
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -122,10 +118,19 @@ def main(argv: list[str] | None = None) -> int:
             url = join_url(args.join, cfg.broker)
         except PasswordError as exc:
             print(f"streamrl learner: {exc}", file=sys.stderr)
-            return 2
+            raise SystemExit(2) from None
         # torchrun's ranks (and their restarts) read it from the environment, as the config does
         os.environ["REDIS_URL"] = url
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"redis_url": url})})
+    return args, cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    return start(*parse(argv))
+
+
+def start(args: argparse.Namespace, cfg: Config) -> int:
+    """This node's ranks under torchrun, or (under torchrun, or one rank) the learner itself."""
     if "RANK" not in os.environ and (args.nnodes > 1 or cfg.learner.ranks > 1):
         return _launch_ranks(args, cfg.learner, cfg.run, cfg.broker)
     # what it writes in run.dir (steps, checkpoints, TensorBoard) is its user's only

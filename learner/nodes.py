@@ -213,10 +213,10 @@ def torchrun_argv(
     placement: Placement | None = None,
     rdzv_id: str = "",
 ) -> list[str]:
-    """``python -m torch.distributed.run ... -m streamrl.learner <rank_argv>``: ``nproc`` ranks
+    """``python -m streamrl.learner.torchrun ... -m streamrl.learner <rank_argv>``: ``nproc`` ranks
     here, on one node (``nodes`` None: standalone, no restarts, the supervisor restarts) or on
     this node of several (static rendezvous at ``placement.store``, keys under ``rdzv_id``)."""
-    argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    argv = [python, "-m", "streamrl.learner.torchrun", f"--nproc-per-node={nproc}"]
     if nodes is None:
         argv += ["--standalone", "--max-restarts=0"]
     else:

@@ -43,7 +43,7 @@ def test_several_nodes_meet_through_static_rendezvous_at_node_0s_address():
         "py", 2, ["--config", "c.yaml", "run.max_steps=5"], _node(1), here, "f00d"
     )
     assert argv == [
-        "py", "-m", "torch.distributed.run", "--nproc-per-node=2",
+        "py", "-m", "streamrl.learner.torchrun", "--nproc-per-node=2",
         "--nnodes=2", "--node-rank=1", "--rdzv-backend=static",
         "--rdzv-endpoint=10.77.0.1:29400", "--rdzv-id=f00d", "--max-restarts=3",
         "-m", "streamrl.learner", "--config", "c.yaml", "run.max_steps=5",
@@ -202,10 +202,12 @@ def test_each_incarnation_of_the_ranks_forms_its_group_under_fresh_keys():
     wait = timedelta(seconds=30)
     first = [nodes.generation_store(store, rank, wait) for rank in (0, 1)]
     first[0].set("address", "dead rank 0")
-    # rank 1 restarts first: it waits for rank 0's next incarnation, not its dead address
+    # rank 1 restarts first: it waits for rank 0's next incarnation, not its dead address; on a
+    # connection of its own, as a rank's process has (a client blocked in wait holds its socket)
+    client = dist.TCPStore("127.0.0.1", store.port, 1, False, wait)
     second = {}
     rank1 = threading.Thread(
-        target=lambda: second.update({1: nodes.generation_store(store, 1, wait)})
+        target=lambda: second.update({1: nodes.generation_store(client, 1, wait)})
     )
     rank1.start()
     second[0] = nodes.generation_store(store, 0, wait)
