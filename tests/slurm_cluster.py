@@ -137,9 +137,7 @@ def _munged(folder: Path) -> None:
 
 
 def _stop_munged(folder: Path) -> None:
-    subprocess.run(
-        ["munged", "--stop", f"--socket={folder / 'munge.socket'}"], capture_output=True
-    )
+    subprocess.run(["munged", "--stop", f"--socket={folder / 'munge.socket'}"], capture_output=True)
 
 
 def _wait_nodes_idle(cluster: Cluster, count: int, timeout: float = 60.0) -> None:

@@ -91,23 +91,56 @@ def _leftovers(c: Cluster, run_name: str) -> dict[str, list[str]]:
     return left
 
 
-def _submit(c: Cluster, env: dict[str, str], cwd: Path) -> str:
-    out = c.client(["sbatch", "--parsable", "-p", PARTITION, str(SBATCH)], env=env, cwd=cwd)
-    return out.stdout.strip().split(";")[0]
+class Job:
+    """The sbatch submitted from the user's project on the login host, with ``environ``."""
+
+    def __init__(self, c: Cluster, project: Path, environ: dict[str, str]):
+        self.c, self.project = c, project
+        argv = ["sbatch", "--parsable", "-p", PARTITION, str(SBATCH)]
+        self.id = c.client(argv, env=environ, cwd=project).stdout.strip().split(";")[0]
+
+    def ended(self) -> bool:
+        return not self.c.client(["squeue", "-h", "-j", self.id]).stdout.strip()
+
+    def running(self) -> None:
+        assert not self.ended(), f"job {self.id} ended ({self.c.job_state(self.id)})"
+
+    def output(self) -> str:
+        """The job's output (every job's: they share the project folder)."""
+        return "".join(
+            f"\n--- {p.name}\n" + p.read_text(errors="replace")[-30000:]
+            for p in sorted(self.project.glob("slurm-*.out"))
+        )
 
 
-def _ended(c: Cluster, job: str) -> bool:
-    return not c.client(["squeue", "-h", "-j", job]).stdout.strip()
-
-
-def _time_of(rows: list[dict], killed: LearnerKill) -> float:
-    """When the first step after the kill was written, on the monotonic clock."""
-    return time.monotonic() - (time.time() - rows[killed.rows_before]["time"])
+def _recovery_s(rows: list[dict], killed: LearnerKill) -> float:
+    """Seconds between the last step before the kill and the first trained one after it."""
+    after = next(r for r in rows[killed.rows_before :] if r.get("trained", True))
+    return after["time"] - rows[killed.rows_before - 1]["time"]
 
 
 def _latest_checkpoint(run_dir: Path) -> int:
     folder = latest(run_dir / "checkpoints")
     return 0 if folder is None else step_of(folder)
+
+
+def _kill_learner_node_b(c: Cluster, job: Job, run_dir: Path) -> tuple[LearnerKill, list[str]]:
+    """SIGKILL B's learner ranks once global rank 0 is on SLURM_NODEID 0 (A): what was saved
+    when the old ranks were all gone, and the restart count of B's new ranks."""
+    a, b = c.hosts["A"], c.hosts["B"]
+    placed = {
+        h.name: sorted((e["SLURM_NODEID"], e["RANK"]) for e in _learner_workers(h).values())
+        for h in (a, b)
+    }
+    assert placed == {"A": [("0", "0")], "B": [("1", "1")]}, f"(SLURM_NODEID, RANK): {placed}"
+    old = {**_learner_workers(a), **_learner_workers(b)}
+    for pid in _learner_workers(b):
+        os.kill(pid, signal.SIGKILL)
+    # once the old ranks are all gone, neither steps nor checkpoints of theirs can follow
+    _wait("the old ranks' end", lambda: not any(map(psutil.pid_exists, old)), 120, job.running)
+    killed = LearnerKill(len(read_steps(run_dir)), _latest_checkpoint(run_dir))
+    _wait("a restarted rank on B", lambda: _learner_workers(b), 120, job.running)
+    return killed, [e.get("TORCHELASTIC_RESTART_COUNT", "0") for e in _learner_workers(b).values()]
 
 
 @pytest.mark.timeout(900)
@@ -117,7 +150,6 @@ def test_the_sbatch_trains_to_its_step_count_survives_a_killed_node_and_scancel_
     if why_not is not None:  # STREAMRL_REQUIRE_NETNS (CI) makes a missing capability a failure
         pytest.fail(f"a Slurm cluster needs: {why_not}")
     with cluster(("A", "B", "C")) as c:
-        a, b = c.hosts["A"], c.hosts["B"]
         project, env = user_project(c.folder)
         run_dir = c.folder / "run"
         run_dir.mkdir(mode=0o700)
@@ -128,71 +160,44 @@ def test_the_sbatch_trains_to_its_step_count_survives_a_killed_node_and_scancel_
             "learner.lr_scheduler=constant", "learner.cpus=null", "actor.cpus=null",
             "actor.staggered_start=false",
         ]  # fmt: skip
-        job_env = {
-            **env,
-            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "STREAMRL_REDIS_PASSWORD": PASSWORD,
-            "CONFIG": "demo_cpu",
-            "RUN_DIR": str(run_dir),
-            "LEARNER_RANKS": "1",
-            "ACTORS_PER_NODE": "2",
-            "ACTOR_GPUS": "null",
-        }
-
-        def output() -> str:
-            return "".join(
-                f"\n--- {p.name}\n" + p.read_text(errors="replace")[-30000:]
-                for p in sorted(project.glob("slurm-*.out"))
-            )
-
-        def running(job: str):
-            def check() -> None:
-                assert not _ended(c, job), f"job {job} ended ({c.job_state(job)}){output()}"
-
-            return check
-
+        # the sbatch's header documents these; the rest of its defaults are for GPU nodes
+        environ = {
+            **env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "STREAMRL_REDIS_PASSWORD": PASSWORD, "CONFIG": "demo_cpu", "RUN_DIR": str(run_dir),
+            "LEARNER_RANKS": "1", "ACTORS_PER_NODE": "2", "ACTOR_GPUS": "null",
+        }  # fmt: skip
         started = time.monotonic()
+        job = None
         try:
-            # 1. the job trains; a SIGKILLed learner rank on B is restarted by torchrun on both
-            # nodes, which resume from the checkpoint and reach run.max_steps
-            job = _submit(c, {**job_env, "EXTRA": " ".join([*overrides, f"run.max_steps={MAX_STEPS}"])}, project)
+            # 1. it trains; B's SIGKILLed rank is restarted by torchrun (so are A's), the ranks
+            # resume from the checkpoint and reach run.max_steps; the job then ends cleanly
+            extra = " ".join([*overrides, f"run.max_steps={MAX_STEPS}"])
+            job = Job(c, project, {**environ, "EXTRA": extra})
             _wait("a checkpoint", lambda: _latest_checkpoint(run_dir) >= CHECKPOINT_EVERY, 400,
-                  running(job))  # fmt: skip
-            ranks = {h.name: [e["RANK"] for e in _learner_workers(h).values()] for h in (a, b)}
-            nodes = {h.name: [e["SLURM_NODEID"] for e in _learner_workers(h).values()] for h in (a, b)}
-            assert nodes == {"A": ["0"], "B": ["1"]}, nodes
-            assert ranks == {"A": ["0"], "B": ["1"]}, f"global rank 0 is not SLURM_NODEID 0: {ranks}"
-            old = {**_learner_workers(a), **_learner_workers(b)}
-            for pid in _learner_workers(b):
-                os.kill(pid, signal.SIGKILL)
-            killed_at = time.monotonic()
-            # once the old ranks are all gone, neither steps nor checkpoints of theirs can follow
-            _wait("the old ranks' end", lambda: not any(map(psutil.pid_exists, old)), 120,
-                  running(job))  # fmt: skip
-            killed = LearnerKill(len(read_steps(run_dir)), _latest_checkpoint(run_dir))
-            _wait("a restarted rank on B", lambda: _learner_workers(b), 120, running(job))
-            restarts = [e.get("TORCHELASTIC_RESTART_COUNT") for e in _learner_workers(b).values()]
-            _wait("the job's end", lambda: _ended(c, job), 400)
-            first_job_s = time.monotonic() - started
-            assert c.job_state(job) == "COMPLETED", output()
+                  job.running)  # fmt: skip
+            killed, restarts = _kill_learner_node_b(c, job, run_dir)
+            _wait("the job's end", job.ended, 400)
+            first_s = time.monotonic() - started
+            assert c.job_state(job.id) == "COMPLETED"
             rows = read_steps(run_dir)
-            assert rows[-1]["step"] == MAX_STEPS, output()
+            assert rows[-1]["step"] == MAX_STEPS
             assert killed.checkpoint_step >= CHECKPOINT_EVERY
-            # torchrun's own restart (its first try may fail: the peers' old ranks are still going)
+            # torchrun's own restart (its first try may fail: the peers' old ranks still run)
             assert restarts and all(int(n) >= 1 for n in restarts), restarts
             assert not version_violations(rows, [killed])
-            print(f"restarts {restarts}; recovery {_time_of(rows, killed) - killed_at:.0f} s")
             _wait("nothing left after the job", lambda: not _leftovers(c, run_name), 60)
 
             # 2. a second job resumes where the first ended; scancel ends every part of it
-            job = _submit(c, {**job_env, "EXTRA": " ".join(overrides)}, project)
+            job = Job(c, project, {**environ, "EXTRA": " ".join(overrides)})
             _wait("a step of the second job", lambda: read_steps(run_dir)[-1]["step"] > MAX_STEPS,
-                  400, running(job))  # fmt: skip
-            # the second job resumes from the first one's last checkpoint, at run.max_steps
+                  400, job.running)  # fmt: skip
             assert not version_violations(read_steps(run_dir), [LearnerKill(len(rows), MAX_STEPS)])
-            c.client(["scancel", job])
-            _wait("the cancelled job's end", lambda: _ended(c, job), 120)
+            c.client(["scancel", job.id])
+            _wait("the cancelled job's end", job.ended, 120)
             _wait("nothing left after scancel", lambda: not _leftovers(c, run_name), 60)
-            print(f"first job {first_job_s:.0f} s, both {time.monotonic() - started:.0f} s")
+            gap = _recovery_s(rows, killed)
+            print(f"first job {first_s:.0f} s (restart {restarts}, {gap:.0f} s between steps), "
+                  f"both jobs {time.monotonic() - started:.0f} s")  # fmt: skip
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{output()}\n{c.logs()}\n{_leftovers(c, run_name)}") from None
+            said = job.output() if job else ""
+            raise AssertionError(f"{exc}\n{said}\n{c.logs()}\n{_leftovers(c, run_name)}") from None
