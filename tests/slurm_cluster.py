@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import netns_hosts
+import pytest
 from netns_hosts import Host
 
 CONTROLLER = "ctl"
@@ -49,6 +50,16 @@ def available() -> str | None:
         return why
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     return f"{', '.join(missing)} not installed (make slurm)" if missing else None
+
+
+def require() -> None:
+    """Skip where no cluster can be made here; fail instead under ``STREAMRL_REQUIRE_NETNS``
+    (CI, which can make one)."""
+    why = available()
+    if why is not None:
+        (pytest.fail if os.environ.get("STREAMRL_REQUIRE_NETNS") else pytest.skip)(
+            f"a Slurm cluster needs: {why}"
+        )
 
 
 def slurm_conf(folder: Path, controller: Host, nodes: Sequence[Host], cpus: int) -> str:

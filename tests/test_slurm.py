@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from netns_hosts import Host
-from slurm_cluster import PARTITION, Cluster, available, cluster
+from slurm_cluster import PARTITION, Cluster, cluster, require
 from user_project import ROOT, user_project
 
 from bench.chaos_checks import LearnerKill, version_violations
@@ -35,14 +35,7 @@ MAX_STEPS = 6
 # the daemons that stay on a node between jobs
 DAEMONS = ("slurmd",)
 
-why_not = available()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        why_not is not None and not os.environ.get("STREAMRL_REQUIRE_NETNS"),
-        reason=f"a Slurm cluster needs: {why_not}",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 def _wait(what: str, ok, timeout: float, check=lambda: None) -> None:
@@ -147,8 +140,7 @@ def _kill_learner_node_b(c: Cluster, job: Job, run_dir: Path) -> tuple[LearnerKi
 def test_the_sbatch_trains_to_its_step_count_survives_a_killed_node_and_scancel_leaves_nothing(
     demo_policy, demo_dataset
 ):
-    if why_not is not None:  # STREAMRL_REQUIRE_NETNS (CI) makes a missing capability a failure
-        pytest.fail(f"a Slurm cluster needs: {why_not}")
+    require()
     with cluster(("A", "B", "C")) as c:
         project, env = user_project(c.folder)
         run_dir = c.folder / "run"
