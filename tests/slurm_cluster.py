@@ -4,12 +4,13 @@ The hosts are tests/netns_hosts.py's network namespaces. A host ``ctl`` (the log
 node) runs ``slurmctld`` and the clients (``sbatch``, ``squeue``, ``scancel``); every other host
 runs its own ``slurmd`` inside its namespace and under its own hostname, so each is a node with
 its own address, as on a cluster, and the job steps it starts live in that host's namespaces.
-One ``munged`` (its own key and socket, nothing of the system's) authenticates them all: its
-socket is a file, reachable from every network namespace.
+One ``munged`` on ``ctl`` (its own key and socket, nothing of the system's) authenticates them
+all: its socket is a file, reachable from every network namespace. Everything runs in the hosts'
+namespaces, so it all ends with them.
 
 No cgroups, no accounting (``proctrack/linuxproc``, ``task/none``): what a container grants.
-Nodes declare GPUs as count-only gres, so a script asking for ``--gpus-per-node`` is scheduled;
-nothing binds them. Files live in a folder outside ``/tmp`` and ``/dev/shm``, which hosts may
+Nodes declare 8 GPUs each (gres whose device files are /dev/null's stand-ins), so a script
+asking for ``--gpus-per-node`` is scheduled; nothing binds them. Files live in a folder outside ``/tmp`` and ``/dev/shm``, which hosts may
 hold privately.
 
 Needs root, iproute2 and Debian's slurmctld, slurmd, slurm-client and munge (``make slurm``);
@@ -37,8 +38,6 @@ CONTROLLER = "ctl"
 PARTITION = "streamrl"
 GPUS_PER_NODE = 8
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
-# seconds between scancel's SIGTERM and its SIGKILL (Slurm's default is 30)
-KILL_WAIT = 20
 # slurmd 22.05 loads a cgroup plugin whatever else is configured; v1's loads without a hierarchy
 CGROUP_CONF = "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
 
@@ -92,7 +91,6 @@ SelectTypeParameters=CR_Core
 GresTypes=gpu
 MpiDefault=none
 ReturnToService=2
-KillWait={KILL_WAIT}
 SchedulerParameters=bf_interval=1
 MessageTimeout=30
 {node_lines}PartitionName={PARTITION} Nodes={",".join(h.name for h in nodes)} MaxTime=INFINITE State=UP
@@ -135,20 +133,21 @@ def _gres_conf(folder: Path) -> str:
     return f"Name=gpu File={folder}/gpu[0-{GPUS_PER_NODE - 1}]\n"
 
 
-def _munged(folder: Path) -> None:
-    key = folder / "munge.key"
+def _munged(host: Host, folder: Path) -> None:
+    """munged on ``host``, with a key of its own; its socket (a file) serves every host."""
+    key, socket = folder / "munge.key", folder / "munge.socket"
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
-    subprocess.run(
-        ["munged", "--force", f"--key-file={key}", f"--socket={folder / 'munge.socket'}",
+    host.popen(
+        ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket}",
          f"--pid-file={folder / 'munged.pid'}", f"--log-file={folder / 'munged.log'}",
          f"--seed-file={folder / 'munged.seed'}"],
-        check=True, capture_output=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-
-
-def _stop_munged(folder: Path) -> None:
-    subprocess.run(["munged", "--stop", f"--socket={folder / 'munge.socket'}"], capture_output=True)
+    deadline = time.monotonic() + 30
+    while not socket.exists():
+        assert time.monotonic() < deadline, (folder / "munged.log").read_text(errors="replace")
+        time.sleep(0.1)
 
 
 def _wait_nodes_idle(cluster: Cluster, count: int, timeout: float = 60.0) -> None:
@@ -173,7 +172,6 @@ def cluster(names: Sequence[str] = ("A", "B", "C")) -> Iterator[Cluster]:
     for sub in ("state", *(f"spool/{name}" for name in names)):
         (folder / sub).mkdir(parents=True)
     env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
-    _munged(folder)
     try:
         with netns_hosts.hosts([*names, CONTROLLER]) as h:
             controller = h.pop(CONTROLLER)
@@ -184,13 +182,13 @@ def cluster(names: Sequence[str] = ("A", "B", "C")) -> Iterator[Cluster]:
             (folder / "gres.conf").write_text(_gres_conf(folder))
             (folder / "cgroup.conf").write_text(CGROUP_CONF)
             made = Cluster(h, controller, folder, env)
+            _munged(controller, folder)
             controller.popen(["slurmctld", "-D", "-i"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=open(folder / "slurmctld.stderr.log", "w"))  # fmt: skip
+                             stderr=subprocess.DEVNULL)  # fmt: skip
             for node in nodes:
                 node.popen(["slurmd", "-D", "-N", node.name], env=env, stdout=subprocess.DEVNULL,
-                           stderr=open(folder / f"slurmd-{node.name}.stderr.log", "w"))  # fmt: skip
+                           stderr=subprocess.DEVNULL)  # fmt: skip
             _wait_nodes_idle(made, len(nodes))
             yield made
     finally:
-        _stop_munged(folder)
         shutil.rmtree(folder, ignore_errors=True)
