@@ -7,8 +7,8 @@ an anchor process for the host's lifetime: its own hostname, its own ``/etc/host
 on ``/dev/shm`` and on ``/tmp``. Every command started on a host enters that one namespace set, so
 commands on the same host share its shared memory and ``/tmp``, and no host sees another's.
 
-Outside ``/tmp`` the hosts see the machine's filesystem (the Python install, the checkout). A
-folder under ``/tmp`` (where pytest's ``tmp_path`` lives) is visible on a host only when named:
+Outside ``/tmp`` the hosts see the machine's filesystem (the Python install); the checkout and its
+venv are seen on every host wherever they lie. A folder under ``/tmp`` (where pytest's ``tmp_path`` lives) is visible on a host only when named:
 ``Host.own`` (the host's private disk) or ``shared`` (one folder bind-mounted at the same path on
 the hosts that share it, as an NFS mount would be); each appears at its own path. What a host
 wrote elsewhere under its ``/tmp`` is read from outside through ``Host.path``.
@@ -26,6 +26,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ PREFIX = "srl"
 # the fresh /tmp is built here (inside the fresh /dev/shm) before it is moved over /tmp, while the
 # machine's /tmp, whose folders it binds, is still visible
 STAGE = "/dev/shm/.stage-tmp"
+# what every host has installed: the checkout and its venv (bound on every host even where a clone
+# lies under /tmp, as CI's may)
+INSTALLED = tuple({Path(__file__).resolve().parents[1], Path(sys.prefix).resolve()})
 
 
 def available() -> str | None:
@@ -207,7 +211,7 @@ def hosts(
             own = root / name
             own.mkdir(parents=True, exist_ok=True)
             result[name] = Host(name, f"{SUBNET}.{i}", netns, switch, own)
-            binds = [own, *(p for p, on in (shared or {}).items() if name in on)]
+            binds = [*INSTALLED, own, *(p for p, on in (shared or {}).items() if name in on)]
             _start_anchor(result[name], binds)
         yield result
     finally:

@@ -165,15 +165,21 @@ def _wait_nodes_idle(cluster: Cluster, count: int, timeout: float = 60.0) -> Non
 
 
 @contextmanager
-def cluster(names: Sequence[str] = ("A", "B", "C")) -> Iterator[Cluster]:
-    """Nodes ``names`` with a slurmd each and a controller host; all stopped at exit."""
+def cluster(
+    names: Sequence[str] = ("A", "B", "C"), shared: Sequence[Path] = ()
+) -> Iterator[Cluster]:
+    """Nodes ``names`` with a slurmd each and a controller host; all stopped at exit. ``shared``:
+    folders every node mounts (under ``/tmp``, each host's ``/tmp`` is its own)."""
     folder = Path(tempfile.mkdtemp(prefix="streamrl-slurm-", dir="/var/tmp"))
     folder.chmod(0o755)
     for sub in ("state", *(f"spool/{name}" for name in names)):
         (folder / sub).mkdir(parents=True)
     env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
     try:
-        with netns_hosts.hosts([*names, CONTROLLER]) as h:
+        every = (*names, CONTROLLER)
+        # the head node resolves its own name the Debian way (127.0.1.1), as many clusters' do
+        shared_on = {p: every for p in shared}
+        with netns_hosts.hosts(folder / "hosts", every, shared_on, debian=names[:1]) as h:
             controller = h.pop(CONTROLLER)
             nodes = [h[name] for name in names]
             (folder / "slurm.conf").write_text(

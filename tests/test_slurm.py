@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,9 +48,8 @@ def _wait(what: str, ok, timeout: float, check=lambda: None) -> None:
 
 def _processes(host: Host) -> dict[int, tuple[str, dict[str, str]]]:
     """Every process in ``host``'s network namespace: its command line and environment."""
-    out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True)
     found = {}
-    for pid in map(int, out.stdout.split()):
+    for pid in host.pids():
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -72,10 +70,15 @@ def _learner_workers(host: Host) -> dict[int, dict[str, str]]:
 
 
 def _leftovers(c: Cluster, run_name: str) -> dict[str, list[str]]:
-    """What the run left on each host: processes other than Slurm's daemon, its /dev/shm files."""
+    """What the run left on each host: processes other than Slurm's daemon and the host's own
+    namespace anchor (tests/netns_hosts.py), its /dev/shm files."""
     left = {}
     for name, host in c.hosts.items():
-        procs = [cmd for cmd, _ in _processes(host).values() if not cmd.startswith(DAEMONS)]
+        procs = [
+            cmd
+            for pid, (cmd, _) in _processes(host).items()
+            if not cmd.startswith(DAEMONS) and pid != host.anchor.pid
+        ]
         shm = host.run(
             ["find", "/dev/shm", "-name", f"streamrl.{run_name}.*"], capture_output=True, text=True
         ).stdout.split()
@@ -141,7 +144,8 @@ def test_the_sbatch_trains_to_its_step_count_survives_a_killed_node_and_scancel_
     demo_policy, demo_dataset
 ):
     require()
-    with cluster(("A", "B", "C")) as c:
+    fixtures = (Path(demo_policy).parent, Path(demo_dataset).parent)
+    with cluster(("A", "B", "C"), shared=fixtures) as c:
         project, env = user_project(c.folder)
         run_dir = c.folder / "run"
         run_dir.mkdir(mode=0o700)
