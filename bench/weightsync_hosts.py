@@ -20,6 +20,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def learner_main(address: str, params: int) -> None:
                     relay_s=ann.published_at - started,
                     host=pub._sender.dist.host,
                     bytes=pub._layout.total_bytes,
+                    marks={"publish": started, **pub._sender.marks},
                 )
             elif command[0] == "quit":
                 break
@@ -121,6 +123,22 @@ def actor_main(url: str, actor_id: str, params: int) -> None:
             template[name].copy_(tensor)
         sub.applied(version)
         _emit(event="applied", version=version)
+
+
+def relay_main(argv: list[str]) -> int:
+    """Host C: ``python -m streamrl.weightsync.relay`` itself, each served version's phase marks
+    (``DistReceiver.marks``) on stdout."""
+    from streamrl.weightsync import relay
+
+    release = relay.Relay._release
+
+    def _release(self, version: int, ok: bool) -> None:
+        release(self, version, ok)
+        if ok:
+            _emit(event="served", version=version, marks=self.receiver.marks)
+
+    relay.Relay._release = _release
+    return relay.main(argv)
 
 
 def gloo_main(rank: int, address: str, port: int, params: int) -> None:
@@ -155,7 +173,7 @@ def gloo_main(rank: int, address: str, port: int, params: int) -> None:
 class _Child:
     def __init__(self, host, argv: list[str]):
         self.p = host.popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=TESTS.parent
+            argv, cwd=TESTS.parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
 
     def send(self, line: str) -> None:
@@ -181,12 +199,12 @@ def _relay_case(hosts, params: int, actors: int) -> dict:
     url = learner.next("redis")["url"]
     relay = _Child(
         c,
-        [
-            sys.executable, "-m", "streamrl.weightsync.relay", "--host-id", "C",
+        _me(
+            "relay", "--host-id", "C",
             "run.name=bench-hosts", f"run.dir={tempfile.gettempdir()}", f"broker.redis_url={url}",
             "weightsync.transport=dist", "weightsync.dist.relay=true",
             "weightsync.dist.backend=gloo", f"weightsync.dist.bucket_bytes={BUCKET}", "weightsync.timeout_s=60", "metrics.enabled=false",
-        ],
+        ),
     )  # fmt: skip
     subs = [_Child(c, _me("actor", url, f"c{i}", params)) for i in range(actors)]
     try:
@@ -194,31 +212,56 @@ def _relay_case(hosts, params: int, actors: int) -> dict:
             sub.next("ready")
         learner.send("members 1")
         learner.next("members")
-        relay_s = []
+        relay_s, splits = [], []
         # version 0 pays first-touch costs and the group's forming; it is not counted
         for version in range(ROUNDS + 1):
             if version == 1:
                 before = c.rx_bytes()
             learner.send(f"publish {version}")
             published = learner.next("published")
+            served = relay.next("served")
             for sub in subs:
                 while sub.next("applied")["version"] < version:
                     pass
             if version > 0:
                 relay_s.append(published["relay_s"])
+                splits.append(_split(published["marks"], served["marks"]))
         per_version = (c.rx_bytes() - before) / ROUNDS
+        # the relay leaves before the learner's store goes: it never waits on a store that is gone
+        relay.p.terminate()
+        relay.p.wait(timeout=30)
         learner.send("quit")
+        learner.p.wait(timeout=30)
         return {
             "relay": min(relay_s),
+            "split": {k: statistics.median(s[k] for s in splits) for k in splits[0]},
             "link": per_version / published["bytes"],
             "bytes": published["bytes"],
             "host": published["host"],
         }
     finally:
-        for child in (learner, relay, *subs):
+        for child in (*subs, relay, learner):
             if child.p.poll() is None:
                 child.p.kill()
             child.p.wait(timeout=30)
+
+
+# the phases of one hand-over as (column, host, mark): each mark's time after the publish started
+MILESTONES = (
+    ("A slot written", "A", "slot"),
+    ("A header set", "A", "header"),
+    ("C header read", "C", "header"),
+    ("A last bucket sent", "A", "sent"),
+    ("C last bucket in", "C", "received"),
+    ("C slot stamped", "C", "committed"),
+    ("C announced", "C", "announced"),
+)
+
+
+def _split(on_a: dict, on_c: dict) -> dict[str, float]:
+    """Each milestone of one version in ms after its publish started (one machine, one clock)."""
+    marks = {"A": on_a, "C": on_c}
+    return {col: (marks[h][m] - on_a["publish"]) * 1e3 for col, h, m in MILESTONES}
 
 
 def _gloo_case(hosts, params: int) -> float:
@@ -262,7 +305,11 @@ def run(params: int = 25_000_000) -> str:
         "| link bytes per version / model |",
         "|---|---|---|---|---|---|---|",
     ]
-    with netns_hosts.hosts(("A", "C")) as hosts:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-hosts-") as root,
+        netns_hosts.hosts(Path(root), ("A", "C")) as hosts,
+    ):
+        splits = []
         for actors in (1, 4):
             gloo = _gloo_case(hosts, params)
             r = _relay_case(hosts, params, actors)
@@ -270,7 +317,21 @@ def run(params: int = 25_000_000) -> str:
                 f"| {actors} | {r['bytes'] / 1e6:.0f} | {r['host']} | {gloo * 1e3:.0f} "
                 f"| {r['relay'] * 1e3:.0f} | {r['relay'] / gloo:.2f} | {r['link']:.3f} |"
             )
+            splits.append((actors, gloo, r["split"]))
     lines += [
+        "",
+        "Where the time goes: each phase's end in ms after the publish started on A, the median "
+        f"of the {ROUNDS} versions (A's marks: `HostSender.marks`, C's: the relay's "
+        "`DistReceiver.marks`; one machine, one clock), beside that row's gloo ms.",
+        "",
+        "| actors on C | gloo ms | " + " | ".join(col for col, _, _ in MILESTONES) + " |",
+        "|---|---|" + "---|" * len(MILESTONES),
+        *(
+            f"| {actors} | {gloo * 1e3:.1f} | "
+            + " | ".join(f"{split[col]:.1f}" for col, _, _ in MILESTONES)
+            + " |"
+            for actors, gloo, split in splits
+        ),
         "",
         "gloo and relay are measured back to back per row. *relay ms* adds to the broadcast the "
         "learner's one copy (into its own host's shm slot, which is then the broadcast's source), "
@@ -304,6 +365,8 @@ if __name__ == "__main__":
         learner_main(rest[0], int(rest[1]))
     elif role == "actor":
         actor_main(rest[0], rest[1], int(rest[2]))
+    elif role == "relay":
+        sys.exit(relay_main(rest))
     elif role == "gloo":
         gloo_main(int(rest[0]), rest[1], int(rest[2]), int(rest[3]))
     else:

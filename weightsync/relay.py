@@ -144,6 +144,7 @@ class Relay:
         self.served = (self.receiver.publisher, version)
         # the learner's checksums: the host's actors check what crossed the network end to end
         self.writer.commit(self.slot, version, self.receiver.checksums)
+        self.receiver.marks["committed"] = time.time()
         meta = {
             "layout": self.layout.to_json(),
             "aliases": self.aliases,
@@ -156,6 +157,7 @@ class Relay:
         pipe.hincrby(relay_stats_key(self.keys), f"{self.host_id}:versions", 1)
         pipe.execute()
         announce(self.client, self.local, version, "shm", self.receiver.publisher, meta)
+        self.receiver.marks["announced"] = time.time()
         metrics.RELAY_BYTES.inc(self.layout.total_bytes)
         metrics.RELAY_VERSIONS.inc()
         metrics.PUBLISHED_VERSION.set(version)

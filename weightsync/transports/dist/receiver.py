@@ -59,6 +59,8 @@ class DistReceiver:
         self._bad_record: bytes | None = None
         self._bad_header: bytes | None = None
         self._next_beat = 0.0
+        # when (time.time()) the last version received passed each phase (the relay's log)
+        self.marks: dict[str, float] = {}
 
     def heartbeat(self, now: bool = False) -> None:
         t = time.time()
@@ -187,11 +189,14 @@ class DistReceiver:
             time.sleep(wait_s)
             return None
         self.seq += 1
+        self.marks = {"header": time.time()}
         self.publisher, self.checksums = head.publisher, head.checksums
         dest = acquire(head.version, head.layout, head.aliases)
+        self.marks["slot"] = time.time()
         ok = False
         try:
             self._receive(head.layout, head.bucket_bytes, dest)
+            self.marks["received"] = time.time()
             ok = dest is not None
         except Exception:
             self._leave()

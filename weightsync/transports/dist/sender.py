@@ -69,6 +69,8 @@ class DistSender:
         self.group = None
         self.seq = 0
         self.broken = True
+        # when (time.time()) the last send passed each of its phases, for the relay bench's split
+        self.marks: dict[str, float] = {}
 
     def live_members(self) -> list[str]:
         """Members with a fresh heartbeat, less those dropped that have not noticed it yet."""
@@ -186,6 +188,7 @@ class DistSender:
             invited = self.live_members()
             if self.broken or invited != self.members:
                 self.reform(invited, deadline)
+            self.marks = {"members": time.time()}
             if self.group is None:
                 break
             try:
@@ -224,6 +227,7 @@ class DistSender:
         }
         key = f"e{self.epoch}/pub/{self.seq}"
         self.store.set(key, sign(self.secret, key, header))
+        self.marks["header"] = time.time()
         # members read a header before its broadcast starts; two back is long taken
         if self.seq >= 2:
             self.store.delete_key(f"e{self.epoch}/pub/{self.seq - 2}")
@@ -238,6 +242,7 @@ class DistSender:
                     bucket = self.bucket[:size].copy_(bucket)
                 with bounded(f"broadcast of version {version}", self.timeout_s):
                     self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
+            self.marks["sent"] = time.time()
             return
         dtypes = {s.name: s.torch_dtype for s in self.layout.specs}
         converted_name, converted = None, None
@@ -296,6 +301,7 @@ class HostSender:
         # one publish or catch-up at a time; the last version sent: (version, aliases, slot)
         self._lock = threading.Lock()
         self._last: tuple[int, dict[str, str], int] | None = None
+        self.marks: dict[str, float] = {}
         self._stop = threading.Event()
         self._catcher = threading.Thread(target=self.catch_up, name="weight-catch-up", daemon=True)
         self._catcher.start()
@@ -308,16 +314,21 @@ class HostSender:
         checksums: dict[str, int] | None = None,
     ) -> dict:
         with self._lock:
+            marks = {"start": time.time()}
             # the one copy: into this host's slot, which then is the broadcast's source (gloo's,
             # on the host; NCCL's buckets are on the GPU and are filled from the tensors)
             local = {"layout": self.dist.layout.to_json(), "aliases": aliases}
             local |= self.shm.send(version, tensors, aliases, checksums)
+            marks["slot"] = time.time()
             announce(self.client, self.local_keys, version, "shm", self.publisher, local)
+            marks["here"] = time.time()
             slot, writer = local["slot"], self.shm.writer
             self._last = (version, aliases, slot)
             flat = writer.flat(slot) if self.dist.device.type == "cpu" else None
             sums = writer.checksums(slot)
-            return self.dist.send(version, tensors, aliases, checksums, flat=flat, sums=sums)
+            sent = self.dist.send(version, tensors, aliases, checksums, flat=flat, sums=sums)
+            self.marks = marks | self.dist.marks
+            return sent
 
     def catch_up(self) -> None:
         """The background thread: a joiner seen on two polls running (a publish in between takes
