@@ -248,9 +248,9 @@ def _relay_case(hosts, params: int, actors: int) -> dict:
 
 # the phases of one hand-over as (column, host, mark): each mark's time after the publish started
 MILESTONES = (
-    ("A slot written", "A", "slot"),
     ("A header set", "A", "header"),
     ("C header read", "C", "header"),
+    ("A slot written", "A", "slot"),
     ("A last bucket sent", "A", "sent"),
     ("C last bucket in", "C", "received"),
     ("C slot stamped", "C", "committed"),

@@ -214,7 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                 stop.wait(RETRY_S)
                 continue
             if version is not None:
-                log.info("relay %s: version %d served", host_id, version)
+                marks = relay.receiver.marks
+                log.info(
+                    "relay %s: version %d served %.1f ms after its header (received at %.1f ms)",
+                    host_id,
+                    version,
+                    (marks["announced"] - marks["header"]) * 1e3,
+                    (marks["received"] - marks["header"]) * 1e3,
+                )
     finally:
         relay.close()
         try:
