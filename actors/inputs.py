@@ -30,17 +30,21 @@ def _build(key: str, ref: str, path: str, seed: int) -> None:
 
 
 def prepare(
-    model: ModelConfig, data: DataConfig, seed: int, announce: Callable[[str], None] = log.info
+    model: ModelConfig,
+    data: DataConfig | None,
+    seed: int,
+    announce: Callable[[str], None] = log.info,
 ) -> None:
     """Check both paths are set, and build the missing ones that have a hook (once; safe to race).
 
     The launcher calls it before any child starts; a lone actor (``make actors``) calls it
-    too, so it runs without a launcher. The hooks write atomically, and a later run finds
-    what the first one built.
+    too, so it runs without a launcher, and so does a learner node (``streamrl learner``), which
+    reads no prompts (``data`` None). The hooks write atomically, and a later run finds what the
+    first one built.
     """
     if not model.path:
         raise ConfigError("model.path is not set: name a Hugging Face model folder or hub id")
-    if not data.path:
+    if data is not None and not data.path:
         raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
     # what no hook fills must be there before a hook builds anything: a start that fails on a
     # user's path (a typo, a hub id not in the cache) leaves nothing behind
@@ -49,11 +53,11 @@ def prepare(
         from streamrl.policy.load import model_folder
 
         model_folder(model.path)
-    if not data.build:
+    if data is not None and not data.build:
         check_dataset_path(data.path)
     if model.build and not os.path.exists(model.path):
         announce(f"building the policy at {model.path} with model.build {model.build} (once)")
         _build("model.build", model.build, model.path, seed)
-    if data.build and not os.path.exists(data.path):
+    if data is not None and data.build and not os.path.exists(data.path):
         announce(f"writing the dataset at {data.path} with data.build {data.build} (once)")
         _build("data.build", data.build, data.path, seed)

@@ -1,8 +1,9 @@
 """``streamrl broker --config X [key=value ...]``: serve the run's Redis until SIGINT/SIGTERM.
 
 The broker role of a run on several hosts, and what ``python -m streamrl.broker`` runs on one.
-``broker.host`` picks the interface (loopback by default); any other address needs a
-password, which comes from ``STREAMRL_REDIS_PASSWORD`` or ``broker.password_file`` (mode 0600),
+``broker.host`` picks the interface (loopback by default) and ``broker.port`` the port (6379
+unless set: the port the docs' ``--join redis://HOST:6379/0`` names); any other address needs a
+password and Redis 7 (``broker.server``), which comes from ``STREAMRL_REDIS_PASSWORD`` or ``broker.password_file`` (mode 0600),
 never the command line. With ``broker.tls_cert_file`` and ``broker.tls_key_file`` it serves TLS
 only. Prints the URL (password masked) and the ``--join`` URL other hosts pass to ``streamrl
 actors``, and writes the URL to ``<run.dir>/redis.url`` so processes of this host find it. With
@@ -21,8 +22,8 @@ from pathlib import Path
 import redis
 
 from streamrl.broker.client import connect_sync, url_file
-from streamrl.broker.password import PasswordError, refuse_on_command_line, with_password
-from streamrl.broker.server import EmbeddedRedis, RedisServerError
+from streamrl.broker.password import PasswordError, with_password
+from streamrl.broker.server import BROKER_PORT, EmbeddedRedis, RedisServerError
 from streamrl.configs import config_from_cli
 from streamrl.configs.redact import redact_url, strip_url
 from streamrl.configs.runfiles import restrict_umask
@@ -34,7 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     # Redis's files (data, log) and the URL file are this user's only
     restrict_umask(cfg.run.shared_read)
     try:
-        refuse_on_command_line(args.overrides)
         broker = with_password(cfg.broker)
     except PasswordError as exc:
         print(f"streamrl broker: {exc}", file=sys.stderr)
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
+    if broker.port is None:
+        broker = broker.model_copy(update={"port": BROKER_PORT})
     stop = threading.Event()
     try:
         # refuses an unsafe bind before anything, signal handlers included, is set up

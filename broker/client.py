@@ -1,5 +1,9 @@
 """redis-py clients configured once: timeouts, jittered retries, health checks, where Redis is.
 
+A ``rediss://`` URL is verified: the server's certificate against ``broker.tls_ca_file`` (this
+host's copy of the CA, which replaces a ``?ssl_ca_certs=`` the URL carries from the broker's host)
+or the system's CAs, and its name against the URL's host.
+
 redis-py's ``redis.asyncio`` is the async face (asyncio-redis is unmaintained
 since 2020 and has no stream commands); the sync client serves threads and
 tools. One client per process; both pool their connections.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -63,6 +68,26 @@ def _options(b: BrokerConfig) -> dict:
     }
 
 
+def tls_url(url: str, broker: BrokerConfig) -> tuple[str, dict]:
+    """(``url``, the TLS options a client of it takes): for ``rediss://``, the certificate
+    required and its host name checked, against ``broker.tls_ca_file`` when set."""
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return url, {}
+    options = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    if broker.tls_ca_file:
+        options["ssl_ca_certs"] = broker.tls_ca_file
+        # a URL's options override a client's: the broker host's path must not
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "ssl_ca_certs"]
+        url = urlunsplit(parts._replace(query=urlencode(query)))
+    return url, options
+
+
+def _client(cls, broker: BrokerConfig, run_dir: str | os.PathLike, retry):
+    url, tls = tls_url(redis_url(broker, run_dir), broker)
+    return cls.from_url(url, retry=retry, **_options(broker), **tls)
+
+
 def _backoff() -> ExponentialWithJitterBackoff:
     return ExponentialWithJitterBackoff(cap=1.0, base=0.02)
 
@@ -71,10 +96,10 @@ def connect_async(broker: BrokerConfig, run_dir: str | os.PathLike) -> redis.asy
     """Async client (bytes responses) of the Redis ``redis_url`` finds. Failed commands are
     retried ``broker.retries`` times with jittered backoff."""
     retry = redis.asyncio.retry.Retry(_backoff(), broker.retries, supported_errors=_RETRY_ON)
-    return redis.asyncio.Redis.from_url(redis_url(broker, run_dir), retry=retry, **_options(broker))
+    return _client(redis.asyncio.Redis, broker, run_dir, retry)
 
 
 def connect_sync(broker: BrokerConfig, run_dir: str | os.PathLike) -> redis.Redis:
     """Sync client with the same policy as ``connect_async``."""
     retry = redis.retry.Retry(_backoff(), broker.retries, supported_errors=_RETRY_ON)
-    return redis.Redis.from_url(redis_url(broker, run_dir), retry=retry, **_options(broker))
+    return _client(redis.Redis, broker, run_dir, retry)

@@ -45,6 +45,8 @@ class Keys:
         self.weights_dist_members = p + "weights:dist:members"
         self.weights_dist_group = p + "weights:dist:group"
         self.weights_dist_epoch = p + "weights:dist:group:epoch"
+        # the id of the learner nodes' torchrun rendezvous: random, so its keys are not guessable
+        self.learner_rdzv = p + "learner:rdzv"
         self.metrics_targets = p + "metrics:targets"
         # the same fields -> the run.host_id of the process serving them (a scrape target label)
         self.metrics_hosts = p + "metrics:hosts"

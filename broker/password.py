@@ -1,16 +1,19 @@
 """Where the roles of a run on several hosts get the Redis password: never the command line.
 
-A password in argv is in every local user's ``ps``. ``streamrl broker`` and ``streamrl actors
---join`` read it from ``STREAMRL_REDIS_PASSWORD``, else from ``broker.password_file``, which must
-be readable by its owner only, as ``ssh`` insists of a private key. A config file's
-``broker.password`` is still taken (a file, like the password file).
+A password in argv is in every local user's ``ps``: every command refuses ``broker.password=`` as
+an override (``configs.load.refuse_secrets``), and a ``--join`` URL must carry none. ``streamrl
+broker``, ``streamrl run`` and every ``--join`` (``actors``, ``learner``, ``scale``) read it from
+``STREAMRL_REDIS_PASSWORD``, else from ``broker.password_file``, which must be readable by its
+owner only, as ``ssh`` insists of a private key. A config file's ``broker.password`` is still taken
+(a file, like the password file).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -22,16 +25,6 @@ PASSWORD_ENV = "STREAMRL_REDIS_PASSWORD"
 
 class PasswordError(StreamRLError, ValueError):
     """A password given where others can read it, or a password file that cannot be used."""
-
-
-def refuse_on_command_line(overrides: Sequence[str]) -> None:
-    """A ``broker.password=...`` override would sit in ``ps`` for the life of the process."""
-    for item in overrides:
-        if item.split("=", 1)[0].strip() == "broker.password":
-            raise PasswordError(
-                f"broker.password on the command line is visible to every local user (ps): "
-                f"set {PASSWORD_ENV} or broker.password_file instead"
-            )
 
 
 def read_password_file(path: str | os.PathLike) -> str:
@@ -66,6 +59,16 @@ def password(broker: BrokerConfig, env: Mapping[str, str] = os.environ) -> str |
 def with_password(broker: BrokerConfig, env: Mapping[str, str] = os.environ) -> BrokerConfig:
     """``broker`` with ``password`` filled in from where ``password`` looks."""
     return broker.model_copy(update={"password": password(broker, env)})
+
+
+def add_join_argument(parser: argparse.ArgumentParser) -> None:
+    """``--join REDIS_URL``, as every role joining a run whose broker is on another host takes it."""
+    parser.add_argument(
+        "--join",
+        metavar="REDIS_URL",
+        help="the run's broker on another host (streamrl broker prints it); the password comes "
+        f"from {PASSWORD_ENV} or broker.password_file, never this URL",
+    )
 
 
 def join_url(url: str, broker: BrokerConfig, env: Mapping[str, str] = os.environ) -> str:

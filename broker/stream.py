@@ -255,8 +255,14 @@ class RolloutConsumer:
     async def start_version_check(self, version: int) -> None:
         """Check versions from now on against ``version`` or the highest one announced before
         (a restarted learner resumes below what its predecessor's actors may hold)."""
-        announced = await self.redis.get(self.keys.version)
-        self.set_max_version(max(version, int(announced or 0)))
+        raw = await self.redis.get(self.keys.version)
+        try:
+            announced = int(raw or 0)
+        # anyone with the password can write the key: a value that is no version is not one
+        except ValueError:
+            log.warning("ignoring %s=%r: not a version", self.keys.version, raw[:80])
+            announced = 0
+        self.set_max_version(max(version, announced))
 
     async def ensure_group(self) -> None:
         try:

@@ -21,17 +21,20 @@ class BrokerConfig(Section):
         "127.0.0.1",
         description="Bind address of the embedded Redis. Non-loopback requires `password`.",
     )
-    port: int = Field(
-        0, ge=0, le=65535, description="Port of the embedded Redis (0 = pick a free one)."
+    port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port of the embedded Redis. None = 6379 for `streamrl broker` (the port other hosts `--join redis://HOST:6379/0`), a free one for `streamrl run` (one host: nothing else needs to know it); 0 = a free one always. A port in use fails at start naming broker.port.",
     )
     password: str | None = Field(
         None,
         json_schema_extra={"secret": True},
-        description="requirepass for the embedded Redis (None = a random one per run, kept in the 0600 URL file); mandatory for a non-loopback bind. `streamrl broker` and `streamrl actors --join` refuse it on the command line (visible in `ps`): they read STREAMRL_REDIS_PASSWORD, else `password_file`.",
+        description="requirepass for the embedded Redis (None = a random one per run, kept in the 0600 URL file); mandatory for a non-loopback bind. Every command refuses it on the command line (visible in `ps`): `streamrl broker`, `streamrl run` and every `--join` read STREAMRL_REDIS_PASSWORD, else `password_file`, else this key of a config file.",
     )
     password_file: str | None = Field(
         None,
-        description="File holding the Redis password on its first line, for `streamrl broker` and `streamrl actors --join` when STREAMRL_REDIS_PASSWORD is unset; refused unless only its owner may read it (mode 0600 or stricter).",
+        description="File holding the Redis password on its first line, for `streamrl broker`, `streamrl run` and every `--join` when STREAMRL_REDIS_PASSWORD is unset; refused unless only its owner may read it (mode 0600 or stricter).",
     )
     tls_cert_file: str | None = Field(
         None,
@@ -42,7 +45,7 @@ class BrokerConfig(Section):
     )
     tls_ca_file: str | None = Field(
         None,
-        description="PEM CA bundle clients verify the broker's certificate with; `streamrl broker` puts it in the URL it prints (`?ssl_ca_certs=`). None = the system's CAs.",
+        description="PEM CA bundle clients verify the broker's certificate with (hostname checked too: the certificate must name the host in the URL); `streamrl broker` also puts it in the URL it prints (`?ssl_ca_certs=`). None = the system's CAs.",
     )
     appendonly: bool = Field(
         False,

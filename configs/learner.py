@@ -213,6 +213,10 @@ class LearnerConfig(Section):
         ge=1,
         description="Learner ranks (data parallel) on each node: `streamrl run` and `streamrl learner` start them with torchrun --nproc-per-node; `streamrl learner --nnodes N` starts this many on each of N nodes.",
     )
+    trusted_network: bool = Field(
+        False,
+        description="With `streamrl learner --nnodes N` (N > 1) over a network (not loopback): the user has made sure that only the run's hosts reach the learner nodes' ports (torch's TCPStore at --rdzv-endpoint's port on node 0, gloo/NCCL's ephemeral ports), which authenticate nobody and listen on every interface (docs/multihost.md, 'Addresses and ports'). False = each node prints a warning saying so at start.",
+    )
     max_crashes: int = Field(
         5,
         ge=1,

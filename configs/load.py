@@ -23,7 +23,13 @@ from pydantic import BaseModel, ValidationError
 
 from streamrl.configs import foreign, renamed
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.redact import redact_text, redacted, restore, shown_value
+from streamrl.configs.redact import (
+    is_secret_field,
+    redact_text,
+    redacted,
+    restore,
+    shown_value,
+)
 from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import Config
 
@@ -31,6 +37,10 @@ Overrides = Iterable[str] | Mapping[str, Any]
 PRESET_SUFFIX = ".yaml"
 # what a run saves in its directory (launch.supervisor), so --config takes a run directory too
 RUN_CONFIG = "config.yaml"
+# where a secret refused on the command line (refuse_secrets) comes from instead
+SECRET_SOURCES = {
+    ("broker", "password"): "set STREAMRL_REDIS_PASSWORD or broker.password_file instead",
+}
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
@@ -348,7 +358,26 @@ def config_from_cli(
     # overrides may come before, between and after the options
     args = parser.parse_intermixed_args(argv)
     try:
+        refuse_secrets(args.overrides)
+    except ConfigError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
         return args, load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(redact_text(str(exc)), file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def refuse_secrets(overrides: Iterable[str]) -> None:
+    """ConfigError for an override of a field the schema declares secret (``broker.password``):
+    a command line is in every local user's ``ps`` for the life of the process, and every role
+    of a run parses its overrides here."""
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        loc = tuple(int(p) if _is_index(p) else p for p in key.split("."))
+        if is_secret_field(_model_at(loc), loc[-1]):
+            where = SECRET_SOURCES.get(loc, "put it in the config file (mode 0600) instead")
+            raise ConfigError(
+                f"{key} on the command line is visible to every local user (ps): {where}"
+            )

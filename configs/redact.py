@@ -94,7 +94,7 @@ def section_of(annotation) -> type[BaseModel] | None:
     return None
 
 
-def _is_secret_field(section: type[BaseModel] | None, key: object) -> bool:
+def is_secret_field(section: type[BaseModel] | None, key: object) -> bool:
     field = section.model_fields.get(key) if section and isinstance(key, str) else None
     extra = field.json_schema_extra if field is not None else None
     return isinstance(extra, dict) and bool(extra.get("secret"))
@@ -116,7 +116,7 @@ def _walk(node: Any, section: type[BaseModel] | None, path: KeyPath, found: list
     for key, value in node.items():
         here = (*path, key)
         field = section.model_fields.get(key) if section and isinstance(key, str) else None
-        if _is_secret_field(section, key):
+        if is_secret_field(section, key):
             # None, not the mark: the redacted config still validates and loads
             if value is not None:
                 found.append((here, value))

@@ -31,7 +31,7 @@ COMMANDS = {
         "the run's Redis alone, on a chosen interface, for learners and actors on other hosts",
     ),
     "learner": Command(
-        "streamrl.learner.__main__",
+        "streamrl.launch.learner",
         "the learner alone: one rank, torchrun's ranks, or one node of several (--nnodes)",
     ),
     "sft": Command("streamrl.launch.sft", "supervised fine-tuning on the learner from a dataset"),

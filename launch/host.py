@@ -8,7 +8,8 @@ command (``streamrl scale --host H``), plus the host's weight relay when the tra
 (``weightsync.relay.wanted``), started before the actors and stopped after them. What it keeps
 is keyed by ``run.host_id``, since hosts may share ``run.dir``: its config, logs and placement
 live in ``<run.dir>/hosts/<host_id>/``, its actors are ``<host_id>-a0``, ``<host_id>-a1``, ...,
-and its scale commands arrive on a list of its own. The password comes from
+and its scale commands arrive on a list of its own, signed with
+the key it keeps there (``launch.control``: a host is scaled only by who can read that key). The password comes from
 ``STREAMRL_REDIS_PASSWORD`` or ``broker.password_file``, never the URL on the command line.
 Without ``--join`` the actors find Redis as any process of the run does (``REDIS_URL``,
 ``broker.redis_url``, the run directory's ``redis.url``).
@@ -25,11 +26,11 @@ from pathlib import Path
 
 import redis
 
-from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url
-from streamrl.broker.password import PasswordError, join_url
+from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url, tls_url
+from streamrl.broker.password import PasswordError, add_join_argument, join_url
 from streamrl.configs import Config, StreamRLError, config_from_cli, write_config
 from streamrl.configs.runfiles import restrict_umask
-from streamrl.launch import placement
+from streamrl.launch import control, placement
 from streamrl.launch.supervisor import CONFIG_FILE, Child, Supervisor
 
 TICK_S = 0.5
@@ -39,11 +40,6 @@ JOIN_TIMEOUT_S = 10.0
 def host_dir(run_dir: str, host_id: str) -> Path:
     """What one host's supervisor keeps: ``<run.dir>/hosts/<host_id>``."""
     return Path(run_dir) / "hosts" / host_id
-
-
-def control_key(launch_control: str, host_id: str) -> str:
-    """The Redis list the supervisor of ``host_id``'s actors takes scale commands from."""
-    return f"{launch_control}:{host_id}"
 
 
 class HostSupervisor(Supervisor):
@@ -57,15 +53,16 @@ class HostSupervisor(Supervisor):
         self.log_dir = self.state_dir / "logs"
         self.config_file = self.state_dir / CONFIG_FILE
         self.actor_prefix = f"{self.host_id}-"
-        self.control_key = control_key(self.keys.launch_control, self.host_id)
+        self.control_key = control.control_key(self.keys.launch_control, self.host_id)
 
     def start(self) -> HostSupervisor:
         self.started_at = time.monotonic()
         # a wrong URL or password fails at once (the run's clients retry, a wrong password too),
         # before the inputs are loaded
-        with redis.Redis.from_url(self.redis_url, socket_connect_timeout=JOIN_TIMEOUT_S) as probe:
-            probe.ping()
         broker = self.cfg.broker.model_copy(update={"redis_url": self.redis_url})
+        url, tls = tls_url(self.redis_url, broker)
+        with redis.Redis.from_url(url, socket_connect_timeout=JOIN_TIMEOUT_S, **tls) as probe:
+            probe.ping()
         self.redis = connect_sync(broker, self.cfg.run.dir)
         self._prepare_inputs()
         placement.check_launcher(self.cfg, self.launcher_devices, learner_here=False)
@@ -80,6 +77,7 @@ class HostSupervisor(Supervisor):
         restrict_umask(self.cfg.run.shared_read)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
+        self.scale_key = control.create_key(self.state_dir)
         write_config(self.cfg, self.config_file)
         self.event(f"host {self.host_id}: joined run {self.cfg.run.name!r}")
         self._start_relay()
@@ -106,11 +104,7 @@ class HostSupervisor(Supervisor):
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(prog="streamrl actors", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--join",
-        metavar="URL",
-        help="the run's broker, as `streamrl broker` prints it (redis[s]://host:port/0, no password)",
-    )
+    add_join_argument(parser)
     parser.add_argument("--count", type=int, default=1, help="actor processes to start here")
     return config_from_cli(parser, argv)
 

@@ -52,6 +52,8 @@ RUN_ENTRIES = frozenset(
         "trackio",
         "tracker.json",
         "placement.json",
+        # the supervisor's key for scale commands (launch.control)
+        "scale.key",
         "agent",
         "plots",
         MARKER,

@@ -34,11 +34,12 @@ from pathlib import Path
 
 from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.keys import Keys
+from streamrl.broker.password import with_password
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
 from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
 from streamrl.configs.runfiles import open_append, restrict_umask, write_new
-from streamrl.launch import placement, rundir
+from streamrl.launch import control, placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 from streamrl.runtime.cpu_pinning import CPUS_ENV, pin_process
 
@@ -131,6 +132,10 @@ class Supervisor:
         # where placement.json goes, and the Redis list scale commands arrive on
         self.state_dir = self.run_dir
         self.control_key = self.keys.launch_control
+        # the key a scale command must be signed with (launch.control); drawn at start
+        self.scale_key: bytes | None = None
+        # the stamp of the last scale command applied: an older or replayed one is dropped
+        self._control_at = 0
         self.started_at = 0.0
         self.events: list[str] = []
         # how many of the events are in logs/supervisor.log, which is written to only once this
@@ -174,6 +179,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
         self.event(said)
+        self.scale_key = control.create_key(self.state_dir)
         # Children load this file, not the launcher's argv: a config made in Python has no file
         # of its own, and argv would show a password given as an override to every local user.
         write_config(self.cfg, self.config_file)
@@ -222,8 +228,9 @@ class Supervisor:
         if self.cfg.broker.redis_url:
             self.redis_url = self.cfg.broker.redis_url
             return
+        # the password from where every role takes it (broker.password), else a random one
         self.redis_server = EmbeddedRedis(
-            self.cfg.broker, self.run_dir / "redis", url_file=url_file(self.run_dir)
+            with_password(self.cfg.broker), self.run_dir / "redis", url_file=url_file(self.run_dir)
         ).start()
         self.redis_url = self.redis_server.url
         self.event(f"redis-server on {self.redis_server.broker.host}:{self.redis_server.port}")
@@ -413,8 +420,9 @@ class Supervisor:
         return server is not None and (server.proc is None or server.proc.poll() is not None)
 
     def _apply_control(self) -> None:
-        """``python -m streamrl.launch.scale`` pushes the wanted actor count onto a Redis list."""
-        if self._redis_down:
+        """``streamrl scale`` pushes a signed count onto this supervisor's list (launch.control);
+        an entry that is not one is logged and dropped."""
+        if self._redis_down or self.scale_key is None:
             return
         try:
             raw = self.redis.lpop(self.control_key)
@@ -425,14 +433,19 @@ class Supervisor:
         if raw is None:
             return
         try:
-            wanted = int(json.loads(raw)["actors"])
-        except (ValueError, KeyError, TypeError):
-            self.event(f"ignored malformed scale command {raw!r}")
+            command = control.decode(
+                raw, self.scale_key, self.control_key, self.cfg.actor.max_actors
+            )
+            if command.at <= self._control_at:
+                raise control.BadCommand("not newer than the last one applied (a replay)")
+        except control.BadCommand as exc:
+            self.event(f"dropped scale command {control.preview(raw)}: {exc}")
             return
-        self.scale(wanted)
+        self._control_at = command.at
+        self.scale(command.actors)
 
     def scale(self, wanted: int) -> None:
-        # Anyone holding the Redis password can push a scale command: never past the config bound.
+        # never past the config bound, whoever asks
         if wanted > self.cfg.actor.max_actors:
             self.event(
                 f"scale to {wanted} actors clamped to actor.max_actors={self.cfg.actor.max_actors}"

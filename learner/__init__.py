@@ -8,7 +8,9 @@ supplying its batches and its loss: RL (``grpo``: the stream through ``rollout_i
 bookkeeping ``commits``, the step ``step`` of the RL math in ``algorithm``, batching into
 token-budget micro-batches in ``batching``), SFT (``sft``) and DPO (``dpo``), which share a
 dataset file's steps (``supervised``, ``supervised_data``, ``supervised_batches``,
-``supervised_loss``). The policy itself (loading, token scoring, LoRA) is ``policy``'s.
+``supervised_loss``), and how its ranks start on one node or several (``nodes``: torchrun's
+static rendezvous; ``torchrun``: torch's launcher, quiet on a stop signal). The policy itself
+(loading, token scoring, LoRA) is ``policy``'s.
 
 Talks to: Redis through ``broker`` (consumer group, version, admission
 counters) and the actors through ``weightsync`` publishers. May import:

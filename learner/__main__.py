@@ -3,7 +3,7 @@
 One rank with ``learner.ranks: 1``; with more it starts torchrun on this node, which starts
 ``learner.ranks`` ranks of this same module. Several nodes: each runs ``streamrl learner
 --join REDIS_URL --nnodes N --node-rank R --rdzv-endpoint HOST:PORT`` with the same config, meeting through
-torchrun's c10d rendezvous (``learner.nodes``); checkpoints then need one ``run.dir`` that every
+torchrun's static rendezvous at node 0 (``learner.nodes``); checkpoints then need one ``run.dir`` that every
 node sees (``learner.checkpoint.check_shared``). Under torchrun or the ``deepspeed`` launcher
 (``RANK`` set, hence ``--local_rank``) it is one rank. SIGTERM/SIGINT/SIGHUP stop it after the
 current step with a checkpoint.
@@ -17,34 +17,69 @@ import os
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import redis
 import torch
 
-from streamrl.broker.password import PASSWORD_ENV, PasswordError, join_url
+from streamrl.broker.password import PasswordError, add_join_argument, join_url
 from streamrl.configs import config_from_cli
+from streamrl.configs.errors import StreamRLError
 from streamrl.configs.runfiles import restrict_umask
-from streamrl.learner.nodes import Nodes, NodesError, interface_env, local_address, torchrun_argv
+from streamrl.configs.schema import BrokerConfig, Config, LearnerConfig, RunConfig
+from streamrl.learner.nodes import (
+    Nodes,
+    NodesError,
+    Placement,
+    choose_address,
+    exposure_warning,
+    host_view,
+    interface_env,
+    rendezvous_id,
+    torchrun_argv,
+)
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 
 
-def _launch_ranks(args: argparse.Namespace, nproc: int, run_name: str) -> int:
-    """Become torchrun for this node's ``nproc`` ranks (one node, or this node of several)."""
+def _meeting(
+    args: argparse.Namespace, run: RunConfig, broker: BrokerConfig
+) -> tuple[Nodes, Placement, str]:
+    """This node's part of several: its address and the run's rendezvous id (from the broker)."""
+    from streamrl.broker.client import connect_sync, redis_url
+    from streamrl.broker.keys import Keys
+
+    if not args.rdzv_endpoint:
+        raise NodesError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (on node 0)")
+    nodes = Nodes(args.nnodes, args.node_rank, args.rdzv_endpoint, args.max_restarts)
+    url = redis_url(broker, run.dir)
+    placement = choose_address(nodes, host_view(nodes, urlsplit(url).hostname, os.environ))
+    try:
+        with connect_sync(broker, run.dir) as client:
+            rdzv_id = rendezvous_id(client, Keys.from_config(run, broker).learner_rdzv)
+    except redis.RedisError as exc:
+        raise NodesError(f"the rendezvous id from the broker ({exc})") from None
+    return nodes, placement, rdzv_id
+
+
+def _launch_ranks(
+    args: argparse.Namespace, learner: LearnerConfig, run: RunConfig, broker: BrokerConfig
+) -> int:
+    """Become torchrun for this node's ``learner.ranks`` ranks (one node, or this node of several)."""
     rank_argv = (["--config", args.config] if args.config else []) + list(args.overrides)
     env = dict(os.environ)
-    nodes = local_addr = None
-    try:
-        if args.nnodes > 1:
-            if not args.rdzv_endpoint:
-                raise NodesError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (on node 0)")
-            nodes = Nodes(
-                args.nnodes, args.node_rank, args.rdzv_endpoint, run_name, args.max_restarts
-            )
-            local_addr = local_address(nodes.endpoint_host)
-            env.update(interface_env(local_addr, env))
-    except NodesError as exc:
-        print(f"streamrl learner: {exc}", file=sys.stderr)
-        return 2
-    argv = torchrun_argv(sys.executable, nproc, rank_argv, nodes, local_addr)
+    meeting = ()
+    if args.nnodes > 1:
+        try:
+            meeting = _meeting(args, run, broker)
+        except (NodesError, StreamRLError) as exc:
+            print(f"streamrl learner: {exc}", file=sys.stderr)
+            return 2
+        nodes, placement, _ = meeting
+        env.update(interface_env(placement, env))
+        warning = exposure_warning(nodes, placement, learner.trusted_network)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+    argv = torchrun_argv(sys.executable, learner.ranks, rank_argv, *meeting)
     sys.stdout.flush()
     os.execve(sys.executable, argv, env)
 
@@ -58,7 +93,8 @@ def _check_shared_run_dir(run_dir: str, host_id: str) -> None:
     checkpoint.check_shared(Path(run_dir) / "checkpoints", rank, world, device(), host_id)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
+    """The command line and the config it names, with ``--join``'s URL as the broker's."""
     parser = argparse.ArgumentParser(prog="streamrl learner", description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--nnodes", type=int, default=1, help="nodes the learner runs on")
@@ -66,14 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rdzv-endpoint",
         metavar="HOST:PORT",
-        help="with --nnodes > 1: torchrun's c10d rendezvous, an address of node 0 and a free port",
+        help="with --nnodes > 1: where node 0 serves torchrun's rendezvous store, an address (or "
+        "name) of node 0 and a free port",
     )
-    parser.add_argument(
-        "--join",
-        metavar="REDIS_URL",
-        help="the run's broker on another host (streamrl broker prints it); the password comes "
-        f"from {PASSWORD_ENV} or broker.password_file, never this URL",
-    )
+    add_join_argument(parser)
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -86,12 +118,21 @@ def main(argv: list[str] | None = None) -> int:
             url = join_url(args.join, cfg.broker)
         except PasswordError as exc:
             print(f"streamrl learner: {exc}", file=sys.stderr)
-            return 2
+            raise SystemExit(2) from None
         # torchrun's ranks (and their restarts) read it from the environment, as the config does
         os.environ["REDIS_URL"] = url
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"redis_url": url})})
+    return args, cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    return start(*parse(argv))
+
+
+def start(args: argparse.Namespace, cfg: Config) -> int:
+    """This node's ranks under torchrun, or (under torchrun, or one rank) the learner itself."""
     if "RANK" not in os.environ and (args.nnodes > 1 or cfg.learner.ranks > 1):
-        return _launch_ranks(args, cfg.learner.ranks, cfg.run.name)
+        return _launch_ranks(args, cfg.learner, cfg.run, cfg.broker)
     # what it writes in run.dir (steps, checkpoints, TensorBoard) is its user's only
     restrict_umask(cfg.run.shared_read)
     torch.set_num_threads(cfg.run.torch_threads)

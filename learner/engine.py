@@ -23,6 +23,7 @@ from torch import Tensor
 
 from streamrl.broker.server import free_port
 from streamrl.configs.schema import LearnerConfig
+from streamrl.learner import nodes
 from streamrl.learner.batching import MicroBatch
 from streamrl.policy import packed_attention
 from streamrl.policy.logprobs import DEFAULT_CHUNK_TOKENS, Sampling, sequence_logprobs
@@ -137,6 +138,9 @@ def init_distributed() -> tuple[int, int]:
                     world_size=1,
                     timeout=DIST_TIMEOUT,
                 )
+    if not torch.distributed.is_initialized() and nodes.several_nodes():
+        # static rendezvous keeps one store across restarts: fresh keys per incarnation
+        nodes.init_process_group(backend, DIST_TIMEOUT)
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(
             dist_backend=backend, auto_mpi_discovery=False, timeout=DIST_TIMEOUT, verbose=False

@@ -11,6 +11,7 @@ import re
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -66,14 +67,17 @@ def test_each_command_has_its_own_help_under_the_one_program_name(tmp_path, name
 
 
 def test_config_show_resolves_overrides_and_redacts_secrets(tmp_path):
+    # a password comes from a file, never the command line (every command refuses it there)
+    demo = yaml.safe_load(Path("configs/demo_cpu.yaml").read_text())
+    demo.setdefault("broker", {})["password"] = "hunter2"
+    (tmp_path / "secret.yaml").write_text(yaml.safe_dump(demo))
     done = streamrl(
         "config",
         "show",
         "--config",
-        "demo_cpu",
+        "secret.yaml",
         "reward.functions.0.weight=0.5",
         "run.report_to=wandb",
-        "broker.password=hunter2",
         "broker.redis_url=redis://:s3cret@redis.example:6379/0",
         cwd=tmp_path,
     )

@@ -33,10 +33,12 @@ def test_a_non_loopback_bind_without_a_password_is_refused_naming_where_one_come
 
 
 def test_a_password_on_the_command_line_is_refused(tmp_path, capsys):
-    code = main(["broker", f"run.dir={tmp_path}", "broker.host=0.0.0.0", "broker.password=pw"])
-    assert code == 2
+    with pytest.raises(SystemExit) as stopped:
+        main(["broker", f"run.dir={tmp_path}", "broker.host=0.0.0.0", "broker.password=pw"])
+    assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert "visible to every local user" in err and PASSWORD_ENV in err
+    assert not (tmp_path / "redis").exists()
 
 
 def test_a_password_file_others_may_read_is_refused_and_one_of_0600_is_read(tmp_path):
@@ -67,7 +69,8 @@ def test_the_broker_serves_with_the_environments_password_and_prints_the_join_ur
     env = {**os.environ, PASSWORD_ENV: "pw-from-env"}
     env.pop("REDIS_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "broker", f"run.dir={tmp_path}"],
+        # a free port: 6379, the default, may be another test's
+        [sys.executable, "-m", "streamrl", "broker", f"run.dir={tmp_path}", "broker.port=0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

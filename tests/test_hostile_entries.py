@@ -249,3 +249,24 @@ def test_dead_letters_keep_a_bounded_prefix_with_size_and_hash(redis_cfg):
         assert fields[b"sha256"].decode() == hashlib.sha256(garbage).hexdigest()
     finally:
         sync.close()
+
+
+def test_a_version_key_that_is_no_version_does_not_stop_the_learner(redis_cfg):
+    """The run's version key is the learner's, but any password holder can write it: a value that
+    is not an integer is logged and ignored, the learner's own version checks the stream."""
+    keys = Keys.from_config(redis_cfg.run, redis_cfg.broker)
+    sync = redis.Redis.from_url(redis_cfg.broker.redis_url)
+    sync.set(keys.version, b"\xffnot a version")
+
+    async def start() -> int | None:
+        r = connect_async(redis_cfg.broker, redis_cfg.run.dir)
+        consumer = RolloutConsumer(r, keys, redis_cfg.broker, limits_of(redis_cfg), "l-0", VOCAB)
+        await consumer.start_version_check(4)
+        await r.aclose()
+        return consumer.max_version
+
+    try:
+        assert asyncio.run(start()) == 4
+    finally:
+        sync.delete(keys.version)
+        sync.close()

@@ -9,7 +9,6 @@ relay comes first when the transport wants one, and everything the host keeps is
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import uuid
@@ -22,7 +21,8 @@ from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs import load_config
 from streamrl.launch import placement
-from streamrl.launch.host import HostSupervisor, control_key, host_dir
+from streamrl.launch.control import KEY_FILE, control_key, encode
+from streamrl.launch.host import HostSupervisor, host_dir
 
 CONFIG = "configs/demo_cpu.yaml"
 
@@ -64,8 +64,10 @@ def test_an_actor_host_places_restarts_and_scales_its_actors_behind_its_relay(
         again = psutil.Process(sup.actors[0].proc.pid).environ()
         first_exit = sup.actors[0].exit_codes[0]
         # `streamrl run`'s scale list is not this host's
-        client.rpush(keys.launch_control, json.dumps({"actors": 0}))
-        client.rpush(control_key(keys.launch_control, "hostC"), json.dumps({"actors": 3}))
+        key = (host_dir(cfg.run.dir, "hostC") / KEY_FILE).read_bytes().strip()
+        client.rpush(keys.launch_control, encode(key, keys.launch_control, 0))
+        mine = control_key(keys.launch_control, "hostC")
+        client.rpush(mine, encode(key, mine, 3))
         sup.tick()
         sup.tick()
         names_after_scale = [a.name for a in sup.actors]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from streamrl.broker.password import PASSWORD_ENV
 from streamrl.launch.rundir import RUN_ENTRIES
 from streamrl.launch.status import read_steps
 
@@ -45,7 +46,7 @@ def fingerprint(folder: Path) -> dict[str, str]:
     return out
 
 
-def small_run(demo_policy: str, demo_dataset: str, steps: int, secret: str) -> list[str]:
+def small_run(demo_policy: str, demo_dataset: str, steps: int) -> list[str]:
     return [
         f"run.name=rundir-{uuid.uuid4().hex[:8]}",
         f"model.path={demo_policy}",
@@ -59,29 +60,30 @@ def small_run(demo_policy: str, demo_dataset: str, steps: int, secret: str) -> l
         "learner.minibatches=1",
         # a checkpoint at shutdown only
         "learner.checkpoint_every=1000",
-        f"broker.password={secret}",
     ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_runs_resume_and_a_failing_start_keeps_the_checkpoints_and_the_policy(
-    tmp_path, demo_policy, demo_dataset
+    tmp_path, demo_policy, demo_dataset, monkeypatch
 ):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("the user's own file\n")
     (run_dir / "learner_steps.jsonl").write_text('{"step": 1, "version": 1}\n')
     secret = f"pw-{uuid.uuid4().hex}"
+    # the Redis password as every role takes it (never on the command line)
+    monkeypatch.setenv(PASSWORD_ENV, secret)
 
     # an older streamrl's steps (no marker of a run's directory): refused, nothing touched,
     # --overwrite too, saying what it would have removed
     before = fingerprint(run_dir)
-    done = streamrl_run(run_dir, *small_run(demo_policy, demo_dataset, 2, secret), cwd=tmp_path)
+    done = streamrl_run(run_dir, *small_run(demo_policy, demo_dataset, 2), cwd=tmp_path)
     assert done.returncode == 2 and ".streamrl-run" in done.stderr, done.stderr[-2000:]
     assert "learner_steps.jsonl" in done.stderr and fingerprint(run_dir) == before
     done = streamrl_run(
-        run_dir, "--overwrite", *small_run(demo_policy, demo_dataset, 2, secret), cwd=tmp_path
+        run_dir, "--overwrite", *small_run(demo_policy, demo_dataset, 2), cwd=tmp_path
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "would have removed learner_steps.jsonl" in done.stderr
@@ -90,7 +92,7 @@ def test_two_runs_resume_and_a_failing_start_keeps_the_checkpoints_and_the_polic
     # the user moves the old steps away, as told; --overwrite then has nothing of a run's to remove
     (run_dir / "learner_steps.jsonl").unlink()
     done = streamrl_run(
-        run_dir, "--overwrite", *small_run(demo_policy, demo_dataset, 2, secret), cwd=tmp_path
+        run_dir, "--overwrite", *small_run(demo_policy, demo_dataset, 2), cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (run_dir / "notes.txt").read_text() == "the user's own file\n"
@@ -100,7 +102,7 @@ def test_two_runs_resume_and_a_failing_start_keeps_the_checkpoints_and_the_polic
     assert (run_dir / "policy" / "model.safetensors").is_file()
 
     # the same command again resumes: the steps go on, the first run's checkpoint stays
-    done = streamrl_run(run_dir, *small_run(demo_policy, demo_dataset, 3, secret), cwd=tmp_path)
+    done = streamrl_run(run_dir, *small_run(demo_policy, demo_dataset, 3), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         "resuming from the checkpoint of step 2"
@@ -115,7 +117,7 @@ def test_two_runs_resume_and_a_failing_start_keeps_the_checkpoints_and_the_polic
     # a start that fails (a model path that is nowhere) changes nothing there
     before = fingerprint(run_dir)
     # (the demo preset builds its policy where it is missing; a user's config has no such hook)
-    bad = [*small_run(str(tmp_path / "no-such-model"), demo_dataset, 4, secret), "model.build=null"]
+    bad = [*small_run(str(tmp_path / "no-such-model"), demo_dataset, 4), "model.build=null"]
     done = streamrl_run(run_dir, *bad, cwd=tmp_path)
     assert done.returncode == 2 and "model.path" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import ipaddress
-import json
 import shutil
 import socket
 import uuid
@@ -195,27 +194,6 @@ def test_the_embedded_redis_wants_the_password_and_refuses_file_and_code_command
             "the AOF (written by the server itself) still works"
         )
         client.close()
-
-
-def test_a_scale_command_is_bounded_by_max_actors(redis_cfg, tmp_path):
-    from streamrl.launch.supervisor import Supervisor
-
-    cfg = redis_cfg.model_copy(
-        update={"actor": redis_cfg.actor.model_copy(update={"max_actors": 2})}
-    )
-    # `true` stands in for the actor program only: what is bounded is how many the supervisor starts.
-    sup = Supervisor(cfg, actors=0, python=shutil.which("true"))
-    sup.log_dir.mkdir(parents=True)
-    sup.redis = redis.Redis.from_url(cfg.broker.redis_url, socket_timeout=2)
-    try:
-        sup.redis.rpush(sup.keys.launch_control, json.dumps({"actors": 5000}))
-        sup._apply_control()
-        assert len(sup.actors) == 2 and sup.want_actors == 2
-        assert any("clamped" in e for e in sup.events)
-    finally:
-        for child in sup.actors:
-            child.proc.wait(timeout=10)
-        sup.redis.close()
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ PROCESS_ROOTS = {
     "learner/trainer.py": {"Trainer.__init__"},
     # RL, and rank 0's Redis side of it: stream, admission, publisher
     "learner/grpo.py": {"GRPO.__init__", "rollout_io"},
-    "learner/__main__.py": {"main"},
+    "learner/__main__.py": {"start"},
     # streamrl sft / dpo: the dataset, then the trainer
     "learner/supervised.py": {"Supervised.__init__", "train"},
     "broker/__main__.py": {"main"},

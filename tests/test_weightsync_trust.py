@@ -218,6 +218,27 @@ def test_malformed_and_non_finite_heartbeats_are_dropped_and_counted_never_fatal
         pub.close()
 
 
+def test_the_learner_never_invites_the_relay_of_its_own_host(redis_cfg):
+    """A relay started beside the learner (``streamrl actors`` on the learner's host) checks in
+    before it sees that the learner serves its host itself; the learner leaves it out instead of
+    waiting timeout_s for it and dropping it."""
+    learner, on_c = _cfg(redis_cfg, "hostA"), _cfg(redis_cfg, "hostC")
+    pub = Publisher.from_config(learner.weightsync, learner.broker, learner.run)
+    relay = RelayThread(on_c)
+    try:
+        pub.client.hset(
+            pub.keys.weights_dist_members, relay_member("hostA"), f"{time.time() + 600} -1 -1"
+        )
+        _wait_members(pub, {relay_member("hostA"), relay_member("hostC")})
+        pub.publish(1, learner_tensors(1, HIDDEN, LAYERS))
+        relay.wait_served(1)
+        assert pub._sender.dist.members == [relay_member("hostC")]
+        assert pub._sender.dist.dropped == {}
+    finally:
+        relay.close()
+        pub.close()
+
+
 def test_a_relay_that_restarts_gets_the_current_version_without_a_publish(redis_cfg):
     learner = _cfg(redis_cfg, "hostA")
     on_c, on_d = _cfg(redis_cfg, "hostC"), _cfg(redis_cfg, "hostD")

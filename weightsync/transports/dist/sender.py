@@ -18,6 +18,7 @@ from streamrl.broker.client import as_str
 from streamrl.broker.keys import Keys
 from streamrl.weightsync import metrics
 from streamrl.weightsync.announce import announce
+from streamrl.weightsync.hosts import relay_member
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.base import TransferTimeout
 from streamrl.weightsync.transports.dist.buckets import (
@@ -103,6 +104,10 @@ class DistSender:
                 expired.append(key)
             elif parsed[0] <= now:
                 expired.append(key)
+            # the learner serves its own host's shm itself; that host's relay, checked in before
+            # it saw the learner's group record, would hold the first epoch up for timeout_s
+            elif self.host_id and member == relay_member(self.host_id):
+                continue
             elif parsed[1] >= self.dropped.get(member, -1):
                 self.dropped.pop(member, None)
                 live[member] = parsed[2]

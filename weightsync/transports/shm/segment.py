@@ -23,7 +23,8 @@ and the data on a GPU. Header word 5 says which (``KIND_*``): a reader refuses a
 segment of the other kind.
 
 Pages are allocated (posix_fallocate: a full /dev/shm is an error here, not a
-SIGBUS later) and pre-faulted once (the first touch of a page is the real cost),
+SIGBUS later), after a check that /dev/shm has room for them (``check_space``: a container's
+is 64 MiB unless given more, and the error names the fix), and pre-faulted once (the first touch of a page is the real cost),
 then reused for every version.
 
 A segment is unlinked by ``close`` and at interpreter exit; one left by a killed
@@ -50,6 +51,8 @@ import numpy as np
 import psutil
 import torch
 
+from streamrl.configs.errors import StreamRLError
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
@@ -72,6 +75,34 @@ _ROW_WORDS = 4
 _SLOT, _VERSION, _EXPIRY, _PID = range(_ROW_WORDS)
 # struct flock on 64-bit Linux; l_pid must be 0 for OFD locks
 _FLOCK = "hhxxxxqqixxxx"
+
+
+class ShmSpaceError(StreamRLError, OSError):
+    """/dev/shm has less room than a segment needs; the message says how much and the fix."""
+
+
+def space_error(needed: int, free: int, where: str = str(SHM_DIR)) -> str | None:
+    """Why a segment of ``needed`` bytes does not fit in ``free`` bytes of ``where``; None if it
+    fits."""
+    if needed <= free:
+        return None
+    mib = 1 << 20
+    # room for the segment and the others of a host (the learner's, the relay's), rounded up
+    suggest = -(-2 * needed // (1 << 30))
+    return (
+        f"{where} has {free / mib:.1f} MiB free, and this shared-memory segment needs "
+        f"{needed / mib:.1f} MiB (its slots x the model's bytes): give it more (docker run "
+        f"--shm-size={suggest}g; Kubernetes: an emptyDir volume with medium: Memory mounted at "
+        f"{where}), or use fewer slots"
+    )
+
+
+def check_space(needed: int, directory: Path = SHM_DIR) -> None:
+    """ShmSpaceError unless ``directory``'s file system has ``needed`` bytes free."""
+    fs = os.statvfs(directory)
+    reason = space_error(needed, fs.f_bavail * fs.f_frsize, str(directory))
+    if reason is not None:
+        raise ShmSpaceError(reason)
 
 
 def segment_prefix(run_name: str) -> str:
@@ -173,6 +204,7 @@ class SegmentWriter:
         self.name = f"{segment_prefix(run_name)}{host}{os.getpid()}.{secrets.token_hex(16)}"
         self.path = SHM_DIR / self.name
         size = HEADER_BYTES + -(-body_bytes // PAGE) * PAGE
+        check_space(size, SHM_DIR)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._closed = False
         try:

@@ -1,0 +1,37 @@
+"""``streamrl learner``: the learner as a command on a host of its own (one node of several, or
+beside a ``streamrl broker``).
+
+``streamrl run`` and ``streamrl actors`` build a config's missing inputs before they start
+anything (``model.build``, the demo preset's policy); a learner node started by hand or by Slurm
+has no launcher that did, and ``learner`` may not import ``actors``, whose ``inputs`` builds them.
+So this command builds the policy on this node (the learner reads no prompts), then starts the
+learner as ``python -m streamrl.learner`` would. The ranks torchrun starts skip it (``RANK`` set).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from streamrl.actors import inputs
+from streamrl.configs.errors import ConfigError
+from streamrl.learner.__main__ import parse, start
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, cfg = parse(argv)
+    if "RANK" not in os.environ:
+        try:
+            inputs.prepare(cfg.model, None, cfg.run.seed, announce=_say)
+        except ConfigError as exc:
+            print(f"streamrl learner: {exc}", file=sys.stderr)
+            return 2
+    return start(args, cfg)
+
+
+def _say(line: str) -> None:
+    print(f"streamrl learner: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
