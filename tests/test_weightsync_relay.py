@@ -150,6 +150,31 @@ def test_one_relay_per_host_takes_each_version_once_and_serves_every_actor_there
         pub.close()
 
 
+def test_the_relay_stamps_its_slot_with_the_checksums_the_learner_took_on_its_own_bytes(redis_cfg):
+    """The learner writes its host's slot piece by piece while the pieces are broadcast, so its
+    checksums follow the broadcast (signed): the relay's slot carries them, not sums of what it
+    received, and its actors check the bytes end to end against the learner's."""
+    learner, on_c = _cfg(redis_cfg, "hostA"), _cfg(redis_cfg, "hostC")
+    pub = Publisher.from_config(learner.weightsync, learner.broker, learner.run)
+    relay = RelayThread(on_c)
+    actor = InProcessActor(on_c, "c0", HIDDEN, LAYERS)
+    try:
+        _wait_members(pub, {relay_member("hostC")})
+        for version in (1, 2):
+            pub.publish(version, learner_tensors(version, HIDDEN, LAYERS))
+            relay.wait_served(version)
+            actor.wait_version(version)
+            sender = pub._sender
+            learners = sender.shm.writer.checksums(sender._last[2])
+            assert relay.relay.receiver.checksums == learners
+            assert relay.relay.writer.checksums(relay.relay.slot) == learners
+        assert actor.applied == [(1, True), (2, True)]
+    finally:
+        actor.close()
+        relay.close()
+        pub.close()
+
+
 def test_a_frozen_host_is_dropped_within_the_timeout_and_rejoins_when_it_thaws(redis_cfg):
     learner = _cfg(redis_cfg, "hostA")
     timeout_s = learner.weightsync.timeout_s

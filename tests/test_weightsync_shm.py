@@ -232,3 +232,48 @@ def test_engine_whose_names_do_not_match_reports_it_and_keeps_its_weights(redis_
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_slot_filled_piece_by_piece_holds_what_one_written_whole_holds():
+    """The dist sender writes its host's slot in pieces, each broadcast while the next is written:
+    at any piece ends (odd ones, ends inside a tensor, in its tail, or in padding), with tensors
+    copied as they are or converted, the slot holds the same bytes and checksums as ``write``
+    gives, and a reader takes it whole."""
+    from streamrl.weightsync.layout import Layout, TensorSpec
+    from streamrl.weightsync.transports.shm.checksum import checksum
+    from streamrl.weightsync.transports.shm.slots import ShmReader, ShmWriter, SlotFill
+
+    torch.manual_seed(0)
+    tensors = {
+        "odd": torch.randn(3, 7),
+        "big": torch.randn(70_001),
+        "half": torch.randn(5).to(torch.bfloat16),
+        "converted": torch.randn(1025, dtype=torch.float64),
+        "empty": torch.zeros(0),
+    }
+    layout = Layout.build(
+        [
+            TensorSpec.of(n, t, torch.float32 if n == "converted" else None)
+            for n, t in tensors.items()
+        ]
+    )
+    writer = ShmWriter("fill-test", layout, 4, 5.0)
+    try:
+        whole_slot, _ = writer.write(1, tensors)
+        whole = writer.flat(whole_slot).clone()
+        for ends in ([layout.total_bytes], [1, 100, 4097, 200_000, 280_032], [64] * 3 + [123_457]):
+            fill = SlotFill(writer, 1, tensors)
+            for end in ends:
+                fill.upto(end)
+            sums = fill.commit()
+            assert torch.equal(writer.flat(fill.slot), whole), ends
+            assert sums == writer.checksums(whole_slot), ends
+            views = layout.views(writer.flat(fill.slot))
+            assert sums == [checksum(views[s.name], 1) for s in layout.specs]
+        reader = ShmReader(writer.name, 5.0)
+        out = {n: torch.empty_like(v) for n, v in layout.views(whole).items()}
+        assert reader.read_into(1, fill.slot, layout, [(n, n) for n in out], out) == "ok"
+        assert torch.equal(out["converted"], tensors["converted"].float())
+        reader.close()
+    finally:
+        writer.close()

@@ -144,6 +144,7 @@ class Relay:
         self.served = (self.receiver.publisher, version)
         # the learner's checksums: the host's actors check what crossed the network end to end
         self.writer.commit(self.slot, version, self.receiver.checksums)
+        self.receiver.marks["committed"] = time.time()
         meta = {
             "layout": self.layout.to_json(),
             "aliases": self.aliases,
@@ -156,6 +157,7 @@ class Relay:
         pipe.hincrby(relay_stats_key(self.keys), f"{self.host_id}:versions", 1)
         pipe.execute()
         announce(self.client, self.local, version, "shm", self.receiver.publisher, meta)
+        self.receiver.marks["announced"] = time.time()
         metrics.RELAY_BYTES.inc(self.layout.total_bytes)
         metrics.RELAY_VERSIONS.inc()
         metrics.PUBLISHED_VERSION.set(version)
@@ -212,7 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                 stop.wait(RETRY_S)
                 continue
             if version is not None:
-                log.info("relay %s: version %d served", host_id, version)
+                marks = relay.receiver.marks
+                log.info(
+                    "relay %s: version %d served %.1f ms after its header (received at %.1f ms)",
+                    host_id,
+                    version,
+                    (marks["announced"] - marks["header"]) * 1e3,
+                    (marks["received"] - marks["header"]) * 1e3,
+                )
     finally:
         relay.close()
         try:

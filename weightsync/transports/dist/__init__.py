@@ -26,7 +26,10 @@ Rendezvous through Redis (``sender.DistSender``, ``receiver.DistReceiver``):
   heartbeat says it has seen the epoch it was dropped from: a dead or partitioned one is not waited
   for twice, and one that comes back (or restarts, or starts late) joins at the next publish;
 - each publish puts ``pub/{seq}`` (version, layout, aliases, bucket size, publisher id, checksums)
-  into the store, then broadcasts the buckets. ``final`` and every ``pub/{seq}`` are signed with
+  into the store, then broadcasts the buckets; with relays, from the learner's host slot in
+  pieces, each broadcast while the next is written into the slot (``sender.HostSender``), and
+  the checksums, taken as the slot is written, follow in ``pub/{seq}/sums`` (the same header
+  with them). ``final`` and every ``pub/{seq}`` (and ``/sums``) are signed with
   the epoch's secret from Redis, and members act on nothing else (``trust``): the store answers
   anyone who reaches its port. Every collective waits at most ``timeout_s``; a failure marks the group
   broken, and the next publish re-forms it.

@@ -37,6 +37,16 @@ def bucket_sizes(layout: Layout, bucket_bytes: int) -> list[int]:
     return [min(bucket_bytes, layout.total_bytes - i * bucket_bytes) for i in range(n)]
 
 
+# a host slot goes out in pieces of at most this, each broadcast while the next is written into
+# the slot: the first piece's copy is all the copy the broadcast waits for
+PIECE_BYTES = 4 << 20
+
+
+def piece_bytes(bucket_bytes: int) -> int:
+    """The pieces a slot's byte stream is broadcast in (at most ``bucket_bytes``): a multiple of
+    64, so every piece ends at a multiple of 8 within each tensor (summed piece by piece)."""
+    return max(64, min(bucket_bytes, PIECE_BYTES) // 64 * 64)
+
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)

@@ -59,6 +59,8 @@ class DistReceiver:
         self._bad_record: bytes | None = None
         self._bad_header: bytes | None = None
         self._next_beat = 0.0
+        # when (time.time()) the last version received passed each phase (the relay's log)
+        self.marks: dict[str, float] = {}
 
     def heartbeat(self, now: bool = False) -> None:
         t = time.time()
@@ -158,6 +160,14 @@ class DistReceiver:
                 self._refuse(exc)
             return None
 
+    def _sums_after(self, key: str, head: Header) -> list[int] | None:
+        """The checksums of a version whose header came without them: the learner signs the same
+        header with them once its slot holds them all, while the broadcast is under way."""
+        after = header(self._signed(self.store, f"{key}/sums", self.timeout_s))
+        if after.version != head.version or after.layout != head.layout:
+            raise Refused("malformed", f"{key}/sums is not {key}'s header with its checksums")
+        return after.checksums
+
     def step(self, wait_s: float, acquire, release) -> int | None:
         """Join a new epoch if listed, then wait up to ``wait_s`` for the next publish and receive it.
 
@@ -187,11 +197,16 @@ class DistReceiver:
             time.sleep(wait_s)
             return None
         self.seq += 1
+        self.marks = {"header": time.time()}
         self.publisher, self.checksums = head.publisher, head.checksums
         dest = acquire(head.version, head.layout, head.aliases)
+        self.marks["slot"] = time.time()
         ok = False
         try:
             self._receive(head.layout, head.bucket_bytes, dest)
+            self.marks["received"] = time.time()
+            if isinstance(dest, torch.Tensor) and head.checksums is None:
+                self.checksums = self._sums_after(key, head)
             ok = dest is not None
         except Exception:
             self._leave()
@@ -215,6 +230,8 @@ class DistReceiver:
         targets = (
             {name: as_bytes(t) for name, t in dest.items()} if isinstance(dest, dict) else None
         )
+        # broadcasts straight into the destination are all posted at once, the others one by one
+        direct = []
         for index, (size, window) in enumerate(
             zip(sizes, windows(layout, bucket_bytes), strict=True)
         ):
@@ -223,15 +240,22 @@ class DistReceiver:
             )
             # straight into the flat destination when it lies on the group's device
             chunk = into if into is not None and into.device == self.device else bucket[:size]
+            work = self.group.broadcast([chunk], tdist.BroadcastOptions())
+            if chunk is into:
+                direct.append(work)
+                continue
             with bounded(f"epoch {self.epoch} broadcast", self.timeout_s):
-                self.group.broadcast([chunk], tdist.BroadcastOptions()).wait(timeout)
-            if into is not None and chunk is not into:
+                work.wait(timeout)
+            if into is not None:
                 into.copy_(chunk)
             if targets is None:
                 continue
             for name, start, end, at in window:
                 if name in targets:
                     targets[name][start:end].copy_(chunk[at : at + end - start])
+        for work in direct:
+            with bounded(f"epoch {self.epoch} broadcast", self.timeout_s):
+                work.wait(timeout)
 
     def close(self) -> None:
         try:

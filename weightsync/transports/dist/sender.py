@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 import torch
@@ -20,7 +21,12 @@ from streamrl.weightsync.announce import announce
 from streamrl.weightsync.hosts import relay_member
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.base import TransferTimeout
-from streamrl.weightsync.transports.dist.buckets import as_bytes, bucket_sizes, windows
+from streamrl.weightsync.transports.dist.buckets import (
+    as_bytes,
+    bucket_sizes,
+    piece_bytes,
+    windows,
+)
 from streamrl.weightsync.transports.dist.group import (
     bound_store,
     bounded,
@@ -32,6 +38,10 @@ from streamrl.weightsync.transports.dist.trust import beat, count_refused, creat
 from streamrl.weightsync.transports.shm.sender import ShmSender
 
 log = logging.getLogger(__name__)
+
+# ``fill(end)``: the flat slot being broadcast now holds its bytes up to ``end``; returns its
+# checksums (layout order) once it holds them all, else None
+Fill = Callable[[int], "list[int] | None"]
 
 
 class DistSender:
@@ -70,6 +80,8 @@ class DistSender:
         self.group = None
         self.seq = 0
         self.broken = True
+        # when (time.time()) the last send passed each of its phases, for the relay bench's split
+        self.marks: dict[str, float] = {}
 
     def live_members(self) -> list[str]:
         """Members with a fresh heartbeat, less those dropped that have not noticed it yet."""
@@ -179,22 +191,26 @@ class DistSender:
         checksums: dict[str, int] | None = None,
         flat: torch.Tensor | None = None,
         sums: list[int] | None = None,
+        fill: Fill | None = None,
     ) -> dict:
         """Broadcast one version to the members; waits at most ``timeout_s`` for members to join and
         each bucket at most ``timeout_s``. A failed broadcast is retried once with a re-formed group
         while that budget lasts; members the version missed get the next one. ``flat``: the
-        version already laid out as the layout's byte stream on this sender's device (a shm slot),
-        broadcast from where it lies instead of bucket by bucket through a copy; ``sums``: its shm
-        checksums (layout order), passed on in the header for members that keep it in shm."""
+        version laid out as the layout's byte stream on this sender's device (a shm slot),
+        broadcast from where it lies (in pieces, ``buckets.piece_bytes``) instead of bucket by
+        bucket through a copy; ``fill``: ``flat`` is being written, each piece before it goes
+        (``Fill``); ``sums``: its shm checksums (layout order) if known before the broadcast,
+        else ``fill``'s, passed on for members that keep it in shm."""
         deadline = time.monotonic() + self.timeout_s
         for attempt in range(2):
             invited = self.live_members()
             if self.broken or invited != self.members:
                 self.reform(invited, deadline)
+            self.marks = {"members": time.time()}
             if self.group is None:
                 break
             try:
-                self._broadcast(version, tensors, aliases, flat, sums)
+                self._broadcast(version, tensors, aliases, flat, sums, fill)
                 return {"epoch": self.epoch, "members": self.members}
             except Exception as exc:
                 reason = "timeout" if isinstance(exc, TransferTimeout) else "error"
@@ -218,37 +234,73 @@ class DistSender:
         aliases: dict[str, str],
         flat: torch.Tensor | None = None,
         sums: list[int] | None = None,
+        fill: Fill | None = None,
     ) -> None:
+        # a slot on the group's device goes out in pieces, each while the next is written
+        pieces = flat is not None and flat.device == self.device
         header = {
             "version": version,
             "layout": self.layout.to_json(),
             "aliases": aliases,
-            "bucket_bytes": self.bucket_bytes,
+            "bucket_bytes": piece_bytes(self.bucket_bytes) if pieces else self.bucket_bytes,
             "publisher": self.publisher,
             "checksums": sums,
         }
         key = f"e{self.epoch}/pub/{self.seq}"
         self.store.set(key, sign(self.secret, key, header))
+        self.marks["header"] = time.time()
         # members read a header before its broadcast starts; two back is long taken
         if self.seq >= 2:
-            self.store.delete_key(f"e{self.epoch}/pub/{self.seq - 2}")
+            for old in (
+                f"e{self.epoch}/pub/{self.seq - 2}",
+                f"e{self.epoch}/pub/{self.seq - 2}/sums",
+            ):
+                self.store.delete_key(old)
         self.seq += 1
+        if pieces:
+            works, sums_after = self._issue_pieces(flat, header["bucket_bytes"], fill)
+        else:
+            works, sums_after = [], None
+            self._send_buckets(version, tensors, flat)
+        # a header sent without checksums is followed by the same header with them (or still
+        # without: none were taken), signed likewise: members that keep the bytes check them
+        if sums is None:
+            after = header | {"checksums": sums_after}
+            self.store.set(f"{key}/sums", sign(self.secret, f"{key}/sums", after))
         timeout = dt.timedelta(seconds=self.timeout_s)
-        if flat is not None:
-            for index, size in enumerate(self.sizes):
-                start = index * self.bucket_bytes
-                bucket = flat[start : start + size]
-                # a host slot sent over NCCL (a catch-up) goes by the GPU's bucket
-                if bucket.device != self.device:
-                    bucket = self.bucket[:size].copy_(bucket)
-                with bounded(f"broadcast of version {version}", self.timeout_s):
-                    self.group.broadcast([bucket], tdist.BroadcastOptions()).wait(timeout)
-            return
+        for work in works:
+            with bounded(f"broadcast of version {version}", self.timeout_s):
+                work.wait(timeout)
+        self.marks["sent"] = time.time()
+
+    def _issue_pieces(
+        self, flat: torch.Tensor, size: int, fill: Fill | None
+    ) -> tuple[list, list[int] | None]:
+        """Start the broadcast of ``flat`` piece by piece, each once ``fill`` wrote it; returns
+        the collectives under way and what ``fill`` returned for the last piece (the checksums)."""
+        works, whole = [], None
+        for start in range(0, flat.numel(), size):
+            end = min(start + size, flat.numel())
+            if fill is not None:
+                whole = fill(end)
+            works.append(self.group.broadcast([flat[start:end]], tdist.BroadcastOptions()))
+        self.marks["filled"] = time.time()
+        return works, whole
+
+    def _send_buckets(
+        self, version: int, tensors: dict[str, torch.Tensor], flat: torch.Tensor | None
+    ) -> None:
+        """Bucket by bucket through the group's own bucket: from ``flat`` (a host slot sent over
+        NCCL, a catch-up), or converted from ``tensors``."""
+        timeout = dt.timedelta(seconds=self.timeout_s)
         dtypes = {s.name: s.torch_dtype for s in self.layout.specs}
         converted_name, converted = None, None
         with torch.no_grad():
-            for size, window in zip(self.sizes, self.plan, strict=True):
+            for index, (size, window) in enumerate(zip(self.sizes, self.plan, strict=True)):
                 bucket = self.bucket[:size]
+                if flat is not None:
+                    bucket.copy_(flat[index * self.bucket_bytes :][:size])
+                    window = []
                 for name, start, end, at in window:
                     # a tensor spanning buckets is converted once
                     if name != converted_name:
@@ -301,6 +353,7 @@ class HostSender:
         # one publish or catch-up at a time; the last version sent: (version, aliases, slot)
         self._lock = threading.Lock()
         self._last: tuple[int, dict[str, str], int] | None = None
+        self.marks: dict[str, float] = {}
         self._stop = threading.Event()
         self._catcher = threading.Thread(target=self.catch_up, name="weight-catch-up", daemon=True)
         self._catcher.start()
@@ -313,16 +366,42 @@ class HostSender:
         checksums: dict[str, int] | None = None,
     ) -> dict:
         with self._lock:
-            # the one copy: into this host's slot, which then is the broadcast's source (gloo's,
-            # on the host; NCCL's buckets are on the GPU and are filled from the tensors)
-            local = {"layout": self.dist.layout.to_json(), "aliases": aliases}
-            local |= self.shm.send(version, tensors, aliases, checksums)
-            announce(self.client, self.local_keys, version, "shm", self.publisher, local)
-            slot, writer = local["slot"], self.shm.writer
-            self._last = (version, aliases, slot)
-            flat = writer.flat(slot) if self.dist.device.type == "cpu" else None
-            sums = writer.checksums(slot)
-            return self.dist.send(version, tensors, aliases, checksums, flat=flat, sums=sums)
+            marks = {"start": time.time()}
+            if self.dist.device.type != "cpu":
+                # NCCL's buckets are on the GPU and are filled from the tensors: the slot is
+                # written first, for this host's actors
+                local = self.shm.send(version, tensors, aliases, checksums)
+                sums = self.shm.writer.checksums(local["slot"])
+                self._announce_here(version, aliases, local["slot"], marks)
+                sent = self.dist.send(version, tensors, aliases, checksums, sums=sums)
+            else:
+                # the one copy: into this host's slot, piece by piece, each piece then broadcast
+                # from there while the next is written (gloo, on the host)
+                fill = self.shm.fill(version, tensors, checksums)
+
+                def written(end: int) -> list[int] | None:
+                    fill.upto(end)
+                    if end < fill.flat.numel():
+                        return None
+                    if not fill.committed:
+                        fill.commit()
+                        self._announce_here(version, aliases, fill.slot, marks)
+                    return fill.sums
+
+                sent = self.dist.send(version, tensors, aliases, checksums, fill.flat, fill=written)
+                # no member took it (or the broadcast failed early): the slot still gets it all
+                written(fill.flat.numel())
+            self.marks = marks | self.dist.marks
+            return sent
+
+    def _announce_here(self, version: int, aliases: dict[str, str], slot: int, marks: dict) -> None:
+        """``slot`` holds ``version``: announced to this host's actors."""
+        marks["slot"] = time.time()
+        local = {"layout": self.dist.layout.to_json(), "aliases": aliases}
+        local |= {"segment": self.shm.writer.name, "slot": slot}
+        announce(self.client, self.local_keys, version, "shm", self.publisher, local)
+        marks["here"] = time.time()
+        self._last = (version, aliases, slot)
 
     def catch_up(self) -> None:
         """The background thread: a joiner seen on two polls running (a publish in between takes

@@ -27,21 +27,27 @@ _BLOCK = 1 << 20
 _FUSE_ABOVE = 32 << 20
 
 
-def _mix(raw_sum: int, version: int) -> int:
-    return (raw_sum + version * _VERSION_MIX) % 2**64
+def _mix(total: int, version: int) -> int:
+    return (total + version * _VERSION_MIX) % 2**64
 
 
 def checksum(tensor: torch.Tensor, version: int) -> int:
     """The bytes of a contiguous CPU tensor summed as little-endian uint64 words (the tail
     zero-padded), plus a multiple of ``version``: a copy mixing two versions, or old data under
     a new stamp, fails to match except by a 2**-64 chance."""
-    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    return _mix(raw_sum(tensor.reshape(-1).view(torch.uint8).numpy()), version)
+
+
+def raw_sum(raw: np.ndarray) -> int:
+    """``checksum``'s word sum of the uint8 array ``raw`` before the version is mixed in. A tensor's
+    sum is the sum over any split of its bytes at multiples of 8 from its start (the slot's
+    writer sums a tensor piece by piece as it copies it)."""
     whole = raw.size - raw.size % 8
     # uint64 sums wrap modulo 2**64 (and np.sum keeps the dtype: passing one is 4x slower)
     total = int(raw[:whole].view(np.uint64).sum())
     if whole < raw.size:
         total += int.from_bytes(raw[whole:].tobytes(), "little")
-    return _mix(total, version)
+    return total
 
 
 def word_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -97,29 +103,29 @@ def layout_sums(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
     return running[bounds[:, 1]] - running[bounds[:, 0]]
 
 
-def checksum_of_sum(raw_sum: int, version: int) -> int:
+def checksum_of_sum(total: int, version: int) -> int:
     """The checksum from ``word_sum``'s value (a signed int64)."""
-    return _mix(raw_sum % 2**64, version)
+    return _mix(total % 2**64, version)
 
 
 def copy_with_checksum(dst: torch.Tensor, src: torch.Tensor, version: int) -> int:
-    """``dst.copy_(src)`` for contiguous CPU tensors of one dtype, returning ``checksum(dst)``.
-    A tensor larger than the cache is copied block by block, each block summed right after it
+    """``dst.copy_(src)`` for contiguous CPU tensors of one dtype, returning ``checksum(dst)``."""
+    return _mix(
+        copy_summed(dst.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8)), version
+    )
+
+
+def copy_summed(d: torch.Tensor, s: torch.Tensor) -> int:
+    """``d.copy_(s)`` for flat uint8 CPU tensors, returning ``raw_sum`` of what ``d`` now holds.
+    More bytes than the cache holds are copied block by block, each block summed right after it
     landed, so memory is crossed once."""
-    d = dst.reshape(-1).view(torch.uint8)
-    s = src.reshape(-1).view(torch.uint8)
+    held = d.numpy()
     if d.numel() <= _FUSE_ABOVE:
         d.copy_(s)
-        return checksum(d, version)
-    held = d.numpy()
-    n = d.numel()
-    whole = n - n % 8
+        return raw_sum(held)
     total = 0
-    for start in range(0, whole, _BLOCK):
-        stop = min(start + _BLOCK, whole)
+    for start in range(0, d.numel(), _BLOCK):
+        stop = min(start + _BLOCK, d.numel())
         d[start:stop].copy_(s[start:stop])
-        total += int(held[start:stop].view(np.uint64).sum())
-    if whole < n:
-        d[whole:].copy_(s[whole:])
-        total += int.from_bytes(held[whole:].tobytes(), "little")
-    return _mix(total, version)
+        total += raw_sum(held[start:stop])
+    return total

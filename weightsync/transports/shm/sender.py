@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from streamrl.weightsync import metrics
+from streamrl.weightsync.transports.shm.slots import ShmWriter, SlotFill
 
 if TYPE_CHECKING:
     import torch
-
-    from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 
 class ShmSender:
@@ -23,10 +22,21 @@ class ShmSender:
         aliases: dict[str, str],
         checksums: dict[str, int] | None = None,
     ) -> dict:
-        slot, overrode = self.writer.write(version, tensors, checksums)
-        if overrode:
+        fill = self.fill(version, tensors, checksums)
+        fill.commit()
+        return {"segment": self.writer.name, "slot": fill.slot}
+
+    def fill(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        checksums: dict[str, int] | None = None,
+    ) -> SlotFill:
+        """A free slot to write ``version`` into piece by piece (``SlotFill``)."""
+        fill = SlotFill(self.writer, version, tensors, checksums)
+        if fill.overrode:
             metrics.TRANSFER_FAILURES.labels(reason="lease_timeout").inc()
-        return {"segment": self.writer.name, "slot": slot}
+        return fill
 
     def close(self) -> None:
         self.writer.close()

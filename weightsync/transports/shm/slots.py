@@ -14,7 +14,9 @@ from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.shm.checksum import (
     checksum,
     checksum_of_sum,
+    copy_summed,
     copy_with_checksum,
+    raw_sum,
     word_sum,
 )
 from streamrl.weightsync.transports.shm.segment import PAGE, SegmentReader, SegmentWriter
@@ -90,21 +92,9 @@ class ShmWriter(SegmentWriter):
         as published (a GPU's, before they were copied to the host), so the slot is not summed
         again; a reader still checks what it copied against them.
         """
-        slot, overrode = self.start_slot(version)
-        views, sums = self._views[slot], self._sums[slot]
-        with torch.no_grad():
-            for i, spec in enumerate(self.layout.specs):
-                view, src = views[spec.name], tensors[spec.name]
-                if checksums is not None:
-                    view.copy_(src)
-                    sums[i] = checksums[spec.name]
-                elif _same_bytes(view, src):
-                    sums[i] = copy_with_checksum(view, src, version)
-                else:
-                    view.copy_(src)
-                    sums[i] = checksum(view, version)
-        self.stamp(slot, version)
-        return slot, overrode
+        fill = SlotFill(self, version, tensors, checksums)
+        fill.commit()
+        return fill.slot, fill.overrode
 
     def begin(self, version: int) -> tuple[int, torch.Tensor]:
         """A free slot to fill in place: (slot, its bytes as the layout's flat stream), marked as
@@ -133,6 +123,77 @@ class ShmWriter(SegmentWriter):
 
     def _release_body(self) -> None:
         self._flat = self._views = self._sums = []
+
+
+class SlotFill:
+    """One version written into a free slot front to back (``upto``), so a sender can ship each
+    written piece of the slot while the next is being written; ``commit`` finishes, checksums and
+    stamps it. Each tensor is summed as it is copied, piece by piece, unless ``checksums`` (by
+    name, from ``checksum_of_sum``: taken where the tensors were published, a GPU's) are given."""
+
+    def __init__(
+        self,
+        writer: ShmWriter,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        checksums: dict[str, int] | None = None,
+    ):
+        self.writer, self.version, self.tensors = writer, version, tensors
+        self.slot, self.overrode = writer.start_slot(version)
+        self.flat = writer.flat(self.slot)
+        layout = writer.layout
+        self.sums = None if checksums is None else [checksums[s.name] for s in layout.specs]
+        self._totals = [0] * len(layout.specs)
+        # the next tensor (layout order) not written in full, and how far into the stream
+        self._next, self._cursor = 0, 0
+        self.committed = False
+
+    def upto(self, end: int) -> None:
+        """The slot holds the layout's byte stream up to at least ``end``."""
+        layout = self.writer.layout
+        # pieces end at multiples of 8 within each tensor (tensors start at multiples of 64)
+        end = min(-(-end // 8) * 8, layout.total_bytes)
+        with torch.no_grad():
+            while self._next < len(layout.specs) and self._cursor < end:
+                i = self._next
+                spec, offset = layout.specs[i], layout.offsets[i]
+                if offset >= end:
+                    break
+                start, stop = max(self._cursor, offset), min(end, offset + spec.nbytes)
+                self._piece(i, start - offset, stop - offset)
+                self._cursor = stop
+                if stop == offset + spec.nbytes:
+                    self._next += 1
+        self._cursor = max(self._cursor, end)
+
+    def _piece(self, i: int, start: int, stop: int) -> None:
+        """Bytes ``start``..``stop`` of tensor ``i`` into the slot: copied and summed, or, for a
+        tensor that must be converted, converted whole at its first piece and summed."""
+        spec = self.writer.layout.specs[i]
+        view, src = self.writer._views[self.slot][spec.name], self.tensors[spec.name]
+        at = self.writer.layout.offsets[i]
+        dst = self.flat[at + start : at + stop]
+        same = _same_bytes(view, src)
+        if not same and start == 0:
+            view.copy_(src)
+        if self.sums is not None:
+            if same:
+                dst.copy_(src.reshape(-1).view(torch.uint8)[start:stop])
+        elif same:
+            self._totals[i] += copy_summed(dst, src.reshape(-1).view(torch.uint8)[start:stop])
+        else:
+            self._totals[i] += raw_sum(dst.numpy())
+
+    def commit(self) -> list[int]:
+        """Write what is left, stamp the slot with its checksums (layout order) and return them."""
+        if self.committed:
+            return self.sums
+        self.upto(self.writer.layout.total_bytes)
+        if self.sums is None:
+            self.sums = [checksum_of_sum(t, self.version) for t in self._totals]
+        self.writer.commit(self.slot, self.version, self.sums)
+        self.committed = True
+        return self.sums
 
 
 class ShmReader(SegmentReader):
