@@ -85,6 +85,8 @@ def test_a_swap_between_replays_shows_in_the_next_steps_logits(policy):
 class _SwapAt:
     """Lends version 1 (``staged``) at the ``at``-th poll, as a subscriber does."""
 
+    live_source = ""
+
     def __init__(self, staged: dict[str, torch.Tensor], at: int) -> None:
         self.staged, self.at, self.polls, self.recycled = staged, at, 0, None
 

@@ -145,6 +145,8 @@ def test_refill_keeps_the_batch_full_across_calls_worth_and_reports_each_request
 class _SwapAfter:
     """Stages version 1 (perturbed weights) on the ``swap_at``-th poll, as a subscriber would."""
 
+    live_source = ""
+
     def __init__(self, model, swap_at: int) -> None:
         self.swap_at = swap_at
         self.polls = 0

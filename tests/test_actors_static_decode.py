@@ -163,6 +163,8 @@ def test_the_static_batch_completes_as_the_dynamic_one_through_refill_stops_and_
 class _SwapAt:
     """Stages version 1 (the weights moved) at the ``at``-th poll, as a subscriber lends it."""
 
+    live_source = ""
+
     def __init__(self, model, at: int) -> None:
         self.at, self.polls, self.recycled = at, 0, None
         gen = torch.Generator().manual_seed(0)

@@ -38,6 +38,8 @@ class _Recording(HFEngine):
 class _SwapBeforeCall:
     """Stages version 1 at the first poll of the engine's ``swap_call``-th generate call."""
 
+    live_source = ""
+
     def __init__(self, model, engine_calls):
         self.engine_calls = engine_calls
         self.tensors = {n: p.detach() + 0.01 for n, p in model.named_parameters()}

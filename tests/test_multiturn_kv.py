@@ -48,6 +48,8 @@ class _SwapAt:
     generate call (0-based). The engine polls once per step: poll 0 comes before the turn's
     prefill, poll 1 after its first two tokens (the prefill's and the first decode step's)."""
 
+    live_source = ""
+
     def __init__(self, engine, call: int, poll: int):
         self.engine, self.call, self.poll = engine, call, poll
         gen = torch.Generator().manual_seed(11)

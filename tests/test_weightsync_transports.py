@@ -5,7 +5,6 @@ a transfer that runs out ``weightsync.timeout_s`` is reported as a timeout by it
 from __future__ import annotations
 
 import ast
-import json
 import time
 from pathlib import Path
 from typing import get_args
@@ -25,6 +24,7 @@ from streamrl.weightsync.naming import canonical_tensors
 from streamrl.weightsync.publisher import Publisher
 from streamrl.weightsync.subscriber import Subscriber
 from streamrl.weightsync.transports.base import Transport
+from streamrl.weightsync.transports.dist.trust import sign
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,14 +135,17 @@ def test_a_broadcast_that_never_comes_is_counted_as_a_timeout(redis_cfg):
             time.sleep(0.05)
         sender.reform(["member"], time.monotonic() + ws.timeout_s)
         assert sender.members == ["member"]
-        # the header of version 1, as a publish writes it first, and then no broadcast
+        # the header of version 1, signed as a publish writes it first, and then no broadcast
         header = {
             "version": 1,
             "layout": layout.to_json(),
             "aliases": aliases,
             "bucket_bytes": 1 << 16,
+            "publisher": "",
+            "checksums": None,
         }
-        sender.store.set(f"e{sender.epoch}/pub/0", json.dumps(header))
+        key = f"e{sender.epoch}/pub/0"
+        sender.store.set(key, sign(sender.secret, key, header))
         while "timeout" not in sub.failures:
             assert time.monotonic() < deadline, f"no timeout counted: {sub.failures}"
             time.sleep(0.05)

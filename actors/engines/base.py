@@ -88,6 +88,11 @@ class WeightSource(Protocol):
 
     def rejected(self, version: int) -> None: ...
 
+    # where the live weights were read from (a shm segment's name; "" before any): what the
+    # actor reports, so a test can prove which host's copy it applied
+    @property
+    def live_source(self) -> str: ...
+
 
 # after ``refill`` gave nothing it is asked again no sooner than this (it may ask Redis)
 REFILL_RETRY_S = 0.02
