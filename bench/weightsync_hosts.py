@@ -151,7 +151,7 @@ def gloo_main(rank: int, address: str, port: int, params: int) -> None:
     per ``round`` line on rank 0's stdin (its time on stdout), until ``quit``."""
     import torch.distributed as tdist
 
-    from streamrl.weightsync.transports.dist.address import toward
+    from streamrl.broker.netaddr import toward
     from streamrl.weightsync.transports.dist.group import make_group
 
     timeout = dt.timedelta(seconds=120)

@@ -18,14 +18,29 @@ def wildcard(host: str) -> bool:
     return host in ("", "0.0.0.0", "::")
 
 
+def toward(peer: str) -> str | None:
+    """The local address this host's packets to ``peer`` (a name or an address) leave from; None
+    if it has no route."""
+    try:
+        infos = socket.getaddrinfo(peer, _ANY_PORT, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, _type, _proto, _name, sockaddr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect(sockaddr)
+            except OSError:
+                continue
+            return probe.getsockname()[0]
+    return None
+
+
 def route_source(peer: str) -> str:
-    """The local address the route to ``peer`` (a name or an address) leaves from."""
-    family, _type, _proto, _name, sockaddr = socket.getaddrinfo(
-        peer, _ANY_PORT, type=socket.SOCK_DGRAM
-    )[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        sock.connect(sockaddr)
-        return sock.getsockname()[0]
+    """``toward``, where a missing route is an error (``OSError``)."""
+    local = toward(peer)
+    if local is None:
+        raise OSError(f"no route to {peer}")
+    return local
 
 
 def advertised(bound: str, peer: str) -> str:

@@ -24,7 +24,6 @@ the dead one's.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 import socket
@@ -35,7 +34,8 @@ from datetime import timedelta
 import psutil
 
 from streamrl.broker.client import as_str
-from streamrl.broker.netaddr import route_source
+from streamrl.broker.netaddr import toward
+from streamrl.broker.server import is_loopback
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _GENERATION = "streamrl/generation"
@@ -74,7 +74,7 @@ class Nodes:
     @property
     def one_host(self) -> bool:
         """The endpoint is written as loopback: every node runs on this host."""
-        return self.host == "localhost" or _loopback(self.host)
+        return is_loopback(self.host)
 
 
 @dataclass(frozen=True)
@@ -103,19 +103,12 @@ class Placement:
     store: str
 
 
-def _loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
 def _interface(address: str, view: HostView) -> str:
     if address in view.interfaces:
         return view.interfaces[address]
     # lo holds all of 127/8, psutil lists 127.0.0.1 only
-    if _loopback(address):
-        return next((n for a, n in view.interfaces.items() if _loopback(a)), "lo")
+    if is_loopback(address):
+        return next((n for a, n in view.interfaces.items() if is_loopback(a)), "lo")
     raise NodesError(f"no interface of this host holds {address}")
 
 
@@ -125,7 +118,7 @@ def _reached_at(nodes: Nodes, view: HostView) -> str:
     routable = {
         a: n
         for a, n in view.interfaces.items()
-        if not _loopback(a) and (not view.named or n in view.named)
+        if not is_loopback(a) and (not view.named or n in view.named)
     }
     if view.broker_route in routable:
         return view.broker_route
@@ -145,7 +138,7 @@ def choose_address(nodes: Nodes, view: HostView) -> Placement:
     if nodes.rank == 0:
         if nodes.one_host:
             address = view.resolved
-        elif _loopback(view.resolved):
+        elif is_loopback(view.resolved):
             address = _reached_at(nodes, view)
         elif view.resolved in view.interfaces:
             address = view.resolved
@@ -156,7 +149,7 @@ def choose_address(nodes: Nodes, view: HostView) -> Placement:
                 "--node-rank 0 on that host, or give this host's address as --rdzv-endpoint"
             )
         return Placement(address, _interface(address, view), address)
-    if _loopback(view.resolved) and not nodes.one_host:
+    if is_loopback(view.resolved) and not nodes.one_host:
         raise NodesError(
             f"--rdzv-endpoint {nodes.endpoint}: {nodes.host} resolves to {view.resolved} on node "
             f"{nodes.rank}, which is not node 0: give node 0's address as --rdzv-endpoint"
@@ -182,15 +175,6 @@ def _up_interfaces() -> dict[str, str]:
     return found
 
 
-def _route(host: str | None) -> str | None:
-    if not host:
-        return None
-    try:
-        return route_source(host)
-    except OSError:
-        return None
-
-
 def host_view(nodes: Nodes, broker_host: str | None, env: Mapping[str, str]) -> HostView:
     """What this host sees: the endpoint resolved, its interfaces, its routes."""
     try:
@@ -198,7 +182,8 @@ def host_view(nodes: Nodes, broker_host: str | None, env: Mapping[str, str]) -> 
     except OSError as exc:
         raise NodesError(f"--rdzv-endpoint {nodes.endpoint}: {nodes.host} ({exc})") from None
     named = tuple(n for n in env.get("GLOO_SOCKET_IFNAME", "").split(",") if n)
-    return HostView(resolved, _up_interfaces(), _route(resolved), _route(broker_host), named)
+    broker_route = toward(broker_host) if broker_host else None
+    return HostView(resolved, _up_interfaces(), toward(resolved), broker_route, named)
 
 
 def _host_port(address: str, port: int) -> str:
@@ -247,7 +232,7 @@ def rendezvous_id(client, key: str) -> str:
 def exposure_warning(nodes: Nodes, placement: Placement, trusted: bool) -> str | None:
     """The start-up warning about what torch cannot protect, where the nodes meet over a network
     (not loopback) and ``learner.trusted_network`` does not say the user took care of it."""
-    if trusted or nodes.count < 2 or _loopback(placement.address):
+    if trusted or nodes.count < 2 or is_loopback(placement.address):
         return None
     return (
         f"streamrl learner: WARNING: the learner's nodes meet at torch's TCPStore "

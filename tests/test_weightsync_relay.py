@@ -22,13 +22,14 @@ from weightsync_procs import learner_tensors
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
+from streamrl.broker.netaddr import toward
 from streamrl.broker.server import is_loopback
 from streamrl.weightsync import relay as relay_module
 from streamrl.weightsync.announce import read_announcement
 from streamrl.weightsync.hosts import host_keys, relay_member, relay_stats_key
 from streamrl.weightsync.publisher import Publisher
 from streamrl.weightsync.relay import Relay
-from streamrl.weightsync.transports.dist.address import routable, toward
+from streamrl.weightsync.transports.dist.address import routable
 from streamrl.weightsync.transports.dist.group import NoFreePort, bound_store
 from streamrl.weightsync.transports.shm.segment import SHM_DIR
 

@@ -1,7 +1,7 @@
 """Which of this host's addresses the dist transport uses: the one other hosts reach it on.
 
-No packet is sent: a UDP socket ``connect`` only asks the kernel's routing table which local
-address traffic to a peer would leave from.
+Which local address traffic to a peer leaves from is ``broker.netaddr.toward``'s (the kernel's
+routing table; no packet is sent).
 """
 
 from __future__ import annotations
@@ -10,26 +10,11 @@ import socket
 
 import psutil
 
+from streamrl.broker.netaddr import toward
 from streamrl.broker.server import is_loopback
 
 # TEST-NET-1 (RFC 5737): never routed anywhere, so asking for it finds the default route's interface
 _DEFAULT_ROUTE_PROBE = "192.0.2.1"
-
-
-def toward(peer: str) -> str | None:
-    """The local address this host's packets to ``peer`` leave from; None if it has no route."""
-    try:
-        infos = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)
-    except OSError:
-        return None
-    for family, _type, _proto, _name, sockaddr in infos:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.connect(sockaddr)
-            except OSError:
-                continue
-            return probe.getsockname()[0]
-    return None
 
 
 def _interface_address() -> str | None:

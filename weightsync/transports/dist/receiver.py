@@ -16,7 +16,7 @@ from streamrl.broker.server import is_loopback
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.naming import NameMappingError
 from streamrl.weightsync.transports.base import Staging, TransferTimeout
-from streamrl.weightsync.transports.dist.address import toward
+from streamrl.broker.netaddr import toward
 from streamrl.weightsync.transports.dist.buckets import as_bytes, bucket_sizes, windows
 from streamrl.weightsync.transports.dist.group import bounded, device_of, make_group
 from streamrl.weightsync.transports.dist.trust import (
