@@ -2,9 +2,9 @@
 
 The broker role of a run on several hosts, and what ``python -m streamrl.broker`` runs on one.
 ``broker.host`` picks the interface (loopback by default) and ``broker.port`` the port (6379
-unless set: the port the docs' ``--join redis://HOST:6379/0`` names); any other address needs a
-password and Redis 7 (``broker.server``), which comes from ``STREAMRL_REDIS_PASSWORD`` or ``broker.password_file`` (mode 0600),
-never the command line. With ``broker.tls_cert_file`` and ``broker.tls_key_file`` it serves TLS
+unless set: the port the docs' ``--join redis://HOST:6379/0`` names); any other address needs
+Redis 7 (``broker.server``) and a password, which comes from ``STREAMRL_REDIS_PASSWORD`` or
+``broker.password_file`` (mode 0600), never the command line. With ``broker.tls_cert_file`` and ``broker.tls_key_file`` it serves TLS
 only. Prints the URL (password masked) and the ``--join`` URL other hosts pass to ``streamrl
 actors``, and writes the URL to ``<run.dir>/redis.url`` so processes of this host find it. With
 ``REDIS_URL`` (or ``broker.redis_url``) set it starts nothing: it checks that Redis answers and
