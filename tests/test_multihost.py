@@ -12,8 +12,8 @@ the learner nodes' run.dir (tests/netns_hosts.py):
 The run ends at the demo's target or when the test stops it (SIGTERM to every command, as a
 user would), so the checks that need it alive come first and wait on events: C's actors apply
 versions read from C's relay segment (their heartbeat's ``weights_from``), C's link carries about
-one model per version (the veth's counter over versions the actors report), a SIGKILLed actor on
-C comes back and catches up, C unplugged past ``weightsync.timeout_s`` does not stop the learner
+one model per version (the veth's counter over the versions C's relay received), a SIGKILLed
+actor on C comes back and catches up, C unplugged past ``weightsync.timeout_s`` does not stop the learner
 and trains again once plugged back; no process on C opens or maps A's segment; every host's logs
 and every command's output are free of tracebacks and errors.
 """
@@ -228,16 +228,23 @@ def _check_provenance(snap: dict, h: dict[str, Host], prefix: str) -> str:
     return a_segment
 
 
+def _relayed(snap: dict) -> int:
+    """How many versions C's relay has received and served."""
+    return snap["relay"].get("C:versions", 0)
+
+
 def _at_next_version(run: Run, probe: Probe, host: Host) -> tuple[int, int]:
-    """(the newest version C's actors report, C's rx bytes) right as that version first shows."""
-    start = max(a["version"] for a in _c_actors(probe()).values())
+    """(versions C's relay has received, C's rx bytes) right as the count next moves: a relay
+    that finds two versions waiting takes the newest, so counting the learner's or the actors'
+    versions would undercount what crossed the link."""
+    start = _relayed(probe())
     seen: list[int] = []
 
     def moved() -> bool:
-        seen[:] = [max(a["version"] for a in _c_actors(probe()).values())]
+        seen[:] = [_relayed(probe())]
         return seen[0] > start
 
-    run.wait("C's actors on a newer version", moved, 120)
+    run.wait("C's relay on a newer version", moved, 120)
     return seen[0], host.rx_bytes()
 
 
@@ -321,8 +328,7 @@ def _scenario(run: Run, probe: Probe, h: dict[str, Host]) -> None:
         model = _tensor_bytes(a.own / "my_project" / "runs" / "demo-policy" / "model.safetensors")
         v0, rx0 = _at_next_version(run, probe, c)
         run.wait(f"{LINK_VERSIONS} more versions on C",
-                 lambda: max(x["version"] for x in _c_actors(probe()).values()) >= v0 + LINK_VERSIONS - 1,
-                 300)  # fmt: skip
+                 lambda: _relayed(probe()) >= v0 + LINK_VERSIONS - 1, 300)  # fmt: skip
         v1, rx1 = _at_next_version(run, probe, c)
         per_version = (rx1 - rx0) / (v1 - v0)
         assert 0.95 * model <= per_version <= 1.5 * model, (per_version, model, v1 - v0)
