@@ -164,7 +164,7 @@ def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = Fa
         plots = plot.write(sup.run_dir) if steps else None
     except ImportError:
         plots = plot.MISSING
-    console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run, plots))
+    console.print(summary(steps, started_unix, elapsed, sup.events, cfg, plots))
     if sup.failure:
         print(f"run failed: {sup.failure}", file=sys.stderr, flush=True)
     last = steps[-1] if steps else {}
