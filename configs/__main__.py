@@ -20,6 +20,7 @@ from pathlib import Path
 from streamrl.configs import convert, yamlfile
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.load import config_from_cli, config_text
+from streamrl.configs.runfiles import write_new
 
 
 def _convert(argv: list[str]) -> int:
@@ -40,7 +41,12 @@ def _convert(argv: list[str]) -> int:
         return 2
     report = convert.table(rows)
     if args.out:
-        Path(args.out).write_text(text)
+        try:
+            # a link planted at the name is replaced, not written through
+            write_new(args.out, text)
+        except OSError as exc:
+            print(f"streamrl config convert: --out {args.out}: {exc.strerror}", file=sys.stderr)
+            return 2
         print(f"{report}\n\nwrote {args.out}")
     else:
         sys.stdout.write(text)
