@@ -143,7 +143,7 @@ def section(runs: list[dict], cap_s: float, argv: list[str] | None) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for run in runs:
-        o = outcome(run, target.Target.of(cfg))
+        o = outcome(run, target.Target.of(cfg.run, cfg.reward_ranges))
         reached = f"{o['seconds']:.0f} s" if o["seconds"] is not None else f"not in {cap_s:.0f} s"
         lines.append(
             f"| {run['seed']} | {reached} | {o['step'] or len(run['steps'])} | "

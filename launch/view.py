@@ -226,6 +226,6 @@ def summary(
 def _target_lines(steps: list[dict], started_unix: float, cfg) -> list[str]:
     if cfg is None or not target.bars(cfg.run):
         return []
-    at = time_to_target(steps, started_unix, target.Target.of(cfg))
+    at = time_to_target(steps, started_unix, target.Target.of(cfg.run, cfg.reward_ranges))
     reached = f"reached at {at:.0f} s" if at is not None else "not reached"
     return [f"  target               {target.describe(cfg.run)}: {reached}"]

@@ -92,7 +92,7 @@ class GRPO(Trainer):
             cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit
         ).max_completion_tokens
         # the run's target and the recent step records' figures (rank 0 decides the stop)
-        self.target = target.Target.of(cfg)
+        self.target = target.Target.of(cfg.run, cfg.reward_ranges)
         self.recent: deque[dict[str, float]] = deque(maxlen=cfg.run.target_window)
         # per reward function, the steps in a row on which it failed on most samples
         self.failing_steps: dict[str, int] = {}

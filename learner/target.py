@@ -84,9 +84,10 @@ class Target:
     ranges: Mapping[str, tuple[float, float]]
 
     @classmethod
-    def of(cls, cfg) -> Target:
-        """The run's own target (``cfg.run.target_*``, ``cfg.reward_ranges``)."""
-        return cls(bars(cfg.run), cfg.run.target_window, cfg.reward_ranges)
+    def of(cls, run, ranges: Mapping[str, tuple[float, float]]) -> Target:
+        """The run's own target (``run``: cfg.run's ``target_*``; ``ranges``:
+        ``Config.reward_ranges``)."""
+        return cls(bars(run), run.target_window, ranges)
 
     def measures(self, row: Mapping) -> dict[str, float]:
         return measures(row, self.ranges)

@@ -70,7 +70,7 @@ def test_the_summary_the_benchmarks_and_the_learner_judge_one_extreme_group_alik
     hostile = {"reward_mean": 9.9e5, "reward_parts": {"reverse_digits_exact": 9.9e5}}
     window = [honest] * (cfg.run.target_window - 1) + [hostile]
     steps = [{**row, "step": i, "version": i, "time": 1000.0 + i} for i, row in enumerate(window)]
-    goal = Target.of(cfg)
+    goal = Target.of(cfg.run, cfg.reward_ranges)
     assert Target(goal.bars, goal.window, {}).reached_at(steps) is not None  # unclipped, it would
     assert goal.reached_at(steps) is None
     assert not goal.reached([goal.measures(s) for s in steps])
