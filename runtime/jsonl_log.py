@@ -10,10 +10,13 @@ have been wiped by a Redis restart without persistence.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from pathlib import Path
 
+from streamrl.configs.errors import ConfigError
 from streamrl.configs.runfiles import open_append
 
 PUBLISHED_DIR = "published"
@@ -46,12 +49,26 @@ class JsonlLog:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Every complete record; a torn last line (writer killed mid-write) is skipped."""
+    """Every complete record; a torn last line (writer killed mid-write) is skipped.
+
+    Raises ConfigError for anything but a regular file at ``path`` itself: a reader of another
+    user's run (``streamrl plot``, ``inspect``) never follows a link planted there, nor blocks on
+    a FIFO or reads a device without end."""
     path = Path(path)
-    if not path.exists():
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ConfigError(f"{path} is a symbolic link: not read") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError(f"{path} is not a regular file: not read")
+        text = f.read().decode(errors="replace")
     records = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from streamrl.configs.errors import ConfigError
 from streamrl.launch import plot
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -147,3 +148,19 @@ def test_a_runs_end_shows_why_it_wrote_no_plots_in_a_run_dir_it_cannot_trust(tmp
     assert not (run / "plots").exists()
     run.chmod(0o700)
     assert plot.at_end(run) == run / "plots"
+
+
+@pytest.mark.parametrize("planted", ["a-link-to-a-file-of-mine", "a-fifo-nobody-writes"])
+def test_the_step_rows_of_a_foreign_run_are_read_only_from_a_regular_file(tmp_path, planted):
+    """A step log planted as a link is not followed, nor a FIFO waited on: one line, no read."""
+    run, mine = tmp_path / "run", tmp_path / "mine.jsonl"
+    run.mkdir()
+    mine.write_text(json.dumps(_rows()[0]) + "\n")
+    steps = run / "learner_steps.jsonl"
+    if planted == "a-link-to-a-file-of-mine":
+        steps.symlink_to(mine)
+    else:
+        os.mkfifo(steps)
+    with pytest.raises(ConfigError, match="learner_steps.jsonl is (a symbolic link|not a regular file)"):
+        plot.write(run, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
