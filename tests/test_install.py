@@ -1,5 +1,6 @@
-"""`make run` installs anywhere: CPU torch from PyTorch's CPU index without CUDA, whatever pip's
-configuration says; only the run set (no dev or bench extras); no apt or sudo needed for Redis.
+"""`make run` installs anywhere: CPU torch without CUDA, from PyTorch's CPU index whatever pip's
+configuration says (where that index's host resolves; else pip's own sources, still the +cpu
+build); only the run set (no dev or bench extras); no apt or sudo needed for Redis.
 
 The Makefile's command lines are read with `make -n` under a faked environment; the run set is
 resolved for real, offline, by pip with no configuration at all (no local wheel folder) from a
@@ -28,24 +29,33 @@ LOCAL_WHEELS = [Path("/opt/wheels"), Path("/opt/pypi/files"), Path("/opt/pypi-mo
 WHEELHOUSE_CACHE = Path.home() / ".cache" / "streamrl-tests" / "wheelhouse"
 
 
-def _fake_path(bin_dir: Path, cuda: bool) -> str:
-    """A PATH with the tools make's recipes call, no apt-get, and nvidia-smi only with ``cuda``."""
+def _script(path: Path, rc: int) -> None:
+    path.write_text(f"#!/bin/sh\nexit {rc}\n")
+    path.chmod(0o755)
+
+
+def _fake_path(bin_dir: Path, cuda: bool, online: bool) -> str:
+    """A PATH with the tools make's recipes call, no apt-get, nvidia-smi only with ``cuda``, and a
+    getent that resolves every host name only ``online``."""
     bin_dir.mkdir()
     for tool in ("sh", "id", "env", "test", "touch"):
         os.symlink(shutil.which(tool), bin_dir / tool)
     if cuda:
-        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
-        (bin_dir / "nvidia-smi").chmod(0o755)
+        _script(bin_dir / "nvidia-smi", 0)
+    _script(bin_dir / "getent", 0 if online else 2)
     return str(bin_dir)
 
 
 @pytest.fixture
 def make(tmp_path):
-    """``make(*args, cuda=False, dry=True)``: make in the repository under a faked PATH."""
-    paths = {c: _fake_path(tmp_path / f"bin-{c}", c) for c in (False, True)}
+    """``make(*args, cuda=False, online=True, dry=True)``: make in the repository under a faked
+    PATH."""
+    paths = {
+        (c, o): _fake_path(tmp_path / f"bin-{c}-{o}", c, o) for c in (False, True) for o in (0, 1)
+    }
 
-    def run(*args: str, cuda: bool = False, dry: bool = True):
-        env = {"PATH": paths[cuda], "HOME": str(tmp_path)}
+    def run(*args: str, cuda: bool = False, online: bool = True, dry: bool = True):
+        env = {"PATH": paths[cuda, online], "HOME": str(tmp_path)}
         cmd = [shutil.which("make"), *(["-n", "-B"] if dry else []), *args]
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
@@ -62,6 +72,9 @@ def test_make_installs_cpu_torch_from_pytorchs_index_without_cuda_and_only_the_r
     venv = f"VENV={tmp_path}/v"
     cpu = make(venv, f"{tmp_path}/v/bin/python").stdout
     assert f"pip install --quiet --index-url {CPU_INDEX} torch==2.13.0+cpu" in cpu
+    # PyTorch's index out of reach (a local mirror): pip's own sources, held to the CPU build
+    offline = make(venv, f"{tmp_path}/v/bin/python", online=False).stdout
+    assert "pip install --quiet  torch==2.13.0+cpu\n" in offline and CPU_INDEX not in offline
     cuda = make(venv, f"{tmp_path}/v/bin/python", cuda=True).stdout
     assert "pip install --quiet torch==2.13.0\n" in cuda and CPU_INDEX not in cuda
     installs = [line for line in make(venv, "run").stdout.splitlines() if "pip install" in line]
