@@ -38,7 +38,7 @@ from streamrl.broker.password import with_password
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
 from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
-from streamrl.configs.runfiles import open_append, restrict_umask, write_new
+from streamrl.configs.runfiles import check_run_dir, open_append, restrict_umask, write_new
 from streamrl.launch import control, placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 from streamrl.runtime.cpu_pinning import CPUS_ENV, pin_process
@@ -159,8 +159,17 @@ class Supervisor:
         self.failure: str | None = None
 
     # ----- start -------------------------------------------------------------------------
+    @property
+    def run_dirs(self) -> tuple[str, ...]:
+        """The directories it writes below ``run.dir`` (never through a link: configs.runfiles):
+        the logs, the scrape config ``launch.run`` writes, the embedded Redis's files."""
+        return ("logs", "prometheus") + (() if self.cfg.broker.redis_url else ("redis",))
+
     def start(self) -> Supervisor:
         self.started_at = time.monotonic()
+        # the run-directory policy (configs.runfiles) before the inputs cost anything; it reads
+        # nothing there, and prepare checks again when it decides
+        check_run_dir(self.run_dir, dirs=self.run_dirs)
         # everything that can be checked is, before run.dir is touched: a failing start leaves
         # an earlier run there as it was
         self._prepare_inputs()
@@ -175,8 +184,8 @@ class Supervisor:
             overwrite=self.overwrite,
             resume=self.resume,
             shared_read=self.cfg.run.shared_read,
+            dirs=self.run_dirs,
         )
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
         self.event(said)
         self.scale_key = control.create_key(self.state_dir)
