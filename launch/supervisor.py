@@ -534,7 +534,10 @@ class Supervisor:
             self.redis.close()
         if self.redis_server is not None:
             self.redis_server.stop()
-        self._remove_shared_memory()
+        # a start refused before its learner (another run live in run.dir, a run.dir refused)
+        # owns no segment: those of its run name may be a live run's
+        if self.learner is not None:
+            self._remove_shared_memory()
         if self._pinned_self:
             # a launcher in a notebook (streamrl.run) goes on where it ran before
             pin_process(os.getpid(), set(self.all_cpus))
