@@ -88,9 +88,9 @@ def tls_url(url: str, broker: BrokerConfig) -> tuple[str, dict]:
     return url, options
 
 
-def _client(cls, broker: BrokerConfig, run_dir: str | os.PathLike, retry):
+def _client(client: type, broker: BrokerConfig, run_dir: str | os.PathLike, retry):
     url, tls = tls_url(redis_url(broker, run_dir), broker)
-    return cls.from_url(url, retry=retry, **_options(broker), **tls)
+    return client.from_url(url, retry=retry, **_options(broker), **tls)
 
 
 def _backoff() -> ExponentialWithJitterBackoff:
