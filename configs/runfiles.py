@@ -126,25 +126,6 @@ def check_run_dir(
     return path
 
 
-def make_run_dir(
-    run_dir: str | os.PathLike,
-    shared_read: bool,
-    *,
-    dirs: Iterable[str] = (),
-    key: str = "run.dir",
-) -> Path:
-    """``run_dir``, the directories above it and ``dirs`` below it that are missing, made 0700
-    (0755 with ``shared_read``) whatever the umask; an existing part of ``dirs`` is checked as
-    ``check_run_dir`` does, never followed."""
-    path = Path(run_dir)
-    mode = 0o755 if shared_read else 0o700
-    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
-        _mkdir(missing, mode)
-    for below in dirs:
-        _below(path, below, key, make=mode)
-    return path
-
-
 def enter_run_dir(
     run_dir: str | os.PathLike,
     shared_read: bool,
@@ -152,13 +133,20 @@ def enter_run_dir(
     dirs: Iterable[str] = (),
     key: str = "run.dir",
 ) -> Path:
-    """The policy a command that writes in ``run_dir`` applies at its start: ``check_run_dir``,
-    then ``restrict_umask`` (inherited by every process it starts), then ``make_run_dir``.
-    Raises ConfigError, naming ``key``, before anything is made."""
+    """The policy a command that writes in ``run_dir`` applies at its start: ``check_run_dir``
+    (ConfigError, naming ``key``, before anything is made), then ``restrict_umask`` (inherited by
+    every process it starts); then ``run_dir``, the directories above it and ``dirs`` below it
+    that are missing are made 0700 (0755 with ``shared_read``) whatever the umask, an existing
+    part of ``dirs`` checked again as it is walked, never followed."""
     dirs = tuple(dirs)
-    check_run_dir(run_dir, dirs=dirs, key=key)
+    path = check_run_dir(run_dir, dirs=dirs, key=key)
     restrict_umask(shared_read)
-    return make_run_dir(run_dir, shared_read, dirs=dirs, key=key)
+    mode = 0o755 if shared_read else 0o700
+    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        _mkdir(missing, mode)
+    for below in dirs:
+        _below(path, below, key, make=mode)
+    return path
 
 
 def _mkdir(path: Path, mode: int) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.runfiles import check_run_dir, make_run_dir, write_new
+from streamrl.configs.runfiles import check_run_dir, enter_run_dir, write_new
 
 CHECKPOINTS = "checkpoints"
 STEPS_LOG = "learner_steps.jsonl"
@@ -104,9 +104,9 @@ def prepare(
     shared_read: bool = False,
     dirs: Iterable[str] = (),
 ) -> str:
-    """Decide what this run does with ``run_dir`` and make it ready, with ``dirs`` below it
-    (``configs.runfiles.enter_run_dir`` with a decision between its check and what it makes;
-    the caller sets the umask); returns a line saying what.
+    """Decide what this run does with ``run_dir``, then enter it with ``dirs`` below it
+    (``configs.runfiles.enter_run_dir``: the process's umask set, what is missing made); returns
+    a line saying what.
 
     Raises ConfigError, having changed nothing, when the directory is not trusted
     (``check_run_dir``), holds a live run, holds an earlier run's steps with no checkpoint (and
@@ -147,7 +147,7 @@ def prepare(
             )
         else:
             said = f"new run in {run_dir}"
-    make_run_dir(run_dir, shared_read, dirs=dirs)
+    enter_run_dir(run_dir, shared_read, dirs=dirs)
     if overwrite or run_id(run_dir) is None:
         # the first entry of a run, so --overwrite later knows the rest is the run's
         write_new(run_dir / MARKER, json.dumps({"run_id": uuid.uuid4().hex}) + "\n")

@@ -38,7 +38,7 @@ from streamrl.broker.password import with_password
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
 from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
-from streamrl.configs.runfiles import check_run_dir, open_append, restrict_umask, write_new
+from streamrl.configs.runfiles import check_run_dir, open_append, write_new
 from streamrl.launch import control, placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 from streamrl.runtime.cpu_pinning import CPUS_ENV, pin_process
@@ -177,8 +177,7 @@ class Supervisor:
         self.cpu_sets = placement.cpu_sets(
             self.cfg, self.all_cpus, placement.nvidia_present(self.launcher_devices)
         )
-        # before the first file: the children, Redis included, inherit it
-        restrict_umask(self.cfg.run.shared_read)
+        # its umask is set before the first file: the children, Redis included, inherit it
         said = rundir.prepare(
             self.run_dir,
             overwrite=self.overwrite,

@@ -17,7 +17,6 @@ they write there is 0600, whatever umask they were started with.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from dir_fingerprint import fingerprint
 
 from streamrl.broker.password import PASSWORD_ENV
 from streamrl.launch.cli import COMMANDS
@@ -104,20 +104,6 @@ def streamrl(name: str, run_dir: Path, *args: str, cwd: Path) -> subprocess.Comp
         [sys.executable, "-m", "streamrl", name, *args, *where],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-
-
-def fingerprint(folder: Path) -> dict[str, str]:
-    """Every entry under ``folder``: directories, links by target, files by a hash and mode."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        key = str(path.relative_to(folder))
-        if path.is_symlink():
-            out[key] = "-> " + os.readlink(path)
-        elif path.is_dir():
-            out[key] = f"dir {stat.S_IMODE(path.stat().st_mode):o}"
-        else:
-            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def refused(done: subprocess.CompletedProcess, *said: str) -> str:
