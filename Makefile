@@ -29,7 +29,12 @@ venv: $(STAMP)
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
-TORCH_PIP = $(if $(HAS_CUDA),torch==$(TORCH_VERSION),--index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION)+cpu)
+# An index whose host does not resolve (a machine that installs from a local mirror) is left to
+# pip's own configuration rather than retried for torch and each of its dependencies (~8 s each:
+# 80 s of a fresh `make test`).
+TORCH_CPU_HOST = $(word 2,$(subst /, ,$(TORCH_CPU_INDEX)))
+TORCH_INDEX = $(if $(shell getent hosts $(TORCH_CPU_HOST) >/dev/null 2>&1 && echo yes),--index-url $(TORCH_CPU_INDEX))
+TORCH_PIP = $(if $(HAS_CUDA),torch==$(TORCH_VERSION),$(TORCH_INDEX) torch==$(TORCH_VERSION)+cpu)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -70,10 +70,10 @@ def rolling(values: list[float], window: int) -> list[float]:
     return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
-def outcome(run: dict, bars: dict[str, float], window: int) -> dict:
+def outcome(run: dict, goal: target.Target) -> dict:
     """Time and steps to the target, and the second turn's share of the successes there."""
-    steps = run["steps"]
-    end = target.first_reached([target.measures(s) for s in steps], bars, window)
+    steps, window = run["steps"], goal.window
+    end = goal.reached_at(steps)
     at = steps[end - window + 1 : end + 1] if end is not None else steps[-window:]
     exact = statistics.fmean(s["reward_parts"].get(EXACT, 0.0) for s in at) if at else 0.0
     second = statistics.fmean(s["reward_parts"].get(SECOND, 0.0) for s in at) if at else 0.0
@@ -143,7 +143,7 @@ def section(runs: list[dict], cap_s: float, argv: list[str] | None) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for run in runs:
-        o = outcome(run, bars, window)
+        o = outcome(run, target.Target.of(cfg.run, cfg.reward_ranges))
         reached = f"{o['seconds']:.0f} s" if o["seconds"] is not None else f"not in {cap_s:.0f} s"
         lines.append(
             f"| {run['seed']} | {reached} | {o['step'] or len(run['steps'])} | "

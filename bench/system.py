@@ -379,14 +379,7 @@ def _launch_and_watch(
     steps = [s for s in read_steps(sup.run_dir) if s["time"] - started_unix <= cap_s]
     print(f"   -> {len(steps)} steps in {wall_s:.0f} s", flush=True)
     group_size = cfg.rollout.group_size
-    curve = [
-        (
-            s["time"] - started_unix,
-            s["reward_mean"],
-            s["reward_parts"].get(task.exact_part, math.nan),
-        )
-        for s in steps
-    ]
+    curve = curve_of(steps, started_unix, task.exact_part, cfg.reward_ranges)
     loop_s = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
     # Steady-state loop, start-up excluded (as TRL's samples/s): completions the learner took after its first step.
     samples_per_s = sum(s["groups"] * group_size for s in steps[1:]) / loop_s if loop_s > 0 else 0.0
@@ -414,6 +407,18 @@ def _launch_and_watch(
     )
 
 
+def curve_of(
+    steps: list[dict], started_unix: float, exact_part: str, ranges: dict
+) -> list[tuple[float, float, float]]:
+    """(seconds since launch, mean reward, exact-match part) per learner step row, each figure
+    clipped to its declared range as the learner clips it to judge its target."""
+    clipped = [run_target.measures(s, ranges) for s in steps]
+    return [
+        (s["time"] - started_unix, m[run_target.REWARD], m.get(exact_part, math.nan))
+        for s, m in zip(steps, clipped, strict=True)
+    ]
+
+
 def _watch(
     sup, cap_s: float, stop_at_target: bool, task: Task
 ) -> tuple[list[Scrape], float, float]:
@@ -424,6 +429,7 @@ def _watch(
 
     reward_bar, exact_bar, window = task.target()
     bars = {run_target.REWARD: reward_bar, task.exact_part: exact_bar}
+    goal = run_target.Target(bars, window, sup.cfg.reward_ranges)
     scrapes: list[Scrape] = []
     started, started_unix = time.monotonic(), time.time()
     last_scrape = started
@@ -435,7 +441,7 @@ def _watch(
                 last_scrape = time.monotonic()
                 scrapes.append(scrape_all(sup.redis, sup.keys))
             steps = read_steps(sup.run_dir) if stop_at_target else []
-            if stop_at_target and time_to_target(steps, started_unix, bars, window) is not None:
+            if stop_at_target and time_to_target(steps, started_unix, goal) is not None:
                 scrapes.append(scrape_all(sup.redis, sup.keys))
                 break
             time.sleep(POLL_S)

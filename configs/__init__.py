@@ -3,8 +3,9 @@
 Owns the config schema: ``schema`` composes the whole ``Config`` from one module per component
 (``run``, ``broker``, ``model``, ``data``, ``rollout``, ``reward``, ``actor``, ``learner``,
 ``weightsync``) on the base ``section``; the loader with dotted command-line overrides
-(``load``), the one redaction of secrets from a config (``redact``), how a run's files are
-created and which directories a run trusts (``runfiles``), TRL's and verl's names for its keys
+(``load``), the one bounded reader of every YAML document a command loads (``yamlfile``), the
+one redaction of secrets from a config (``redact``), how a run's files are created and which
+directories a run trusts (``runfiles``), TRL's and verl's names for its keys
 (``foreign``) and the translation of their config files (``convert``, its per-field rules in
 ``convert_rules``), where the keys of an older streamrl went (``renamed``), the configuration
 reference (``reference``), ``streamrl config show|convert``

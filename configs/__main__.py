@@ -6,7 +6,9 @@ with). Every default is spelled out, so the output is a complete config file.
 
 ``convert --from trl|verl FILE [--base C] [--out OUT]``: FILE (a TRL ``GRPOConfig`` or a
 verl config as YAML) as a streamrl config, on top of ``C``'s file when given, plus a table
-of each field: mapped, approximated (and how), refused (and why) or unset.
+of each field: a code reference (code a run would import: written commented out, for the
+user to review), mapped, approximated (and how), refused (and why) or unset. Every YAML file
+is read through ``yamlfile``'s bounds.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
-from streamrl.configs import convert
+from streamrl.configs import convert, yamlfile
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.load import config_from_cli, config_text
+from streamrl.configs.runfiles import write_new
 
 
 def _convert(argv: list[str]) -> int:
@@ -32,17 +33,20 @@ def _convert(argv: list[str]) -> int:
     parser.add_argument("--out", help="write the YAML here (default: stdout; the table to stderr)")
     args = parser.parse_args(argv)
     try:
-        tree = yaml.safe_load(Path(args.file).read_text()) or {}
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{args.file}: top level must be a mapping")
+        tree = yamlfile.parse_mapping(yamlfile.read_text(Path(args.file), args.file), args.file)
         settings, rows = convert.convert(tree, args.dialect, args.base)
-        text = convert.yaml_text(settings, args.base, args.file, args.dialect)
-    except (OSError, yaml.YAMLError, ConfigError) as exc:
+        text = convert.yaml_text(settings, rows, args.base, args.file, args.dialect)
+    except ConfigError as exc:
         print(f"streamrl config convert: {exc}", file=sys.stderr)
         return 2
     report = convert.table(rows)
     if args.out:
-        Path(args.out).write_text(text)
+        try:
+            # a link planted at the name is replaced, not written through
+            write_new(args.out, text)
+        except OSError as exc:
+            print(f"streamrl config convert: --out {args.out}: {exc.strerror}", file=sys.stderr)
+            return 2
         print(f"{report}\n\nwrote {args.out}")
     else:
         sys.stdout.write(text)

@@ -7,6 +7,11 @@ map the loader's unknown-key hint uses), then the verl paths whose last part alo
 ambiguous (``actor_rollout_ref.rollout.n``), then a streamrl key of the same unique name
 (``temperature``, ``seed``). Each value is checked against the schema on its own: one the
 schema rejects is refused with the loader's reason, so the written YAML always loads.
+
+A setting that names code a run would import (``convert_rules.CODE_KEYS``: a plug-in reward,
+a ``build`` hook, an environment, ``trust_remote_code``) is a *code reference*: listed first
+in the table and written commented out, never live, so a converted config runs nothing the
+foreign file named until the user has looked; converting imports nothing either.
 May import ``streamrl.configs`` only.
 """
 
@@ -29,9 +34,10 @@ from streamrl.configs.convert_rules import (
     Refused,
     Setting,
     Status,
+    code_in,
 )
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.load import _read, load_config
+from streamrl.configs.load import load_config, read_tree
 from streamrl.configs.schema import Config
 
 
@@ -41,6 +47,8 @@ class Row(NamedTuple):
     status: Status
     target: str
     note: str
+    # a code reference's settings (key, value), which the written config carries only in a comment
+    held: tuple[tuple[str, Any], ...] = ()
 
 
 @functools.cache
@@ -87,8 +95,8 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _nest(flat: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the dotted keys of ``flat`` set in it."""
     for path, value in flat.items():
         node = out
         *parents, leaf = path.split(".")
@@ -125,14 +133,15 @@ def convert(
 ) -> tuple[dict[str, Any], list[Row]]:
     """(streamrl's settings, dotted, each checked against the schema on top of ``base``; the
     rows). Two fields that set one key to different values: the first one wins, the other is
-    refused naming it. ConfigError when the settings pass one by one but not together."""
+    refused naming it. A code reference's settings are in its row (``Row.held``), not in the
+    settings. ConfigError when the settings pass one by one but not together."""
     if dialect not in RULES:
         raise ConfigError(f"--from {dialect}: trl or verl")
-    flat = _flatten(tree)
     settings: dict[str, Any] = {}
     set_by: dict[str, str] = {}
+    checked: dict[tuple[str, str], str | None] = {}
     rows: list[Row] = []
-    for path, value in flat.items():
+    for path, value in _flatten(tree).items():
         if value is None:
             rows.append(Row(path, value, "unset", "", "null: streamrl's default stands"))
             continue
@@ -147,8 +156,16 @@ def convert(
                 continue
             if s.key in settings and settings[s.key] != s.value:
                 problems.append(f"{s.key} already {settings[s.key]!r} from {set_by[s.key]}")
-            elif (error := _schema_error(base, s.key, s.value)) is not None:
-                problems.append(error)
+                continue
+            # many fields may name one key with one value: the loader checks each pair once; a
+            # code reference is checked on its own (it replaces what the base names, e.g. the
+            # rewards its target_parts refer to, only once the user sets it)
+            pair = (s.key, repr(s.value))
+            if pair not in checked:
+                on = None if code_in(s.key, s.value) else base
+                checked[pair] = _schema_error(on, s.key, s.value)
+            if checked[pair] is not None:
+                problems.append(checked[pair])
         if problems:
             rows.append(Row(path, value, "refused", "", "; ".join(problems)))
             continue
@@ -156,20 +173,31 @@ def convert(
             if s.key is not None:
                 settings[s.key] = s.value
                 set_by.setdefault(s.key, path)
-        status: Status = (
-            "approximated" if any(s.status == "approximated" for s in made) else "mapped"
-        )
-        targets = ", ".join(f"{s.key}={s.value!r}" for s in made if s.key) or "-"
-        notes = "; ".join(s.note for s in made if s.note)
-        rows.append(Row(path, value, status, targets, notes))
+        rows.append(_row(path, value, made))
+    for row in rows:
+        for key, _ in row.held:
+            settings.pop(key, None)
     # each value passed on its own; one that only fails beside another (a cross-key rule) is named
     load_config(base, settings, env={})
     return settings, rows
 
 
+def _row(path: str, value: Any, made: list[Setting]) -> Row:
+    targets = ", ".join(f"{s.key}={s.value!r}" for s in made if s.key) or "-"
+    notes = [s.note for s in made if s.note]
+    held = tuple((s.key, s.value) for s in made if s.key and code_in(s.key, s.value))
+    if held:
+        refs = ", ".join(dict.fromkeys(r for key, v in held for r in code_in(key, v)))
+        notes.insert(0, f"a run would import and run {refs}: left commented out, review it first")
+        return Row(path, value, "code reference", targets, "; ".join(notes), held)
+    status: Status = "approximated" if any(s.status == "approximated" for s in made) else "mapped"
+    return Row(path, value, status, targets, "; ".join(notes))
+
+
 def table(rows: list[Row]) -> str:
-    """The rows as a Markdown table, approximated and refused first: what needs a look."""
-    order = {"approximated": 0, "refused": 1, "mapped": 2, "unset": 3}
+    """The rows as a Markdown table, code references, approximated and refused first: what
+    needs a look."""
+    order = {"code reference": 0, "approximated": 1, "refused": 2, "mapped": 3, "unset": 4}
     lines = ["| field | value | status | streamrl | notes |", "|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: order[r.status]):
         value = str(r.value).replace("|", "\\|")
@@ -180,16 +208,31 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def yaml_text(settings: dict[str, Any], base: str | None, source: str, dialect: Dialect) -> str:
-    """The converted settings over ``base``'s file (all of it, when given) as YAML."""
+def yaml_text(
+    settings: dict[str, Any], rows: list[Row], base: str | None, source: str, dialect: Dialect
+) -> str:
+    """The converted settings over ``base``'s file (all of it, when given) as YAML, then the
+    code references as commented-out overrides."""
     head = f"# converted from {dialect} config {source} by `streamrl config convert`\n"
-    if base is None:
-        return head + yaml.safe_dump(_nest(settings), sort_keys=False)
-    tree = yaml.safe_load(_read(base)[1]) or {}
-    for path, value in settings.items():
-        node = tree
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return head + f"# on top of {base}\n" + yaml.safe_dump(tree, sort_keys=False)
+    if base is not None:
+        head += f"# on top of {base}\n"
+    tree = read_tree(base)[1] if base is not None else {}
+    text = head + yaml.safe_dump(_nest(settings, tree), sort_keys=False)
+    held = [(key, value, r.field) for r in rows for key, value in r.held]
+    if not held:
+        return text
+    lines = [
+        "",
+        f"# NOT SET: code references from {source}. A run imports and runs each one when it",
+        "# starts, so check it names the code you mean (the module, the file, what it does), then",
+        "# set it in this file or pass the line as an override: streamrl run --config FILE 'KEY=VALUE'",
+    ]
+    for key, value, field in held:
+        lines.append(f"#   {key}={_flow(value)}    (from {field})")
+    return text + "\n".join(lines) + "\n"
+
+
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML, as an override's value is written."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=2**31).rstrip("\n")
+    return text.removesuffix("\n...")

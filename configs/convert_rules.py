@@ -1,14 +1,41 @@
 """The per-field rules of ``convert``: how a TRL or verl field whose value changes on the way
-becomes streamrl settings, the verl paths whose last part alone is ambiguous, and why a field with
-no counterpart has none."""
+becomes streamrl settings, the verl paths whose last part alone is ambiguous, why a field with
+no counterpart has none, and which settings are code a run would import."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
+from streamrl.configs.reward import BUILTIN_REWARD_RANGES
+
 Dialect = Literal["trl", "verl"]
-Status = Literal["mapped", "approximated", "refused", "unset"]
+Status = Literal["code reference", "mapped", "approximated", "refused", "unset"]
+
+# the keys whose value names code a run imports and calls (actors.plugins), or lets run
+# (a model repository's own code): a converted config never sets them without the user's review
+CODE_KEYS = (
+    "reward.functions",
+    "model.build",
+    "data.build",
+    "supervised.build",
+    "env.name",
+    "model.init_kwargs.trust_remote_code",
+)
+
+
+def code_in(key: str, value: Any) -> list[str]:
+    """The code a setting of ``key`` to ``value`` would run, as the user should review it
+    (``[]``: none; a built-in reward is no code reference)."""
+    if key == "reward.functions" or key.startswith("reward.functions."):
+        items = value if isinstance(value, list) else [value]
+        names = [i.get("fn") if isinstance(i, dict) else i for i in items]
+        return [str(n) for n in names if n is not None and n not in BUILTIN_REWARD_RANGES]
+    if key == "model.init_kwargs.trust_remote_code":
+        return ["the model repository's own code (trust_remote_code)"] if value else []
+    if key in CODE_KEYS and value is not None:
+        return [str(value)]
+    return []
 
 
 def value_at(tree: dict, path: str) -> Any:
@@ -71,6 +98,7 @@ WHY_NOT: dict[str, str] = {
     "filter_overlong_prompts": "longer prompts are always refused, not truncated",
     "truncation": "longer prompts are always refused, not truncated",
     "use_remove_padding": "the learner always packs samples without padding",
+    "reward_model": "a reward is a function (reward.functions); reward models are not supported",
 }
 NO_COUNTERPART = "no streamrl counterpart (docs/migrating.md)"
 
@@ -229,6 +257,57 @@ def _verl_kl_type(value, tree) -> list[Setting]:
     return [Setting(None, value, note="the k3 estimator, streamrl's only one")]
 
 
+def _trl_reward_funcs(value, tree) -> list[Setting]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise Refused("a name or a list of names of reward functions")
+    weights = tree.get("reward_weights") or [1.0] * len(names)
+    if not isinstance(weights, list) or len(weights) != len(names):
+        raise Refused(f"{len(names)} reward_funcs but reward_weights {weights!r}")
+    specs, notes = [], []
+    for name, weight in zip(names, weights, strict=True):
+        if name not in BUILTIN_REWARD_RANGES and ":" not in name:
+            module, dot, attr = name.rpartition(".")
+            if not (dot and module and attr) or "/" in name:
+                raise Refused(f"{name!r}: neither a streamrl built-in nor module.function")
+            # TRL imports a dotted path; streamrl's plug-ins are module:function
+            name = f"{module}:{attr}"
+            notes.append(f"TRL's dotted path as {name}")
+        specs.append({"fn": name, "weight": weight})
+    return [Setting("reward.functions", specs, note="; ".join(notes))]
+
+
+def _trl_reward_weights(value, tree) -> list[Setting]:
+    if tree.get("reward_funcs") is None:
+        raise Refused("weights of reward_funcs, which this file does not name")
+    return [Setting(None, value, note="the weights of reward_funcs")]
+
+
+def _trust_remote_code(value, tree) -> list[Setting]:
+    if value is True:
+        return [Setting("model.init_kwargs.trust_remote_code", True)]
+    return [Setting(None, value, note="streamrl never runs a model repository's code unless told")]
+
+
+def _verl_custom_reward(value, tree) -> list[Setting]:
+    name = value_at(tree, "custom_reward_function.name") or "compute_score"
+    return [
+        Setting(
+            "reward.functions",
+            [{"fn": f"{value}:{name}"}],
+            "approximated",
+            "verl calls fn(data_source, solution_str, ground_truth, extra_info); "
+            "streamrl fn(messages, answer, **columns)",
+        )
+    ]
+
+
+def _verl_custom_reward_name(value, tree) -> list[Setting]:
+    if value_at(tree, "custom_reward_function.path") is None:
+        raise Refused("a function in custom_reward_function.path, which this file does not name")
+    return [Setting(None, value, note="folded into custom_reward_function.path")]
+
+
 def _verl_top_k(value, tree) -> list[Setting]:
     if value < 0:
         return [Setting("rollout.top_k", 0, note="verl's -1 (off) is 0")]
@@ -281,6 +360,9 @@ RULES: dict[Dialect, dict[str, Rule]] = {
         "report_to": _report_to,
         "per_device_train_batch_size": _trl_groups_per_step,
         "lr_scheduler_type": _lr_scheduler,
+        "reward_funcs": _trl_reward_funcs,
+        "reward_weights": _trl_reward_weights,
+        "trust_remote_code": _trust_remote_code,
     },
     "verl": {
         "algorithm.adv_estimator": _verl_adv_estimator,
@@ -297,5 +379,8 @@ RULES: dict[Dialect, dict[str, Rule]] = {
         "trainer.test_freq": _verl_test_freq,
         "lr_scheduler_type": _lr_scheduler,
         "loss_mode": _loss_mode,
+        "custom_reward_function.path": _verl_custom_reward,
+        "custom_reward_function.name": _verl_custom_reward_name,
+        "trust_remote_code": _trust_remote_code,
     },
 }

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from streamrl.configs import foreign, renamed
+from streamrl.configs import foreign, renamed, yamlfile
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.redact import (
     is_secret_field,
@@ -58,14 +58,10 @@ def _override_tree(overrides: Iterable[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r}: expected dotted.key=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            shown = shown_value(key.rsplit(".", 1)[-1], raw)
-            # the YAML error quotes the text: only its problem, no snippet
-            problem = getattr(exc, "problem", None) or "not YAML"
-            raise ConfigError(f"override {key}: cannot parse value {shown!r}: {problem}") from None
-        pairs.append((key, value))
+        # the error names its problem only: the YAML error's snippet of the text may be a secret
+        shown = shown_value(key.rsplit(".", 1)[-1], raw)
+        where = f"override {key}: cannot parse value {shown!r}"
+        pairs.append((key, yamlfile.parse(raw, where) if raw.strip() else ""))
     return _tree(pairs)
 
 
@@ -280,10 +276,14 @@ def _read(path_or_preset: str | os.PathLike) -> tuple[str, str]:
             )
         preset = importlib.resources.files("streamrl.configs") / f"{name}{PRESET_SUFFIX}"
         return f"preset {name}", preset.read_text()
-    try:
-        return name, path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"config file {name}: {exc.strerror}") from None
+    return name, yamlfile.read_text(path, f"config file {name}")
+
+
+def read_tree(path_or_preset: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """(source, the mapping) of a config file, preset or run directory (``_read``), through the
+    bounded YAML reader (``yamlfile``)."""
+    source, text = _read(path_or_preset)
+    return source, yamlfile.parse_mapping(text, f"config file {source}")
 
 
 def load_config(
@@ -301,18 +301,7 @@ def load_config(
     data: dict[str, Any] = {}
     source = "defaults"
     if path_or_preset is not None:
-        source, text = _read(path_or_preset)
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {source}: not valid YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"config file {source}: top level must be a mapping, got {type(loaded).__name__}"
-            )
-        data = loaded
+        source, data = read_tree(path_or_preset)
     if isinstance(overrides, Mapping):
         tree = _tree(overrides.items())
     else:

@@ -9,7 +9,10 @@ weights (over shared memory: which readers are copying a slot right now), each h
 live actors and their weight versions (and what its relay received), and the GPUs the
 supervisor gave each process (``<run.dir>/placement.json``). Entries are
 decoded with the same validating decoder the learner uses; one that does not decode is
-shown with the decoder's reason, never executed or trusted.
+shown with the decoder's reason, never executed or trusted. Names in Redis are names, not
+paths: a segment name that is not one of the run's segments, or a host that is not one name, is
+shown refused with the reason and nothing is opened by it; the run directory (perhaps another
+user's) is read without following a link in it and written never.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from streamrl.broker.wire import WireError, decode_group
 from streamrl.configs import config_from_cli
 from streamrl.configs.schema import BrokerConfig
 from streamrl.launch import placement
-from streamrl.launch.host import host_dir
 from streamrl.launch.status import by_host
 from streamrl.weightsync import transports
 from streamrl.weightsync.announce import read_announcement
@@ -147,7 +149,7 @@ def _weights(client: redis.Redis, keys: Keys) -> dict | None:
         transport = transports.get(ann.transport)
     except UnknownTransport as exc:
         return {**out, "error": str(exc)}
-    return {**out, **transport.describe(ann.meta)}
+    return {**out, **transport.describe(ann.meta, keys.run_name)}
 
 
 def render(report: dict) -> str:
@@ -171,11 +173,28 @@ def render(report: dict) -> str:
         relay = h["relay_received"]
         got = f", relay received {relay.get('versions', 0)} versions" if relay else ""
         lines.append(f"host {host}: {actors}; weights v{h['weights_version']}{got}")
-        if h.get("placement"):
-            lines.append(f"  GPUs (CUDA_VISIBLE_DEVICES): {placement.describe(h['placement'])}")
-    if report.get("placement"):
-        lines.append(f"GPUs (CUDA_VISIBLE_DEVICES): {placement.describe(report['placement'])}")
+        if line := _gpus(h.get("placement")):
+            lines.append(f"  {line}")
+    if line := _gpus(report.get("placement")):
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _gpus(recorded: dict | str | None) -> str | None:
+    """The line of a recorded placement (``_placement``): the GPUs, or why it was not read."""
+    if isinstance(recorded, str):
+        return f"GPUs: placement not read: {recorded}"
+    if recorded:
+        return f"GPUs (CUDA_VISIBLE_DEVICES): {placement.describe(recorded)}"
+    return None
+
+
+def _placement(run_dir: str, host: str | None = None) -> dict | str | None:
+    """``placement.read`` of the run (``host``'s, a name from Redis), or why it was refused."""
+    try:
+        return placement.read(run_dir, host)
+    except ValueError as exc:
+        return str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = connect_sync(cfg.broker, cfg.run.dir)
         report = collect(client, Keys.from_config(cfg.run, cfg.broker), cfg.broker, args.count)
-        report["placement"] = placement.read(cfg.run.dir)
+        report["placement"] = _placement(cfg.run.dir)
         for host, h in report["hosts"].items():
-            h["placement"] = placement.read(host_dir(cfg.run.dir, host))
+            h["placement"] = _placement(cfg.run.dir, host)
     except (RedisNotConfigured, redis.RedisError) as exc:
         print(f"inspect: cannot reach the run's Redis: {exc}", file=sys.stderr)
         return 2

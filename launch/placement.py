@@ -15,9 +15,11 @@ which the live view and ``streamrl inspect`` show. Imports the config schema (an
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import Config
 
 PLACEMENT_FILE = "placement.json"
+# far more than any run's placement; a bigger file is not one
+MAX_FILE_BYTES = 1 << 20
 
 
 class PlacementError(ValueError):
@@ -210,13 +214,49 @@ def write(run_dir: Path, placement: dict[str, str | None]) -> None:
     write_new(run_dir / PLACEMENT_FILE, json.dumps(placement, indent=2) + "\n")
 
 
-def read(run_dir: str | os.PathLike) -> dict[str, str | None] | None:
-    """The placement a supervisor recorded in ``run_dir``, or None (no supervised run there)."""
+def read(run_dir: str | os.PathLike, host: str | None = None) -> dict[str, str | None] | None:
+    """The placement a supervisor recorded in ``run_dir`` (``host``: that host's supervisor, in
+    ``hosts/<host>``), or None (no supervised run there).
+
+    ``run_dir`` may be another user's and ``host`` comes from Redis, so both are data: ValueError
+    for a host that is not one name, or a link, or anything but a small regular file on the way
+    (``run_dir`` itself, named by the user, is the one path followed)."""
+    parts = [PLACEMENT_FILE]
+    if host is not None:
+        if host in ("", ".", "..") or "/" in host or "\0" in host:
+            raise ValueError(f"host {host!r} is not a host name: its placement is not read")
+        # ``launch.host.host_dir``'s layout (which imports this module)
+        parts = ["hosts", host, PLACEMENT_FILE]
     try:
-        data = json.loads((Path(run_dir) / PLACEMENT_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads(_read_inside(Path(run_dir), parts))
+    # missing, or not readable by this user
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    return {str(k): v if v is None else str(v) for k, v in data.items()}
+
+
+def _read_inside(top: Path, parts: list[str]) -> bytes:
+    """``top/parts...`` read with each part opened below the last (openat), no link followed."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ValueError(f"a link on the way to {top.joinpath(*parts)}: not followed") from exc
+    finally:
+        os.close(fd)
+    with os.fdopen(leaf, "rb") as f:
+        info = os.fstat(leaf)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{top.joinpath(*parts)} is not a small regular file")
+        return f.read(MAX_FILE_BYTES)
 
 
 def describe(placement: Mapping[str, str | None]) -> str:

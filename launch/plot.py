@@ -1,19 +1,32 @@
-"""``streamrl plot RUN_DIR``: a run's learner step rows as PNGs, against steps and wall time.
+"""``streamrl plot RUN_DIR [--out DIR]``: a run's learner step rows as PNGs, against steps and
+wall time.
 
-One figure per x axis (``steps.png``, ``wall_time.png`` under ``<run.dir>/plots``), a panel
-per measure: reward and its parts, KL, entropy, tokens/s, staleness, time per phase. A run
+One figure per x axis (``steps.png``, ``wall_time.png`` under ``<run.dir>/plots``, or ``--out``),
+a panel per measure: reward and its parts, KL, entropy, tokens/s, staleness, time per phase. A run
 writes them once at its end (``launch.run``). matplotlib is the ``plot`` extra; without it
 the command fails naming it.
+
+The run directory is read, and written only where the user says: ``<run.dir>/plots`` only when
+nobody but this user can change the run directory (``configs.runfiles.check_trusted``; another
+user's run is refused, in one line naming ``--out``), and ``--out`` only when it is this user's
+too. ``plots`` is made and opened without following a link (one planted there is refused), and
+each PNG is written under an exclusive temporary name and renamed into place (``write_new``):
+0600, or 0644 where the umask lets others read.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import io
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from streamrl.configs.errors import ConfigError
+from streamrl.configs.runfiles import check_trusted, write_new
 from streamrl.launch.status import read_steps
 
 PLOTS_DIR = "plots"
@@ -80,35 +93,121 @@ def figure(rows: list[dict], x: str) -> Any:
     return fig
 
 
-def write(run_dir: str | Path) -> Path | None:
-    """``<run_dir>/plots/{steps,wall_time}.png``; None when the run has no step row.
-    ImportError without matplotlib."""
+def write(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
+    """``{steps,wall_time}.png`` in ``out`` (None: ``<run_dir>/plots``), the folder returned;
+    None when the run has no step row. ConfigError, before anything is written, when the
+    folder is not one only this user controls (``destination``); ImportError without
+    matplotlib."""
     rows = [r for r in read_steps(run_dir) if "step" in r and "time" in r]
     if not rows:
         return None
-    out = Path(run_dir) / PLOTS_DIR
-    out.mkdir(exist_ok=True)
+    folder = destination(run_dir, out)
+    shared_read = _umask() & 0o044 == 0
     for x, name in (("step", "steps.png"), ("wall_s", "wall_time.png")):
         fig = figure(rows, x)
-        fig.savefig(out / name, dpi=80)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80)
         # pyplot keeps every figure it made until closed
         from matplotlib import pyplot as plt
 
         plt.close(fig)
-    return out
+        write_new(folder / name, png.getvalue(), shared_read=shared_read)
+    return folder
+
+
+def at_end(run_dir: str | Path) -> Path | str | None:
+    """What a run shows at its end (``launch.run``): where its plots went, or why none."""
+    try:
+        return write(run_dir)
+    except ImportError:
+        return MISSING
+    except ConfigError as exc:
+        return str(exc)
+
+
+def destination(run_dir: str | Path, out: str | Path | None) -> Path:
+    """The folder the PNGs go in, made if missing: ``out`` if given, else ``<run_dir>/plots``.
+    ConfigError, in one line, unless only this user can change it and the directories above."""
+    if out is not None:
+        _check_trusted(out, "--out", "pass --out a directory of yours")
+        Path(out).mkdir(mode=0o755, parents=True, exist_ok=True)
+        # --out is the user's own path: a link of theirs is followed (check_trusted vetted it)
+        return _own_dir(Path(out), follow=True)
+    _check_trusted(
+        run_dir,
+        "RUN_DIR",
+        "not writing its plots there: pass --out DIR, a directory of yours, to write them there",
+    )
+    return _own_dir(Path(run_dir) / PLOTS_DIR, follow=False)
+
+
+def _check_trusted(path: str | Path, key: str, advice: str) -> None:
+    try:
+        check_trusted(path, key=key)
+    except ConfigError as exc:
+        # check_trusted's first clause says what is wrong; its advice is a run's, not plot's
+        raise ConfigError(f"streamrl plot: {str(exc).split(';')[0]}; {advice}") from None
+
+
+def _own_dir(path: Path, follow: bool) -> Path:
+    """``path``, made (0755 less the umask) if missing, as a directory of this user nobody else
+    may write; ``follow=False``: a link at ``path`` is refused, never followed (its parent is
+    opened once and the directory made and opened below it)."""
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            os.mkdir(path.name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            pass
+        flags = os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW)
+        try:
+            fd = os.open(path.name, flags, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise ConfigError(
+                f"streamrl plot: {path} is a link or not a directory; plot writes through no "
+                "link: remove it, or pass --out DIR, a directory of yours"
+            ) from None
+    finally:
+        os.close(parent)
+    info = os.fstat(fd)
+    os.close(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise ConfigError(
+            f"streamrl plot: {path} is not a directory only you can write (uid {info.st_uid}, "
+            f"mode {info.st_mode & 0o7777:o}): pass --out DIR, a directory of yours"
+        )
+    return path
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it; set back at once)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl plot", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run directory (its learner_steps.jsonl)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the PNGs in DIR (made if missing; yours only) instead of RUN_DIR/plots, "
+        "which is written only when the run directory is yours only",
+    )
     args = parser.parse_args(argv)
     if not (Path(args.run_dir) / "learner_steps.jsonl").is_file():
         print(f"streamrl plot: {args.run_dir}: no learner_steps.jsonl", file=sys.stderr)
         return 2
     try:
-        out = write(args.run_dir)
+        out = write(args.run_dir, args.out)
     except ImportError:
         print(MISSING, file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
         return 2
     if out is None:
         print(f"streamrl plot: {args.run_dir}: no learner step yet", file=sys.stderr)

@@ -160,11 +160,8 @@ def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = Fa
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     elapsed = time.monotonic() - started
     steps = read_steps(sup.run_dir)
-    try:
-        plots = plot.write(sup.run_dir) if steps else None
-    except ImportError:
-        plots = plot.MISSING
-    console.print(summary(steps, started_unix, elapsed, sup.events, cfg.run, plots))
+    plots = plot.at_end(sup.run_dir) if steps else None
+    console.print(summary(steps, started_unix, elapsed, sup.events, cfg, plots))
     if sup.failure:
         print(f"run failed: {sup.failure}", file=sys.stderr, flush=True)
     last = steps[-1] if steps else {}

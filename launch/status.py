@@ -72,10 +72,8 @@ def snapshot(redis, keys: Keys, run_dir: str | Path, group: str) -> Snapshot:
     return snap
 
 
-def time_to_target(
-    steps: list[dict], started_unix: float, bars: dict[str, float], window: int = 20
-) -> float | None:
-    """Seconds from ``started_unix`` until the ``window``-step means first reach every bar
-    (``learner.target``, the learner's own stop rule); None if they never do."""
-    end = target.first_reached([target.measures(s) for s in steps], bars, window)
+def time_to_target(steps: list[dict], started_unix: float, goal: target.Target) -> float | None:
+    """Seconds from ``started_unix`` until the steps first reach ``goal`` (the learner's own stop
+    rule, ranges and all); None if they never do."""
+    end = goal.reached_at(steps)
     return None if end is None else steps[end]["time"] - started_unix

@@ -184,11 +184,11 @@ def summary(
     started_unix: float,
     wall_s: float,
     events: list[str],
-    run=None,
+    cfg=None,
     plots: str | Path | None = None,
 ) -> str:
-    """The end-of-run summary; ``run`` (cfg.run) supplies the target, none shows no target line;
-    ``plots``: where the run's plots went (``launch.plot``), or why there are none."""
+    """The end-of-run summary; ``cfg`` (the run's config) supplies the target, none shows no
+    target line; ``plots``: where the run's plots went (``launch.plot``), or why there are none."""
     if not steps:
         return f"run ended after {wall_s:.0f} s with no learner step (see logs under the run directory)"
 
@@ -211,7 +211,7 @@ def summary(
             f"    {name:<18} {_fmt(part(name, head))} -> {_fmt(part(name, tail))}"
             for name in dict.fromkeys(n for s in steps for n in s.get("reward_parts", {}))
         ),
-        *_target_lines(steps, started_unix, run),
+        *_target_lines(steps, started_unix, cfg),
         f"  tokens trained       {tokens:,} ({tokens / max(wall_s, 1e-9):,.0f}/s over the run)",
         f"  staleness            mean {_fmt(mean('staleness_mean', steps), '.2f')} versions",
     ]
@@ -223,10 +223,9 @@ def summary(
     return "\n".join(lines)
 
 
-def _target_lines(steps: list[dict], started_unix: float, run) -> list[str]:
-    bars = target.bars(run) if run is not None else {}
-    if not bars:
+def _target_lines(steps: list[dict], started_unix: float, cfg) -> list[str]:
+    if cfg is None or not target.bars(cfg.run):
         return []
-    at = time_to_target(steps, started_unix, bars, run.target_window)
+    at = time_to_target(steps, started_unix, target.Target.of(cfg.run, cfg.reward_ranges))
     reached = f"reached at {at:.0f} s" if at is not None else "not reached"
-    return [f"  target               {target.describe(run)}: {reached}"]
+    return [f"  target               {target.describe(cfg.run)}: {reached}"]

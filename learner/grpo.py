@@ -91,7 +91,8 @@ class GRPO(Trainer):
         self.completion_budget = Limits.from_config(
             cfg.rollout, cfg.broker, cfg.algo, cfg.completion_limit
         ).max_completion_tokens
-        # the recent step records' figures for cfg.run.target_* (rank 0 decides the stop)
+        # the run's target and the recent step records' figures (rank 0 decides the stop)
+        self.target = target.Target.of(cfg.run, cfg.reward_ranges)
         self.recent: deque[dict[str, float]] = deque(maxlen=cfg.run.target_window)
         # per reward function, the steps in a row on which it failed on most samples
         self.failing_steps: dict[str, int] = {}
@@ -169,7 +170,7 @@ class GRPO(Trainer):
         if io is not None:
             row = self.record_step(batch, updates, time.perf_counter() - t0)
             if updates:
-                self.recent.append(target.measures(row, self.cfg.reward_ranges))
+                self.recent.append(self.target.measures(row))
             self._watch_rewards(row, batch.reward_errors)
         if updates:
             self.checkpoint_if_due()
@@ -223,9 +224,7 @@ class GRPO(Trainer):
         return done or late or failed or self.target_reached() or self.should_stop()
 
     def target_reached(self) -> bool:
-        r = self.cfg.run
-        bars = target.bars(r)
-        return bool(bars) and target.window_reached(list(self.recent), bars, r.target_window)
+        return self.target.reached(list(self.recent))
 
     def release(self) -> None:
         """Rank 0: Redis and the weights first (the last versions are announced), then the

@@ -5,10 +5,12 @@ reward parts, as the task's reward functions name them) over the last ``target_w
 records; every bar set must hold. The learner stops on it, and the end-of-run summary and the
 benchmarks read the same definition, so "reached the target" means one thing.
 
-The learner clips each step's measures to their declared ranges (``Config.reward_ranges``:
-reward functions' ``range``) before averaging, as the stream consumer already bounds each
-group's: one group moves a window's mean by at most its share of the window times its
-measure's range, so a hostile peer's single extreme group cannot end a run as "target reached".
+Each step's measures are clipped to their declared ranges (``Config.reward_ranges``: reward
+functions' ``range``) before averaging, as the stream consumer already bounds each group's: one
+group moves a window's mean by at most its share of the window times its measure's range, so a
+hostile peer's single extreme group cannot end a run as "target reached". ``Target`` carries the
+bars, the window and the ranges together, so whoever judges the target (the learner's stop, the
+end-of-run summary and live view, the benchmarks' stop rule and tables) clips the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 # the measure of a step's mean reward; every other measure is a reward part
 REWARD = "reward"
@@ -34,9 +37,7 @@ def describe(run) -> str:
     return f"{run.target_window}-step means of {shown}"
 
 
-def measures(
-    row: Mapping, ranges: Mapping[str, tuple[float, float]] | None = None
-) -> dict[str, float]:
+def measures(row: Mapping, ranges: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     """A learner step row's figures the bars compare: the mean reward and each part's mean,
     each clipped to its range in ``ranges`` (by name, or a ``fn/key`` part by ``fn``).
 
@@ -45,7 +46,7 @@ def measures(
     """
     figures = {**row.get("reward_parts", {}), REWARD: row["reward_mean"]}
     for name, value in figures.items():
-        bounds = (ranges or {}).get(name) or (ranges or {}).get(name.partition("/")[0])
+        bounds = ranges.get(name) or ranges.get(name.partition("/")[0])
         if bounds is not None:
             figures[name] = min(max(value, bounds[0]), bounds[1])
     return figures
@@ -71,3 +72,33 @@ def first_reached(
         if window_reached(rows[:end], bars, window):
             return end - 1
     return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """What "target reached" means for one run: each bar's ``window``-step mean over step rows
+    whose measures are clipped to ``ranges``."""
+
+    bars: Mapping[str, float]
+    window: int
+    ranges: Mapping[str, tuple[float, float]]
+
+    @classmethod
+    def of(cls, run, ranges: Mapping[str, tuple[float, float]]) -> Target:
+        """The run's own target (``run``: cfg.run's ``target_*``; ``ranges``:
+        ``Config.reward_ranges``)."""
+        return cls(bars(run), run.target_window, ranges)
+
+    def measures(self, row: Mapping) -> dict[str, float]:
+        return measures(row, self.ranges)
+
+    def reached(self, recent: Sequence[Mapping[str, float]]) -> bool:
+        """Whether the last rows' ``measures`` reach every bar (no bars: never)."""
+        return bool(self.bars) and window_reached(recent, self.bars, self.window)
+
+    def reached_at(self, rows: Sequence[Mapping]) -> int | None:
+        """Index of the step row closing the first window that reaches every bar; None if none
+        does or there are no bars."""
+        if not self.bars:
+            return None
+        return first_reached([self.measures(r) for r in rows], self.bars, self.window)

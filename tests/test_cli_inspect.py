@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import uuid
+from pathlib import Path
 
 import numpy as np
 import redis
+import redis.asyncio
 import torch
 from broker_helpers import limits_of
+from opened_paths import opened_paths
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import Completion, RolloutGroup, encode_group
@@ -92,3 +97,54 @@ def test_inspect_prints_decoded_entries_pending_dead_letters_with_reasons_and_co
     text = capsys.readouterr().out
     assert "policy version 4" in text and '"group_id": "g-2"' in text and dead["reason"] in text
     assert "weights: " in text
+
+
+def test_inspect_shows_names_from_redis_that_are_not_a_segment_or_a_host_refused_and_opens_none(
+    redis_cfg, tmp_path, capsys
+):
+    """A peer holding the Redis password announces a "segment" ``../../<victim>`` and beats as
+    host ``../../<folder>``; the run directory's ``placement.json`` is a link to a file of the
+    user's. inspect shows each refused, with the reason, and opens, reads and prints none."""
+    from streamrl.broker.liveness import Heartbeats
+    from streamrl.launch.cli import main
+    from streamrl.weightsync.announce import announce
+
+    secret = f"SECRET-{uuid.uuid4().hex}"
+    victim = tmp_path / f"victim-{uuid.uuid4().hex}"
+    victim.write_text(f"{secret}\n" + "x" * 8192)
+    # a placement.json (of a host folder) the victim user keeps elsewhere: never read by the name
+    elsewhere = tmp_path / f"elsewhere-{uuid.uuid4().hex}"
+    elsewhere.mkdir()
+    (elsewhere / "placement.json").write_text(json.dumps({"learner": secret}))
+    run_dir = Path(redis_cfg.run.dir)
+    run_dir.mkdir()
+    (run_dir / "placement.json").symlink_to(elsewhere / "placement.json")
+    keys = Keys.from_config(redis_cfg.run, redis_cfg.broker)
+    client = redis.Redis.from_url(redis_cfg.broker.redis_url)
+    announce(client, keys, 3, "shm", "hostile", {"segment": "../.." + str(victim), "slot": 0})
+    host = os.path.relpath(elsewhere, run_dir / "hosts")
+
+    async def beat() -> None:
+        r = redis.asyncio.Redis.from_url(redis_cfg.broker.redis_url)
+        await Heartbeats(r, keys, heartbeat_s=30.0).beat("a0", version=3, host=host)
+        await r.aclose()
+
+    asyncio.run(beat())
+    overrides = [
+        f"run.name={redis_cfg.run.name}",
+        f"run.dir={run_dir}",
+        f"broker.redis_url={redis_cfg.broker.redis_url}",
+    ]
+    with opened_paths() as opened:
+        assert main(["inspect", "--json", *overrides]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert main(["inspect", *overrides]) == 0
+        text = capsys.readouterr().out
+    assert not [p for p in opened if victim.name in p or elsewhere.name in p], opened
+    weights = report["weights"]
+    assert weights["readers_copying"] is None
+    assert "refused segment name" in weights["segment_refused"]
+    assert "is not a host name" in report["hosts"][host]["placement"]
+    assert "a link on the way" in report["placement"]
+    assert secret not in json.dumps(report) and secret not in text
+    assert "refused segment name" in text and "placement not read" in text

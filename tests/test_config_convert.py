@@ -46,9 +46,12 @@ def test_trls_grpo_defaults_convert_field_by_field_onto_the_demo_and_load(tmp_pa
     assert rows["vllm_mode"].status == "refused"
     assert rows["epsilon_high"].status == "unset"
     assert rows["log_completions"].target == "run.log_samples_every=0"
-    out = tmp_path / "trl.yaml"
+    out, victim = tmp_path / "trl.yaml", tmp_path / "victim"
+    victim.write_text("kept\n")
+    out.symlink_to(victim)  # planted at --out: replaced, never written through
     assert main(["convert", "--from", "trl", str(DATA / "trl_grpo_defaults.yaml"),
                  "--base", "demo_cpu", "--out", str(out)]) == 0  # fmt: skip
+    assert victim.read_text() == "kept\n" and not out.is_symlink()
     cfg = load_config(out, env={})
     assert cfg.rollout.group_size == 8 and cfg.algo.aggregation == "token_mean"
     assert cfg.run.seed == 42 and cfg.learner.checkpoint_every == 500

@@ -23,7 +23,7 @@ def _step(step: int, reward: float, exact: float) -> dict:
 
 
 def test_the_view_and_the_summary_show_each_reward_part_and_the_target_in_its_terms():
-    run = load_config("configs/demo_cpu.yaml", ["run.target_window=3"], env={}).run
+    cfg = load_config("configs/demo_cpu.yaml", ["run.target_window=3"], env={})
     steps = [_step(k, 0.5, 0.0) for k in range(1, 6)] + [_step(k, 1.0, 0.9) for k in range(6, 11)]
     snap = Snapshot(at=0.0, version=20, last_step=steps[-1])
     line = plain_line(snap, 12.0)
@@ -31,7 +31,7 @@ def test_the_view_and_the_summary_show_each_reward_part_and_the_target_in_its_te
     console = Console(width=120, record=True)
     console.print(live_table(snap, 12.0, []))
     assert "reverse_digits_exact" in console.export_text()
-    text = summary(steps, started_unix=1000.0, wall_s=20.0, events=[], run=run)
+    text = summary(steps, started_unix=1000.0, wall_s=20.0, events=[], cfg=cfg)
     assert "    reverse_digits_exact 0.000 -> 0.900" in text
     # the first 3-step window reaching both bars closes at step 8 (time 1008)
     assert (

@@ -38,7 +38,7 @@ def test_the_bars_are_the_reward_and_the_named_parts_a_zero_bar_is_none():
     assert bars(run) == {"reward": 0.95, "reverse_digits_exact": 0.85}
     assert describe(run) == "20-step means of reward >= 0.95 and reverse_digits_exact >= 0.85"
     row = {"reward_mean": 0.5, "reward_parts": {"reverse_digits_exact": 0.25}}
-    assert measures(row) == {"reward": 0.5, "reverse_digits_exact": 0.25}
+    assert measures(row, {}) == {"reward": 0.5, "reverse_digits_exact": 0.25}
 
 
 def test_one_extreme_group_does_not_reach_the_target():
@@ -48,12 +48,38 @@ def test_one_extreme_group_does_not_reach_the_target():
     # a fuzz's group under the old bound of 1e6: alone, it ended the demo as "target reached"
     hostile = {"reward_mean": 9.9e5, "reward_parts": {"reverse_digits_exact": 9.9e5}}
     window = [honest] * (run.target_window - 1) + [hostile]
-    assert window_reached([measures(r) for r in window], bars(run), run.target_window)
+    assert window_reached([measures(r, {}) for r in window], bars(run), run.target_window)
     clipped = [measures(r, ranges) for r in window]
     assert clipped[-1] == {"reward": 1.0, "reverse_digits_exact": 1.0}
     assert not window_reached(clipped, bars(run), run.target_window)
     # one step moves the window's mean by at most its share of the range: (1 - 0.5) / 20
     assert window_reached(clipped, {"reward": 0.5 + 0.5 / run.target_window}, run.target_window)
+
+
+def test_the_summary_the_benchmarks_and_the_learner_judge_one_extreme_group_alike():
+    """Whoever says "target reached" clips each step to its declared range: the end-of-run summary,
+    the live view's stop time, the benchmarks' stop rule and curves, and the learner."""
+    from bench.multiturn import outcome
+    from bench.system import curve_of
+    from streamrl.launch.status import time_to_target
+    from streamrl.launch.view import summary
+    from streamrl.learner.target import Target
+
+    cfg = load_config("configs/demo_cpu.yaml", [], env={})
+    honest = {"reward_mean": 0.5, "reward_parts": {"reverse_digits_exact": 0.5}}
+    hostile = {"reward_mean": 9.9e5, "reward_parts": {"reverse_digits_exact": 9.9e5}}
+    window = [honest] * (cfg.run.target_window - 1) + [hostile]
+    steps = [{**row, "step": i, "version": i, "time": 1000.0 + i} for i, row in enumerate(window)]
+    goal = Target.of(cfg.run, cfg.reward_ranges)
+    assert Target(goal.bars, goal.window, {}).reached_at(steps) is not None  # unclipped, it would
+    assert goal.reached_at(steps) is None
+    assert not goal.reached([goal.measures(s) for s in steps])
+    assert time_to_target(steps, 1000.0, goal) is None
+    assert "target               20-step means" in (text := summary(steps, 1000.0, 20.0, [], cfg))
+    assert "not reached" in text
+    assert outcome({"started": 1000.0, "steps": steps}, goal)["seconds"] is None
+    curve = curve_of(steps, 1000.0, "reverse_digits_exact", cfg.reward_ranges)
+    assert curve[-1][1:] == (1.0, 1.0)
 
 
 @pytest.mark.timeout(180)

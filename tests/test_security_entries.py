@@ -103,8 +103,8 @@ def test_the_bounds_leave_real_entries_alone():
 
 def test_a_part_named_reward_cannot_stand_in_for_the_mean_reward():
     row = {"reward_mean": 0.1, "reward_parts": {"reward": 1e300, "exact": 0.2}}
-    assert target.measures(row) == {"reward": 0.1, "exact": 0.2}
-    rows = [target.measures(row)] * 3
+    assert target.measures(row, {}) == {"reward": 0.1, "exact": 0.2}
+    rows = [target.measures(row, {})] * 3
     assert not target.window_reached(rows, {"reward": 0.5}, window=3)
 
 

@@ -30,7 +30,7 @@ from streamrl.weightsync.transports import cuda_ipc
 from streamrl.weightsync.transports.cuda_ipc.device import CudaIpc, DeviceNotVisible
 from streamrl.weightsync.transports.cuda_ipc.receiver import CudaIpcReceiver
 from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsReader, IpcSlotsWriter
-from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_name
 from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 HIDDEN, LAYERS = 16, 2
@@ -316,7 +316,8 @@ def test_a_segment_that_is_not_a_control_segment_of_ours_is_refused(ops):
 def test_a_segment_of_another_user_is_refused(ops):
     if os.geteuid() != 0:
         pytest.skip("needs root to create a file as another user")
-    name = f"{segment_prefix('ipc-' + uuid.uuid4().hex[:8])}1.forged"
+    # a name of the writer's form (any other is refused before anything is opened)
+    name = segment_name(f"ipc-{uuid.uuid4().hex[:8]}", "", 1, uuid.uuid4().hex)
     path = SHM_DIR / name
     path.write_bytes(b"\0" * 8192)
     os.chown(path, 12345, 12345)

@@ -13,7 +13,7 @@ import pytest
 from accounts import system_user_uid
 
 from streamrl.weightsync.layout import Layout, TensorSpec
-from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
+from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_name, segment_prefix
 from streamrl.weightsync.transports.shm.slots import ShmReader, ShmWriter
 
 OTHER_USER = "streamrl-shm-test"
@@ -70,7 +70,8 @@ def test_another_users_file_under_the_prefix_does_not_stop_the_learner():
 
 
 def test_an_actor_refuses_a_segment_that_is_not_its_users():
-    planted = _planted(f"streamrl.forged-{uuid.uuid4().hex[:8]}")
+    # a name of the writer's form (any other is refused before anything is opened)
+    planted = _planted(segment_name(f"forged-{uuid.uuid4().hex[:8]}", "", 1, uuid.uuid4().hex))
     try:
         with pytest.raises(ValueError, match="not a file of this user"):
             ShmReader(os.path.basename(planted), 1.0)

@@ -170,6 +170,7 @@ class Transport(ABC):
     ) -> Receiver:
         """One actor's side."""
 
-    def describe(self, meta: dict) -> dict:
-        """What ``streamrl inspect`` shows about an announced version beyond its number."""
+    def describe(self, meta: dict, run_name: str | None = None) -> dict:
+        """What ``streamrl inspect`` shows about an announced version of ``run_name`` beyond its
+        number; ``meta`` comes from Redis (data: names in it are checked before any is opened)."""
         return {}

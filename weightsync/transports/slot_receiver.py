@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from streamrl.configs.errors import StreamRLError
 from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.naming import NameMappingError
+from streamrl.weightsync.transports.shm.segment import SegmentNameError
 
 if TYPE_CHECKING:
     from streamrl.weightsync.announce import Announcement
@@ -46,14 +47,17 @@ class SlotReceiver(ABC):
     # whether the staging copy is asked for as one buffer (``Staging.begin_fill``'s ``flat``)
     flat: ClassVar[bool] = False
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, run_name: str | None = None):
+        """``run_name``: the run whose segments an announcement may name (None: any run's)."""
         self.timeout_s = timeout_s
+        self.run_name = run_name
         self.reader: SegmentReader | None = None
 
     @abstractmethod
     def open(self, segment: str) -> SegmentReader:
-        """The reader of ``segment``. Raises ``FileNotFoundError`` when the segment is gone,
-        ``CannotOpen`` when it cannot be read here."""
+        """The reader of ``segment`` (of ``run_name``). Raises ``FileNotFoundError`` when the
+        segment is gone, ``SegmentNameError`` when the name is not a segment's, ``CannotOpen``
+        when it cannot be read here."""
 
     @abstractmethod
     def read(self, version: int, slot: int, layout: Layout, fill: Fill) -> str:
@@ -108,6 +112,9 @@ class SlotReceiver(ABC):
         except FileNotFoundError:
             detail = f"{segment} is gone (publisher exited)"
             staging.fail("segment_gone", f"{detail}; keeping version {staging.version}", skip=ann)
+            return False
+        except SegmentNameError as exc:
+            staging.fail("segment_refused", f"{exc}; keeping version {staging.version}", skip=ann)
             return False
         except CannotOpen as exc:
             staging.fail(exc.reason, f"{exc}; keeping version {staging.version}", skip=ann)

@@ -95,7 +95,7 @@ class CudaIpcTransport(Transport):
     ) -> CudaIpcReceiver:
         from streamrl.weightsync.transports.cuda_ipc.receiver import CudaIpcReceiver
 
-        return CudaIpcReceiver(self._ops(), ws.timeout_s)
+        return CudaIpcReceiver(self._ops(), ws.timeout_s, keys.run_name)
 
     def check(self, ws: WeightSyncConfig, actor: ActorConfig) -> None:
         """Every engine that computes on ``actor.device`` must compute on a GPU: the learner's

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from streamrl.weightsync.transports.cuda_ipc.slots import IpcSlotsReader
+from streamrl.weightsync.transports.shm.segment import SegmentNameError
 from streamrl.weightsync.transports.slot_receiver import CannotOpen, SlotReceiver
 
 if TYPE_CHECKING:
@@ -19,15 +20,15 @@ if TYPE_CHECKING:
 class CudaIpcReceiver(SlotReceiver):
     flat = True
 
-    def __init__(self, ops: DeviceIpc, timeout_s: float):
-        super().__init__(timeout_s)
+    def __init__(self, ops: DeviceIpc, timeout_s: float, run_name: str | None = None):
+        super().__init__(timeout_s, run_name)
         self.ops = ops
 
     def open(self, segment: str) -> IpcSlotsReader:
         """The control segment and its slots (their handles opened once per publisher)."""
         try:
-            return IpcSlotsReader(self.ops, segment, self.timeout_s)
-        except FileNotFoundError:
+            return IpcSlotsReader(self.ops, segment, self.timeout_s, run_name=self.run_name)
+        except (FileNotFoundError, SegmentNameError):
             raise
         except (OSError, ValueError, RuntimeError) as exc:
             # a GPU this process does not see, a driver refusing the handle, a segment not ours

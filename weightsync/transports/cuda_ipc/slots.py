@@ -143,8 +143,8 @@ class IpcSlotsWriter(SegmentWriter):
 class IpcSlotsReader(SegmentReader):
     """Actor side: one publisher's control segment, its slots opened once (``DeviceIpc.open``)."""
 
-    def __init__(self, ops: DeviceIpc, name: str, lease_s: float):
-        super().__init__(name, lease_s, KIND_CONTROL)
+    def __init__(self, ops: DeviceIpc, name: str, lease_s: float, *, run_name: str | None = None):
+        super().__init__(name, lease_s, KIND_CONTROL, run_name=run_name)
         try:
             w = self._map.words
             start, length = int(w[_BLOB_OFFSET]), int(w[_BLOB_BYTES])

@@ -71,16 +71,21 @@ class Shm(Transport):
     ) -> ShmReceiver:
         from streamrl.weightsync.transports.shm.receiver import ShmReceiver
 
-        return ShmReceiver(ws.timeout_s)
+        return ShmReceiver(ws.timeout_s, keys.run_name)
 
-    def describe(self, meta: dict) -> dict:
-        """The readers copying a slot of the segment right now."""
+    def describe(self, meta: dict, run_name: str | None = None) -> dict:
+        """The readers copying a slot of the segment right now; a name that is not one of
+        ``run_name``'s segments is shown refused, never opened."""
         from streamrl.weightsync.transports.shm.segment import active_leases
 
         try:
-            return {"readers_copying": active_leases(meta["segment"])}
+            segment = meta.get("segment") if isinstance(meta, dict) else None
+            return {"readers_copying": active_leases(segment, run_name)}
         except FileNotFoundError:
             return {"readers_copying": "segment gone (publisher exited)"}
+        # SegmentNameError among them: a name that is not a segment's, never opened
+        except ValueError as exc:
+            return {"readers_copying": None, "segment_refused": str(exc)}
 
 
 TRANSPORT = Shm()

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 class ShmReceiver(SlotReceiver):
     def open(self, segment: str) -> ShmReader:
-        return ShmReader(segment, self.timeout_s)
+        return ShmReader(segment, self.timeout_s, run_name=self.run_name)
 
     def read(self, version: int, slot: int, layout: Layout, fill: Fill) -> str:
         return self.reader.read_into(version, slot, layout, fill.pairs, fill.tensors)

@@ -40,6 +40,7 @@ import fcntl
 import logging
 import mmap
 import os
+import re
 import secrets
 import stat
 import struct
@@ -109,6 +110,39 @@ def segment_prefix(run_name: str) -> str:
     return f"streamrl.{run_name}.weights."
 
 
+# what follows the prefix in a name ``SegmentWriter`` makes: ``[<host_id>.]<pid>.<128 random bits>``
+_TAIL = r"(?:[A-Za-z0-9_.\-]+\.)?[0-9]+\.[0-9a-f]{32}"
+# any run's prefix: a run name is one path part (``configs.run``), so never holds / or \
+_ANY_RUN = r"streamrl\.[^/\\\x00]+\.weights\."
+
+
+class SegmentNameError(StreamRLError, ValueError):
+    """A segment name (read from Redis: an announcement) that is not one a writer makes."""
+
+
+def segment_name(run_name: str, host_id: str, pid: int, token: str) -> str:
+    """The name of a segment of ``run_name`` for ``host_id``'s actors ('' = the learner's host)."""
+    host = f"{host_id}." if host_id else ""
+    return f"{segment_prefix(run_name)}{host}{pid}.{token}"
+
+
+def check_segment_name(name: object, run_name: str | None = None) -> str:
+    """``name`` if it is a segment name ``segment_name`` makes (of ``run_name``; None: of any run),
+    else SegmentNameError saying why. A name that passes is one file directly in /dev/shm, so a
+    name from Redis is a name, never a path: ``../../etc/passwd`` or ``/etc/shadow`` is refused
+    before anything opens it."""
+    if not isinstance(name, str):
+        raise SegmentNameError(f"segment name {name!r} is not a string")
+    prefix = _ANY_RUN if run_name is None else re.escape(segment_prefix(run_name))
+    if re.fullmatch(prefix + _TAIL, name) is None:
+        rule = segment_prefix(run_name or "<run>") + "[<host>.]<pid>.<32 hex digits>"
+        raise SegmentNameError(
+            f"refused segment name {name!r}: not a weight segment name of the form {rule}, a name "
+            f"in {SHM_DIR} (a name in Redis is a name, never a path)"
+        )
+    return name
+
+
 def cleanup_stale_segments(run_name: str) -> list[str]:
     """Unlink this run's segments whose creating process is gone (a SIGKILLed learner leaves them).
 
@@ -137,6 +171,19 @@ def _ours(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+
+
+def _open_ours(name: str, flags: int) -> int:
+    """A descriptor of segment ``name`` (checked: ``check_segment_name``), opened without following
+    a link or waiting on a FIFO; ValueError unless it is a regular file of this user."""
+    fd = os.open(SHM_DIR / name, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    info = os.fstat(fd)
+    # The learner runs as our user and creates segments 0600: anything else is a forgery
+    # (an announcement written by whoever holds the Redis password, pointing at their file).
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise ValueError(f"shm segment {name} is not a file of this user (uid {info.st_uid})")
+    return fd
 
 
 def _pid_of(name: str) -> int | None:
@@ -200,8 +247,7 @@ class SegmentWriter:
         self.lease_s = lease_s
         self.stride = stride
         # 128 random bits: nobody can pre-create (or guess and replace) the segment's name.
-        host = f"{host_id}." if host_id else ""
-        self.name = f"{segment_prefix(run_name)}{host}{os.getpid()}.{secrets.token_hex(16)}"
+        self.name = segment_name(run_name, host_id, os.getpid(), secrets.token_hex(16))
         self.path = SHM_DIR / self.name
         size = HEADER_BYTES + -(-body_bytes // PAGE) * PAGE
         check_space(size, SHM_DIR)
@@ -285,22 +331,22 @@ class SegmentReader:
     """The reading side of a segment of this user: maps it by name, checks its header and kind,
     and takes a reader row whose lease keeps the writer off the slot being read."""
 
-    def __init__(self, name: str, lease_s: float, kind: int | None = KIND_SLOTS):
-        """``kind``: what the body must hold (``KIND_*``; None: either, for a stamps-only look)."""
-        if "/" in name or not name.startswith("streamrl."):
-            raise ValueError(f"not a streamrl weight segment name: {name!r}")
-        self.name = name
+    def __init__(
+        self,
+        name: str,
+        lease_s: float,
+        kind: int | None = KIND_SLOTS,
+        *,
+        run_name: str | None = None,
+    ):
+        """``kind``: what the body must hold (``KIND_*``; None: either, for a stamps-only look).
+        ``name`` comes from an announcement (Redis): SegmentNameError, before anything is opened,
+        unless it is a segment name (``check_segment_name``; of ``run_name`` when given)."""
+        self.name = check_segment_name(name, run_name)
         self.lease_s = lease_s
-        fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW)
+        fd = _open_ours(name, os.O_RDWR)
         try:
-            info = os.fstat(fd)
-            # The learner runs as our user and creates segments 0600: anything else is a forgery
-            # (an announcement written by whoever holds the Redis password, pointing at their file).
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-                raise ValueError(
-                    f"shm segment {name} is not a file of this user (uid {info.st_uid})"
-                )
-            size = info.st_size
+            size = os.fstat(fd).st_size
             if size < HEADER_BYTES:
                 raise ValueError(f"shm segment {name} is too small ({size} bytes)")
             self._map = _Mapping(fd, size)
@@ -410,10 +456,14 @@ def _close_all() -> None:
         writer.close()
 
 
-def active_leases(name: str) -> list[dict]:
-    """Leases readers hold right now on segment ``name``: who is copying what (``streamrl inspect``)."""
-    with open(SHM_DIR / name, "rb") as f:
-        words = np.frombuffer(f.read(HEADER_BYTES), dtype=np.int64)
+def active_leases(name: str, run_name: str | None = None) -> list[dict]:
+    """Leases readers hold right now on segment ``name``: who is copying what (``streamrl inspect``).
+
+    ``name`` comes from Redis: SegmentNameError, before anything is opened, unless it is a segment
+    name (of ``run_name`` when given); the file is read only if it is a regular file of this user
+    (ValueError otherwise), not through a link."""
+    with os.fdopen(_open_ours(check_segment_name(name, run_name), os.O_RDONLY), "rb") as f:
+        words = np.frombuffer(f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0"), dtype=np.int64)
     now = time.monotonic_ns()
     out = []
     for row in range(MAX_READERS):
