@@ -73,7 +73,9 @@ POLICY = {
     "dashboard": Writer((*CONFIG, "--port", "0", "--view-port", "0"), "prometheus"),
     # the supervisor's scale.key and the run's redis.url
     "scale": OwnReader((*CONFIG, "--actors", "1")),
-    "plot": ForeignReader("tests/test_launch_plot.py"),
+    "plot": ForeignReader("tests/test_plot_outputs.py"),
+    # names from Redis are names (tests/test_shm_segment_names.py); it finds the run's Redis as
+    # every command does (a planted redis.url: below)
     "inspect": ForeignReader("tests/test_cli_inspect.py"),
     "config": NoRunDir(
         "reads only the file --config names (a run directory's saved config.yaml, parsed, "
@@ -169,16 +171,24 @@ def test_a_link_planted_where_a_writer_writes_is_refused_and_nothing_goes_throug
     assert fingerprint(tmp_path) == before
 
 
-@pytest.mark.parametrize("name", ["scale", "actors"])
+# the commands that find the run's Redis in its redis.url (actors without --join)
+URL_READERS = {
+    "scale": POLICY["scale"].args,
+    "actors": (*CONFIG, "--count", "0"),
+    "inspect": CONFIG,
+}
+
+
+@pytest.mark.parametrize("name", sorted(URL_READERS))
 def test_a_planted_redis_url_link_is_not_followed_to_another_redis(tmp_path, name):
-    """``scale`` and ``actors`` without ``--join`` find the run's Redis in ``redis.url``; one
-    that is a link (to a URL of someone else's Redis) is refused, naming run.dir."""
+    """A ``redis.url`` that is a link (to a URL of someone else's Redis) is refused, naming
+    run.dir: it would point the command at that Redis (``broker.client.redis_url``)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     (tmp_path / "their.url").write_text(ATTACKER_URL)
     (run_dir / "redis.url").symlink_to(tmp_path / "their.url")
     (run_dir / "scale.key").write_text("00" * 32 + "\n")
-    args = [a for a in POLICY[name].args if a not in ("--join", "redis://127.0.0.1:1/0")]
+    args = URL_READERS[name]
     before = fingerprint(tmp_path)
     done = streamrl(name, run_dir, *args, cwd=tmp_path)
     refused(done, "redis.url", "symlink")
