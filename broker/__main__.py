@@ -25,15 +25,14 @@ from streamrl.broker.client import connect_sync, url_file
 from streamrl.broker.password import PasswordError, with_password
 from streamrl.broker.server import BROKER_PORT, EmbeddedRedis, RedisServerError
 from streamrl.configs import config_from_cli
+from streamrl.configs.errors import ConfigError
 from streamrl.configs.redact import redact_url, strip_url
-from streamrl.configs.runfiles import restrict_umask
+from streamrl.configs.runfiles import enter_run_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl broker", description=__doc__.splitlines()[0])
     args, cfg = config_from_cli(parser, argv)
-    # Redis's files (data, log) and the URL file are this user's only
-    restrict_umask(cfg.run.shared_read)
     try:
         broker = with_password(cfg.broker)
     except PasswordError as exc:
@@ -64,12 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # refuses an unsafe bind before anything, signal handlers included, is set up
         server = EmbeddedRedis(broker, Path(cfg.run.dir) / "redis", url_file=url_file(cfg.run.dir))
+        # the run-directory policy (configs.runfiles): Redis's files (data, log) and the URL file
+        # are this user's only, in a directory only this user can change, through no link
+        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("redis",))
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         server.start()
     except RedisServerError as exc:
         print(f"broker: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        print(f"streamrl broker: {exc}", file=sys.stderr)
+        return 2
     print(f"redis ready at {redact_url(server.url)} (url in {url_file(cfg.run.dir)})", flush=True)
     print(f"other hosts: streamrl actors --join {strip_url(server.url)} --count N", flush=True)
     try:

@@ -21,7 +21,8 @@ import redis.asyncio.retry
 import redis.retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from streamrl.configs.errors import StreamRLError
+from streamrl.configs.errors import ConfigError, StreamRLError
+from streamrl.configs.runfiles import read_run_file
 from streamrl.configs.schema import BrokerConfig
 
 URL_FILE = "redis.url"
@@ -44,12 +45,16 @@ def url_file(run_dir: str | os.PathLike) -> Path:
 
 def redis_url(broker: BrokerConfig, run_dir: str | os.PathLike) -> str:
     """``broker.redis_url`` (where the config loader puts REDIS_URL), else the URL the embedded
-    server of the run in ``run_dir`` wrote."""
+    server of the run in ``run_dir`` wrote: only from a directory no other user can change, and
+    only a regular file of this user's (``configs.runfiles.read_run_file``), since a planted URL
+    would point every process of the run at another's Redis."""
     if broker.redis_url:
         return broker.redis_url
     path = url_file(run_dir)
     try:
-        url = path.read_text().strip()
+        url = read_run_file(run_dir, URL_FILE).strip()
+    except ConfigError as exc:
+        raise RedisNotConfigured(f"no Redis URL to trust: {exc}") from None
     except FileNotFoundError:
         raise RedisNotConfigured(
             f"no Redis: set REDIS_URL or broker.redis_url, or start the embedded one (python -m streamrl.broker) so it writes {path}"
@@ -83,9 +88,9 @@ def tls_url(url: str, broker: BrokerConfig) -> tuple[str, dict]:
     return url, options
 
 
-def _client(cls, broker: BrokerConfig, run_dir: str | os.PathLike, retry):
+def _client(client: type, broker: BrokerConfig, run_dir: str | os.PathLike, retry):
     url, tls = tls_url(redis_url(broker, run_dir), broker)
-    return cls.from_url(url, retry=retry, **_options(broker), **tls)
+    return client.from_url(url, retry=retry, **_options(broker), **tls)
 
 
 def _backoff() -> ExponentialWithJitterBackoff:

@@ -1,20 +1,36 @@
 """How a run's files are created and trusted: private to their owner, never written through a
 link, read only from a directory no other user can change.
 
-Every streamrl process sets its umask with ``restrict_umask`` before it writes in ``run.dir``, so
-what it and the programs it starts write there (logs, step rows, checkpoints, TensorBoard
-files, Redis's files) is its owner's only (0600/0700), or readable by all with
-``run.shared_read`` (0644/0755), never writable by others. ``write_new`` writes a whole file
-under an exclusive temporary name and renames it into place: a file or symlink someone planted
-at the name is replaced, never written through. ``check_trusted`` refuses a directory another local user could change:
-a run re-reads its config and unpickles its checkpoints there.
+The run-directory policy, which every command that writes or reads its own run's ``run.dir``
+applies at its start, before it loads a model or reaches Redis: ``enter_run_dir`` (a writer:
+``run``, ``learner``, ``actors``, ``broker``, ``sft``, ``dpo``, ``dashboard``) or
+``check_run_dir`` (a reader of its own run: ``scale``, ``export``'s checkpoint). A refusal is a
+ConfigError naming ``run.dir`` and why, and leaves the directory as it was.
+
+- ``check_trusted``: only this user can change ``run.dir`` and the directories above it (a
+  sticky one, ``/tmp``, aside): a run re-reads its config, its Redis URL and its checkpoints
+  there, so another user's directory could hand it theirs.
+- The directories a command writes below ``run.dir`` (``dirs``: ``logs``, ``redis``,
+  ``checkpoints``, ``hosts/<host_id>/logs``, ...) are real directories of this user, never a
+  link: a link planted there would send its files elsewhere. Missing ones, ``run.dir`` and the
+  directories above it included, are made 0700 (0755 with ``run.shared_read``).
+- ``restrict_umask``: what the process and the programs it starts write there (logs, step
+  rows, checkpoints, the exported policy, TensorBoard files, Redis's files) is its owner's only
+  (0600/0700), or readable by all with ``run.shared_read`` (0644/0755), never writable by
+  others.
+- ``write_new`` writes a whole file under an exclusive temporary name and renames it into
+  place: a file or symlink planted at the name is replaced, never written through;
+  ``open_append`` refuses a link; ``read_run_file`` reads only a regular file of this user that
+  no other may write (``redis.url``, ``run.json``, ``scale.key``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from streamrl.configs.errors import ConfigError
@@ -65,21 +81,13 @@ def check_trusted(run_dir: str | os.PathLike, key: str = "run.dir") -> None:
     A symlink on the way must be this user's or root's. Parts that do not exist are skipped:
     whoever makes them makes them this user's.
     """
-    uid = os.geteuid()
     for path in dict.fromkeys((Path(os.path.abspath(run_dir)), Path(os.path.realpath(run_dir)))):
         for node in (path, *path.parents):
             try:
                 st = os.lstat(node)
             except FileNotFoundError:
                 continue
-            mode = st.st_mode
-            why = None
-            if st.st_uid not in ((uid,) if node == path and not stat.S_ISLNK(mode) else (uid, 0)):
-                why = f"is owned by uid {st.st_uid}, not by you (uid {uid})"
-            elif stat.S_ISLNK(mode):
-                continue
-            elif mode & 0o022 and (node == path or not mode & stat.S_ISVTX):
-                why = f"is writable by {'group and others' if mode & 0o002 else 'its group'} (mode {stat.S_IMODE(mode):o})"
+            why = _fault(st, own=node == path and not stat.S_ISLNK(st.st_mode), above=node != path)
             if why:
                 what = key if node == path else f"{node}, a directory above {key},"
                 raise ConfigError(
@@ -87,3 +95,115 @@ def check_trusted(run_dir: str | os.PathLike, key: str = "run.dir") -> None:
                     "or the checkpoint a run loads there. Set a run.dir of your own (under your "
                     "home directory), or make it yours and not writable by others"
                 )
+
+
+def _fault(st: os.stat_result, own: bool, above: bool = False) -> str | None:
+    """Why another user could change what ``st`` describes (None: nobody could): it is not this
+    user's (``own``; else root's will do), or others may write it (a sticky directory above
+    the run's aside). A symlink's mode means nothing: only its owner counts."""
+    uid = os.geteuid()
+    mode = st.st_mode
+    if st.st_uid not in ((uid,) if own else (uid, 0)):
+        return f"is owned by uid {st.st_uid}, not by you (uid {uid})"
+    if stat.S_ISLNK(mode) or not mode & 0o022 or (above and mode & stat.S_ISVTX):
+        return None
+    who = "group and others" if mode & 0o002 else "its group"
+    return f"is writable by {who} (mode {stat.S_IMODE(mode):o})"
+
+
+def check_run_dir(
+    run_dir: str | os.PathLike, *, dirs: Iterable[str] = (), key: str = "run.dir"
+) -> Path:
+    """``run_dir`` as a Path, or ConfigError (having changed nothing) when it is a file, is not
+    trusted (``check_trusted``), or one of ``dirs`` (paths below it) that exists, or a part of
+    one, is a link, not a directory, or not this user's alone."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key} {str(run_dir)!r} is a file, not a directory")
+    check_trusted(path, key)
+    for below in dirs:
+        _below(path, below, key, make=None)
+    return path
+
+
+def enter_run_dir(
+    run_dir: str | os.PathLike,
+    shared_read: bool,
+    *,
+    dirs: Iterable[str] = (),
+    key: str = "run.dir",
+) -> Path:
+    """The policy a command that writes in ``run_dir`` applies at its start: ``check_run_dir``
+    (ConfigError, naming ``key``, before anything is made), then ``restrict_umask`` (inherited by
+    every process it starts); then ``run_dir``, the directories above it and ``dirs`` below it
+    that are missing are made 0700 (0755 with ``shared_read``) whatever the umask, an existing
+    part of ``dirs`` checked again as it is walked, never followed."""
+    dirs = tuple(dirs)
+    path = check_run_dir(run_dir, dirs=dirs, key=key)
+    restrict_umask(shared_read)
+    mode = 0o755 if shared_read else 0o700
+    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        _mkdir(missing, mode)
+    for below in dirs:
+        _below(path, below, key, make=mode)
+    return path
+
+
+def _mkdir(path: Path, mode: int) -> None:
+    path.mkdir(mode=mode)
+    # whatever the umask
+    path.chmod(mode)
+
+
+def _below(run_dir: Path, below: str, key: str, make: int | None) -> None:
+    """Walk ``below`` (a relative path) down from ``run_dir`` without following a link; parts
+    that are missing are made with mode ``make``, or end the walk when it is None."""
+    node = run_dir
+    for part in Path(below).parts:
+        if part in ("", ".", "..", "/"):
+            raise ConfigError(f"{key} {str(run_dir)!r}: {below!r} is not a path below it")
+        node = node / part
+        try:
+            st = os.lstat(node)
+        except FileNotFoundError:
+            if make is None:
+                return
+            _mkdir(node, make)
+            continue
+        what = f"{key} {str(run_dir)!r}: {node.relative_to(run_dir)}"
+        if stat.S_ISLNK(st.st_mode):
+            raise ConfigError(
+                f"{what} is a symlink (to {os.readlink(node)!r}); streamrl follows no link in a "
+                "run directory, since one planted there would send the run's files elsewhere: "
+                "remove it (put the whole run.dir where its files should go)"
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{what} is not a directory: move it away")
+        why = _fault(st, own=True)
+        if why:
+            raise ConfigError(f"{what} {why}: make it yours and not writable by others")
+
+
+def read_run_file(run_dir: str | os.PathLike, name: str, key: str = "run.dir") -> str:
+    """The text of ``run_dir/name``, a file a run wrote for its other processes (its Redis URL,
+    its supervisor's pid and key). ConfigError, naming ``key``, unless ``run_dir`` is trusted
+    (``check_trusted``) and the file is a regular file of this user that no other may write,
+    not a link; FileNotFoundError when there is none."""
+    check_trusted(run_dir, key)
+    path = Path(run_dir) / name
+    what = f"{key} {str(run_dir)!r}: {name}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ConfigError(
+            f"{what} is a symlink (to {os.readlink(path)!r}), not a file a run wrote; streamrl "
+            "reads no link in a run directory: remove it"
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _fault(st, own=True)
+        if why:
+            raise ConfigError(f"{what} {why}, so it is not a file a run of yours wrote: remove it")
+        return f.read().decode(errors="replace")

@@ -56,10 +56,6 @@ def create_key(state_dir: str | Path) -> bytes:
     return key.encode()
 
 
-def read_key(path: str | Path) -> bytes:
-    return Path(path).read_text().strip().encode()
-
-
 def _mac(key: bytes, list_key: str, actors: int, at: int) -> str:
     return hmac.new(key, f"{list_key}|{actors}|{at}".encode(), hashlib.sha256).hexdigest()
 

@@ -16,16 +16,17 @@ import signal
 import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import redis
 
 from streamrl.broker.client import RedisNotConfigured, connect_sync
 from streamrl.broker.keys import Keys
 from streamrl.configs import ConfigError, load_config
+from streamrl.configs.runfiles import enter_run_dir, read_run_file
 from streamrl.configs.schema import BrokerConfig, Config
 from streamrl.launch.panels import DASHBOARD
 from streamrl.launch.prometheus import PrometheusError, PrometheusServer
+from streamrl.launch.rundir import RUN_FILE
 from streamrl.launch.scrape import prometheus_dir, sync_targets, write_prometheus_config
 
 SYNC_EVERY_S = 2.0
@@ -46,16 +47,22 @@ def serve_live_view(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
 
 
 def run_config(args: argparse.Namespace) -> Config:
-    """The run's config; ``--run-dir`` wins, and the run name comes from its run.json when there is one."""
+    """The run's config; ``--run-dir`` wins, and the run name comes from its run.json when there
+    is one. The run directory is entered under the run-directory policy (``configs.runfiles``:
+    ConfigError when it is not this user's alone) before anything in it is read, since the
+    dashboard writes its Prometheus files there."""
     cfg = load_config(args.config, args.overrides)
     if args.run_dir:
         cfg.run.dir = args.run_dir
-    run_file = Path(cfg.run.dir) / "run.json"
-    if run_file.exists():
-        try:
-            cfg.run.name = json.loads(run_file.read_text())["run"]
-        except (ValueError, KeyError) as exc:
-            print(f"dashboard: ignoring unreadable {run_file}: {exc!r}", file=sys.stderr)
+    enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("prometheus",))
+    try:
+        text = read_run_file(cfg.run.dir, RUN_FILE)
+    except FileNotFoundError:
+        return cfg
+    try:
+        cfg.run.name = json.loads(text)["run"]
+    except (ValueError, KeyError) as exc:
+        print(f"dashboard: ignoring unreadable {RUN_FILE}: {exc!r}", file=sys.stderr)
     return cfg
 
 
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = run_config(args)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        print(f"streamrl dashboard: {exc}", file=sys.stderr)
         return 2
 
     out_dir = prometheus_dir(cfg.run.dir)

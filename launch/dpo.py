@@ -7,10 +7,14 @@ import sys
 from streamrl.launch.supervised import main as supervised_main
 
 
-def main(argv: list[str] | None = None) -> int:
+def _objective():
     from streamrl.learner.dpo import DPO
 
-    return supervised_main(DPO, argv)
+    return DPO
+
+
+def main(argv: list[str] | None = None) -> int:
+    return supervised_main("dpo", _objective, argv)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import redis
 
-from streamrl.broker.client import RedisNotConfigured, connect_sync, redis_url, tls_url
-from streamrl.broker.password import PasswordError, add_join_argument, join_url
+from streamrl.broker.client import connect_sync, redis_url, tls_url
+from streamrl.broker.password import add_join_argument, join_url
 from streamrl.configs import Config, StreamRLError, config_from_cli, write_config
-from streamrl.configs.runfiles import restrict_umask
+from streamrl.configs.runfiles import check_run_dir, enter_run_dir
 from streamrl.launch import control, placement
 from streamrl.launch.supervisor import CONFIG_FILE, Child, Supervisor
 
@@ -40,6 +40,11 @@ JOIN_TIMEOUT_S = 10.0
 def host_dir(run_dir: str, host_id: str) -> Path:
     """What one host's supervisor keeps: ``<run.dir>/hosts/<host_id>``."""
     return Path(run_dir) / "hosts" / host_id
+
+
+def run_dirs(host_id: str) -> tuple[str, ...]:
+    """The directories a host's supervisor writes below ``run.dir``: its state and its logs."""
+    return (f"hosts/{host_id}/logs",)
 
 
 class HostSupervisor(Supervisor):
@@ -73,9 +78,8 @@ class HostSupervisor(Supervisor):
             if isinstance(self.cfg.actor.cpus, list)
             else None,
         )
-        # before the first file: the children inherit it (configs.runfiles)
-        restrict_umask(self.cfg.run.shared_read)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # before the first file: the children inherit its umask (configs.runfiles)
+        enter_run_dir(self.run_dir, self.cfg.run.shared_read, dirs=run_dirs(self.host_id))
         self._dir_ready = True
         self.scale_key = control.create_key(self.state_dir)
         write_config(self.cfg, self.config_file)
@@ -118,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        url = join_url(args.join, cfg.broker) if args.join else redis_url(cfg.broker, cfg.run.dir)
-        sup = HostSupervisor(cfg, args.count, url)
-    except (PasswordError, RedisNotConfigured) as exc:
+        url = join_url(args.join, cfg.broker) if args.join else None
+        # the run-directory policy (configs.runfiles) before its URL file is read, the broker
+        # reached or an input loaded; start() applies it whole once the broker answered
+        check_run_dir(cfg.run.dir, dirs=run_dirs(cfg.run.host_id))
+        sup = HostSupervisor(cfg, args.count, url or redis_url(cfg.broker, cfg.run.dir))
+    except StreamRLError as exc:
         print(f"streamrl actors: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()

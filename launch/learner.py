@@ -15,13 +15,16 @@ import sys
 
 from streamrl.actors import inputs
 from streamrl.configs.errors import ConfigError
-from streamrl.learner.__main__ import parse, start
+from streamrl.configs.runfiles import check_run_dir
+from streamrl.learner.__main__ import RUN_DIRS, parse, start
 
 
 def main(argv: list[str] | None = None) -> int:
     args, cfg = parse(argv)
     if "RANK" not in os.environ:
         try:
+            # the run-directory policy before an input is built (``start`` applies it whole)
+            check_run_dir(cfg.run.dir, dirs=RUN_DIRS)
             inputs.prepare(cfg.model, None, cfg.run.seed, announce=_say)
         except ConfigError as exc:
             print(f"streamrl learner: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from streamrl.broker.server import free_port
 from streamrl.configs.errors import StreamRLError
+from streamrl.configs.runfiles import open_append
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -80,7 +81,8 @@ class PrometheusServer:
         for _attempt in range(1 if self.requested_port else 5):
             if not self.requested_port:
                 self.port = free_port(self.host)
-            with open(self.log_path, "ab") as log:
+            # a link at the log's name is refused, not written through (configs.runfiles)
+            with open_append(self.log_path, binary=True) as log:
                 self.proc = subprocess.Popen(
                     self._command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
                 )

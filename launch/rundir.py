@@ -10,9 +10,11 @@ streamrl writes in a run directory (``RUN_ENTRIES``) of a directory a run marked
 and named. A directory another live supervisor runs in is refused either way.
 
 A run trusts its directory: every process re-reads ``config.yaml`` there and resumes from the
-checkpoint ``latest`` names. So a directory that another local user owns or may write, or
-that sits below such a directory (short of a sticky one, ``/tmp``), is refused before
-anything in it is read, and a new one is made 0700 (0755 with ``run.shared_read``).
+checkpoint ``latest`` names. So the run-directory policy every command applies
+(``configs.runfiles``) comes first here too: a directory that another local user owns or may
+write, or that sits below such a directory (short of a sticky one, ``/tmp``), or whose
+``dirs`` are links, is refused before anything in it is read, and a new one is made 0700 (0755
+with ``run.shared_read``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import os
 import shutil
 import stat
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.runfiles import check_trusted, write_new
+from streamrl.configs.runfiles import check_run_dir, enter_run_dir, write_new
 
 CHECKPOINTS = "checkpoints"
 STEPS_LOG = "learner_steps.jsonl"
@@ -95,18 +98,23 @@ def live_supervisor(run_dir: Path) -> int | None:
 
 
 def prepare(
-    run_dir: Path, overwrite: bool = False, resume: bool = False, shared_read: bool = False
+    run_dir: Path,
+    overwrite: bool = False,
+    resume: bool = False,
+    shared_read: bool = False,
+    dirs: Iterable[str] = (),
 ) -> str:
-    """Decide what this run does with ``run_dir`` and make it ready; returns a line saying what.
+    """Decide what this run does with ``run_dir``, then enter it with ``dirs`` below it
+    (``configs.runfiles.enter_run_dir``: the process's umask set, what is missing made); returns
+    a line saying what.
 
     Raises ConfigError, having changed nothing, when the directory is not trusted
-    (``check_trusted``), holds a live run, holds an earlier run's steps with no checkpoint (and
+    (``check_run_dir``), holds a live run, holds an earlier run's steps with no checkpoint (and
     no ``overwrite``), holds entries a run writes with no marker saying a run wrote them, or
     ``resume`` is asked for with no checkpoint to resume from.
     """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run.dir {str(run_dir)!r} is a file, not a directory")
-    check_trusted(run_dir)
+    dirs = tuple(dirs)
+    check_run_dir(run_dir, dirs=dirs)
     pid = live_supervisor(run_dir)
     if pid is not None:
         raise ConfigError(
@@ -139,7 +147,7 @@ def prepare(
             )
         else:
             said = f"new run in {run_dir}"
-    _make_dir(run_dir, shared_read)
+    enter_run_dir(run_dir, shared_read, dirs=dirs)
     if overwrite or run_id(run_dir) is None:
         # the first entry of a run, so --overwrite later knows the rest is the run's
         write_new(run_dir / MARKER, json.dumps({"run_id": uuid.uuid4().hex}) + "\n")
@@ -162,16 +170,6 @@ def _unmarked_entries(run_dir: Path) -> list[str]:
     if not run_dir.is_dir() or run_id(run_dir) is not None:
         return []
     return sorted(e.name for e in run_dir.iterdir() if e.name in RUN_ENTRIES)
-
-
-def _make_dir(run_dir: Path, shared_read: bool) -> None:
-    """``run_dir`` and the directories above it that are missing, made 0700 (0755 shared)."""
-    mode = 0o755 if shared_read else 0o700
-    missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
-    for path in reversed(missing):
-        path.mkdir(mode=mode)
-        # whatever the umask
-        path.chmod(mode)
 
 
 def _remove_run_entries(run_dir: Path) -> str:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from streamrl.broker.client import connect_sync
 from streamrl.broker.keys import Keys
-from streamrl.broker.password import PasswordError, add_join_argument, join_url
-from streamrl.configs import config_from_cli
+from streamrl.broker.password import add_join_argument, join_url
+from streamrl.configs import StreamRLError, config_from_cli
+from streamrl.configs.runfiles import check_run_dir, read_run_file
 from streamrl.launch import control
 from streamrl.launch.host import host_dir
 
@@ -50,15 +51,28 @@ def _parse(argv: list[str] | None):
     return args, cfg
 
 
+def read_key(args: argparse.Namespace, run_dir: str) -> bytes:
+    """The supervisor's key: ``--key-file``, else the file in its state under ``run_dir``, read
+    under the run-directory policy (``configs.runfiles``: ConfigError unless only this user can
+    change the directory and the file is a regular file of this user's, no link)."""
+    if args.key_file:
+        return Path(args.key_file).read_text().strip().encode()
+    below = f"{host_dir('', args.host)}/" if args.host else ""
+    check_run_dir(run_dir, dirs=(below,) if below else ())
+    return read_run_file(run_dir, below + control.KEY_FILE).strip().encode()
+
+
 def main(argv: list[str] | None = None) -> int:
     args, cfg = _parse(argv)
     state = host_dir(cfg.run.dir, args.host) if args.host else Path(cfg.run.dir)
     key_file = Path(args.key_file) if args.key_file else state / control.KEY_FILE
     try:
-        key = control.read_key(key_file)
+        key = read_key(args, cfg.run.dir)
         broker = cfg.broker
         if args.join:
             broker = broker.model_copy(update={"redis_url": join_url(args.join, cfg.broker)})
+        # without a URL of its own, the one the run's broker wrote there (same policy)
+        client = connect_sync(broker, cfg.run.dir)
     except OSError as exc:
         print(
             f"streamrl scale: cannot read the supervisor's key {key_file}: {exc.strerror} "
@@ -66,13 +80,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except PasswordError as exc:
+    except StreamRLError as exc:
         print(f"streamrl scale: {exc}", file=sys.stderr)
         return 2
     list_key = Keys.from_config(cfg.run, cfg.broker).launch_control
     if args.host:
         list_key = control.control_key(list_key, args.host)
-    client = connect_sync(broker, cfg.run.dir)
     try:
         client.rpush(list_key, control.encode(key, list_key, args.actors))
     finally:

@@ -7,10 +7,14 @@ import sys
 from streamrl.launch.supervised import main as supervised_main
 
 
-def main(argv: list[str] | None = None) -> int:
+def _objective():
     from streamrl.learner.sft import SFT
 
-    return supervised_main(SFT, argv)
+    return SFT
+
+
+def main(argv: list[str] | None = None) -> int:
+    return supervised_main("sft", _objective, argv)
 
 
 if __name__ == "__main__":

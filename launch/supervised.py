@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-import torch
 
 from streamrl.actors import plugins
 from streamrl.configs import config_from_cli
 from streamrl.configs.errors import ConfigError
+from streamrl.configs.runfiles import enter_run_dir
 from streamrl.configs.schema import ModelConfig, SupervisedConfig
 
 if TYPE_CHECKING:
@@ -44,19 +45,30 @@ def build_inputs(model: ModelConfig, supervised: SupervisedConfig, seed: int) ->
         raise ConfigError(f"supervised.path={supervised.path}: no such file")
 
 
-def main(objective: type[Supervised], argv: list[str] | None = None) -> int:
-    """``streamrl <objective.name>``: build the missing inputs, then train ``objective``."""
-    name = objective.name
+def main(
+    name: str, objective: Callable[[], type[Supervised]], argv: list[str] | None = None
+) -> int:
+    """``streamrl <name>``: enter ``run.dir``, build the missing inputs, then train
+    ``objective()`` (imported only then: a refusal costs no torch import)."""
     parser = argparse.ArgumentParser(
         prog=f"streamrl {name}",
         description=f"{name.upper()} on the streamrl learner from supervised.path (no actors, no Redis)",
     )
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
-    torch.set_num_threads(cfg.run.torch_threads)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
-    build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
+    try:
+        # the run-directory policy (configs.runfiles): its checkpoints and exported policy are
+        # its user's only, in a directory only its user can change
+        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("checkpoints",))
+        import torch
+
+        torch.set_num_threads(cfg.run.torch_threads)
+        build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
+    except ConfigError as exc:
+        print(f"streamrl {name}: {exc}", file=sys.stderr)
+        return 2
     from streamrl.learner.supervised import train
 
-    train(cfg, objective, echo=lambda line: print(line, flush=True))
+    train(cfg, objective(), echo=lambda line: print(line, flush=True))
     return 0

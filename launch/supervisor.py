@@ -38,7 +38,7 @@ from streamrl.broker.password import with_password
 from streamrl.broker.server import EmbeddedRedis, RedisServerError
 from streamrl.configs import Config, write_config
 from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
-from streamrl.configs.runfiles import open_append, restrict_umask, write_new
+from streamrl.configs.runfiles import check_run_dir, open_append, write_new
 from streamrl.launch import control, placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
 from streamrl.runtime.cpu_pinning import CPUS_ENV, pin_process
@@ -159,8 +159,17 @@ class Supervisor:
         self.failure: str | None = None
 
     # ----- start -------------------------------------------------------------------------
+    @property
+    def run_dirs(self) -> tuple[str, ...]:
+        """The directories it writes below ``run.dir`` (never through a link: configs.runfiles):
+        the logs, the scrape config ``launch.run`` writes, the embedded Redis's files."""
+        return ("logs", "prometheus") + (() if self.cfg.broker.redis_url else ("redis",))
+
     def start(self) -> Supervisor:
         self.started_at = time.monotonic()
+        # the run-directory policy (configs.runfiles) before the inputs cost anything; it reads
+        # nothing there, and prepare checks again when it decides
+        check_run_dir(self.run_dir, dirs=self.run_dirs)
         # everything that can be checked is, before run.dir is touched: a failing start leaves
         # an earlier run there as it was
         self._prepare_inputs()
@@ -168,15 +177,14 @@ class Supervisor:
         self.cpu_sets = placement.cpu_sets(
             self.cfg, self.all_cpus, placement.nvidia_present(self.launcher_devices)
         )
-        # before the first file: the children, Redis included, inherit it
-        restrict_umask(self.cfg.run.shared_read)
+        # its umask is set before the first file: the children, Redis included, inherit it
         said = rundir.prepare(
             self.run_dir,
             overwrite=self.overwrite,
             resume=self.resume,
             shared_read=self.cfg.run.shared_read,
+            dirs=self.run_dirs,
         )
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_ready = True
         self.event(said)
         self.scale_key = control.create_key(self.state_dir)
@@ -525,7 +533,10 @@ class Supervisor:
             self.redis.close()
         if self.redis_server is not None:
             self.redis_server.stop()
-        self._remove_shared_memory()
+        # a start refused before its learner (another run live in run.dir, a run.dir refused)
+        # owns no segment: those of its run name may be a live run's
+        if self.learner is not None:
+            self._remove_shared_memory()
         if self._pinned_self:
             # a launcher in a notebook (streamrl.run) goes on where it ran before
             pin_process(os.getpid(), set(self.all_cpus))

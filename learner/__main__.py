@@ -20,12 +20,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
-import torch
 
 from streamrl.broker.password import PasswordError, add_join_argument, join_url
 from streamrl.configs import config_from_cli
-from streamrl.configs.errors import StreamRLError
-from streamrl.configs.runfiles import restrict_umask
+from streamrl.configs.errors import ConfigError, StreamRLError
+from streamrl.configs.runfiles import enter_run_dir
 from streamrl.configs.schema import BrokerConfig, Config, LearnerConfig, RunConfig
 from streamrl.learner.nodes import (
     Nodes,
@@ -39,6 +38,10 @@ from streamrl.learner.nodes import (
     torchrun_argv,
 )
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
+
+# what the learner writes below run.dir, never through a link (configs.runfiles); its files there
+# (steps, commits, tracker ids) are written through no link either (runtime.jsonl_log, write_new)
+RUN_DIRS = ("checkpoints",)
 
 
 def _meeting(
@@ -133,8 +136,16 @@ def start(args: argparse.Namespace, cfg: Config) -> int:
     """This node's ranks under torchrun, or (under torchrun, or one rank) the learner itself."""
     if "RANK" not in os.environ and (args.nnodes > 1 or cfg.learner.ranks > 1):
         return _launch_ranks(args, cfg.learner, cfg.run, cfg.broker)
-    # what it writes in run.dir (steps, checkpoints, TensorBoard) is its user's only
-    restrict_umask(cfg.run.shared_read)
+    # the run-directory policy: what it writes in run.dir (steps, checkpoints, TensorBoard) is
+    # its user's only, in a directory only its user can change; a restart would find the same
+    # directory, so a refusal is FATAL_EXIT, which no supervisor restarts
+    try:
+        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=RUN_DIRS)
+    except ConfigError as exc:
+        print(f"{FATAL_MARK} {exc}", flush=True)
+        return FATAL_EXIT
+    import torch
+
     torch.set_num_threads(cfg.run.torch_threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
 

@@ -10,7 +10,10 @@ is written merged, with its PEFT adapter folder in ``adapter/``. The learner doe
 with its live weights at the end of a run (``run.export_at_end``).
 
 The folder is written next to its destination and renamed into place, so a reader never
-sees half an export.
+sees half an export, and a link planted at the destination is replaced, never written
+through. The command reads and writes ``run.dir`` under the run-directory policy
+(``configs.runfiles``): only one only its user can change, through no link, its files the
+user's only.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from streamrl.configs import config_from_cli
+from streamrl.configs.errors import ConfigError
+from streamrl.configs.runfiles import check_run_dir, restrict_umask
 from streamrl.configs.schema import ModelConfig, RunConfig
 
+if TYPE_CHECKING:
+    import torch
+
 EXPORT_DIR = "policy"
+CHECKPOINTS = "checkpoints"
 INFO_FILE = "streamrl_export.json"
 # DeepSpeed keeps the full module weights of every ZeRO stage <= 2 in this file of the tag folder
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -51,7 +59,10 @@ def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
         save_export(model, staging)
         tokenizer.save_pretrained(staging)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        if out.exists():
+        if out.is_symlink():
+            # replaced, as configs.runfiles.write_new replaces one: never written through
+            out.unlink()
+        elif out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
     finally:
@@ -61,6 +72,8 @@ def export_policy(model, tokenizer, out: str | os.PathLike, info: dict) -> Path:
 
 def checkpoint_weights(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
     """The module weights and client state of one checkpoint folder (``.../step-N``)."""
+    import torch
+
     from streamrl.learner.checkpoint import TAG
 
     path = Path(folder) / TAG / MODEL_STATES
@@ -84,9 +97,9 @@ def export_checkpoint(
     from streamrl.policy.load import load_policy, load_tokenizer
     from streamrl.policy.lora import training_policy
 
-    folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(run_dir) / "checkpoints")
+    folder = Path(checkpoint) if checkpoint else ckpt.latest(Path(run_dir) / CHECKPOINTS)
     if folder is None:
-        raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
+        raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / CHECKPOINTS}")
     weights, progress = checkpoint_weights(folder)
     model = training_policy(
         load_policy(model_cfg.path, model_cfg.dtype, init_kwargs=model_cfg.init_kwargs),
@@ -120,6 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="checkpoint folder (default: the run's latest)")
     parser.add_argument("--out", help="output folder (default: <run.dir>/policy)")
     args, cfg = config_from_cli(parser, argv)
+    try:
+        # the run-directory policy when it reads the run's checkpoint or writes its policy there
+        # (what it writes is its user's only, wherever it goes)
+        if not (args.checkpoint and args.out):
+            check_run_dir(cfg.run.dir, dirs=(CHECKPOINTS, EXPORT_DIR))
+    except ConfigError as exc:
+        print(f"streamrl export: {exc}", file=sys.stderr)
+        return 2
+    restrict_umask(cfg.run.shared_read)
+    import torch
+
     torch.set_num_threads(cfg.run.torch_threads)
     try:
         out = export_checkpoint(

@@ -106,3 +106,13 @@ def procs():
     yield started
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _umask_kept():
+    """A command run in-process enters its run directory (``configs.runfiles.enter_run_dir``),
+    which sets the process's umask: the next test in this process starts from the one it had."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)

@@ -7,7 +7,6 @@ seconds; the cheap tests stop before any process starts.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import subprocess
@@ -16,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from dir_fingerprint import fingerprint
 
 from streamrl.broker.password import PASSWORD_ENV
 from streamrl.launch.rundir import RUN_ENTRIES
@@ -32,18 +32,6 @@ def streamrl_run(
          f"run.dir={run_dir}", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
-
-
-def fingerprint(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` (symlinks by target) with a hash of its bytes."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        key = str(path.relative_to(folder))
-        if path.is_symlink():
-            out[key] = "-> " + os.readlink(path)
-        elif path.is_file():
-            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def small_run(demo_policy: str, demo_dataset: str, steps: int) -> list[str]:
