@@ -17,7 +17,8 @@ import threading
 
 from streamrl.actors.prompt_data import PromptDataError
 from streamrl.configs import Config, config_from_cli
-from streamrl.configs.runfiles import restrict_umask
+from streamrl.configs.errors import ConfigError
+from streamrl.configs.runfiles import enter_run_dir
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
@@ -30,8 +31,13 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
 
 def main(argv: list[str] | None = None) -> int:
     args, cfg = _parse(argv)
-    # what it writes in run.dir (eval rows, its agent URL) is its user's only
-    restrict_umask(cfg.run.shared_read)
+    # what it writes in run.dir (eval rows, its agent URL) goes only where its user alone has a say
+    # and is its user's only (configs.runfiles: the run-directory policy)
+    try:
+        enter_run_dir(cfg.run.dir, cfg.run.shared_read)
+    except ConfigError as exc:
+        print(f"actor: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return _run_here(cfg, args.actor_id)
 

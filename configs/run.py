@@ -84,6 +84,9 @@ class RunConfig(Section):
     @field_validator("host_id")
     @classmethod
     def _hostname(cls, value: str) -> str:
+        # one path part below run.dir (hosts/<host_id>)
+        if value in (".", ".."):
+            raise ValueError(f"{value!r} names a directory, not a host")
         return value or socket.gethostname()
 
     @model_validator(mode="before")

@@ -38,6 +38,8 @@ def test_dotted_overrides_are_typed_yaml_values():
         ("actor.engine=tpu", "actor.engine", "'hf' or 'vllm'"),
         ("bogus.key=1", "bogus", "unknown key"),
         ("broker.block_ms=20000", "broker", "must be below socket_timeout_s"),
+        # a host's files live at run.dir/hosts/<host_id>
+        ("run.host_id=..", "run.host_id", "names a directory, not a host"),
     ],
 )
 def test_a_bad_value_names_the_key_and_the_reason(override, key, reason):
