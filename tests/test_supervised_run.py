@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import recipes
 from safetensors.torch import load_file
 
 from streamrl.broker.client import connect_sync
@@ -34,23 +35,49 @@ def _dataset(tmp_path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def _cfg(policy: str, data: str, run_dir: Path, **overrides) -> Config:
-    tree = {
-        "run": {"dir": str(run_dir), "report_to": [], "seed": 3},
-        "model": {"path": policy},
-        "supervised": {"path": data, "batch_size": 4, "epochs": 2},
-        # constant: the first half's run.max_steps would otherwise be a shorter decay horizon
-        "learner": {
-            "lr": 1e-3,
-            "betas": [0.9, 0.99],
-            "micro_batch_tokens": 64,
-            "lr_scheduler": "constant",
-        },
+# MEASURE
+SFT_RECIPE = recipes.SUPERVISED | {
+    "supervised.batch_size": 4,
+    "supervised.epochs": 2,
+    "learner.lr": 1e-3,
+    # constant: the first half's run.max_steps would otherwise be a shorter decay horizon
+    "learner.lr_scheduler": "constant",
+    "run.max_steps": 0,
+}
+DPO_STEPS = 6
+DPO_RECIPE = recipes.SUPERVISED | {
+    "supervised.batch_size": 4,
+    "supervised.epochs": 3,
+    "learner.lr": 1e-2,
+    "learner.lr_scheduler": "linear",
+    "run.max_steps": DPO_STEPS,
+    "model.lora.rank": 4,
+    "model.lora.alpha": 8.0,
+    "model.lora.dropout": 0.0,
+    "model.lora.target_modules": "all-linear",
+}
+
+
+def _cfg(policy: str, data: str, run_dir: Path, recipe=SFT_RECIPE, **overrides) -> Config:
+    """``recipe`` with ``overrides`` (``section__name=value``) on top."""
+    settings = {
+        "run.dir": str(run_dir),
+        "run.report_to": [],
+        "model.path": policy,
+        "supervised.path": data,
+        "learner.micro_batch_tokens": 64,
+        **recipe,
+        **{key.replace("__", "."): value for key, value in overrides.items()},
     }
-    for key, value in overrides.items():
-        section, name = key.split("__")
-        tree.setdefault(section, {})[name] = value
-    return Config.model_validate(tree)
+    return Config.model_validate(recipes.tree(settings))
+
+
+def learning_configs(tmp_path: Path) -> dict[str, Config]:
+    """The configs this module's learning assertions train with (tests/recipes.py)."""
+    return {
+        "sft": _cfg("policy", "data.jsonl", tmp_path / "whole"),
+        "dpo": _cfg("policy", "data.jsonl", tmp_path / "dpo", DPO_RECIPE),
+    }
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -106,23 +133,16 @@ def test_dpo_on_lora_starts_at_log_2_against_its_adapters_off_and_learns_the_pre
 ):
     data = _dataset(tmp_path, PAIRS)
     run_dir = tmp_path / "dpo"
-    cfg = _cfg(
-        demo_policy,
-        data,
-        run_dir,
-        supervised__epochs=3,
-        learner__lr=1e-2,
-        learner__lr_scheduler="linear",
-        run__max_steps=6,
-        model__lora={"rank": 4, "alpha": 8},
-    )
-    _run(cfg, DPO)
+    _run(_cfg(demo_policy, data, run_dir, DPO_RECIPE), DPO)
     rows = _rows(run_dir)
     # fresh adapters add nothing: the policy is its reference, every margin 0
     assert rows[0]["loss"] == pytest.approx(math.log(2), rel=1e-6)
     assert rows[-1]["reward_margin"] > 0 and rows[-1]["loss"] < math.log(2)
     # the learner's LR schedule, over the run's 6 steps
-    assert [r["lr"] for r in rows] == pytest.approx([1e-2 * (6 - k) / 6 for k in range(6)])
+    steps = DPO_STEPS
+    assert [r["lr"] for r in rows] == pytest.approx(
+        [1e-2 * (steps - k) / steps for k in range(steps)]
+    )
     assert (run_dir / "policy" / "adapter").is_dir()
 
 
