@@ -117,15 +117,3 @@ SUPERVISED = {
 def overrides(knobs: Mapping[str, Any]) -> list[str]:
     """Dotted ``key=value`` strings (values in JSON, which YAML reads) for the CLI and load_config."""
     return [f"{key}={json.dumps(value)}" for key, value in knobs.items()]
-
-
-def tree(knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"learner.lr": 1e-3}`` -> ``{"learner": {"lr": 1e-3}}``."""
-    out: dict[str, Any] = {}
-    for key, value in knobs.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out

@@ -29,9 +29,13 @@ from streamrl.weightsync.transports.shm.segment import SHM_DIR, segment_prefix
 
 CONFIG = "configs/demo_cpu.yaml"
 STEPS = 80
-# The demo preset's full-weight recipe at a constant LR, as the threshold below was measured.
+# The demo preset's full-weight recipe at a constant LR (tests/recipes.py), as the threshold
+# below was measured; under lr_scheduler auto the LR decayed to 0 over the 80 steps.
 RECIPE = recipes.DEMO | {"run.max_steps": STEPS}
-# MEASURE: the reward rise between the means of the first and the last WINDOW steps
+# The reward rise between the means of the first and the last WINDOW steps. Measured 2026-11-29
+# on the 2-core machine under load (other helpers' pytest sessions, load average 1-8), n=6 runs
+# of this test (kill, restart and scale included): +0.129, +0.132, +0.148, +0.139, +0.156,
+# +0.142; mean +0.141, sd 0.010. RISE sits 9 sd below the mean (0.10 would be 4.1 sd).
 WINDOW = 5
 RISE = 0.05
 
@@ -117,10 +121,6 @@ def test_short_run_learns_survives_a_killed_actor_scales_and_stops_clean(
     assert versions == sorted(versions), "versions went backwards"
     first = statistics.fmean(s["reward_mean"] for s in steps[:WINDOW])
     last = statistics.fmean(s["reward_mean"] for s in steps[-WINDOW:])
-    for w in (5, 10, 20):
-        a = statistics.fmean(s["reward_mean"] for s in steps[:w])
-        b = statistics.fmean(s["reward_mean"] for s in steps[-w:])
-        print(f"LEARNING e2e w{w} rise {b - a:+.4f} ({a:.4f} -> {b:.4f})")
     assert last > first + RISE, f"reward did not rise: {first:.3f} -> {last:.3f}"
 
     # Actors picked up new weights while running: the last steps trained tokens sampled by versions

@@ -1,8 +1,8 @@
 """The learner, fed stale groups from a plain sampling loop, learns the demo task.
 
-Measured here: the demo policy's reward rises from chance (~0.10) to ~0.2 within
-15-40 steps, in this learner and in a textbook synchronous GRPO loop alike;
-exact match stays near 0 for that long, so the test asserts on the reward.
+It trains with the CPU demo's recipe (tests/recipes.py): the demo policy's reward rises from
+chance (~0.09) by ~0.07 over 40 steps; exact match stays near 0 for that long, so the test
+asserts on the reward.
 """
 
 from __future__ import annotations
@@ -16,27 +16,35 @@ import pytest
 import recipes
 from learner_rollouts import DEMO_REWARD, sample_groups, xadd_groups
 
-from streamrl.configs import Config
+from streamrl.configs import Config, load_config
 from streamrl.policy.load import load_tokenizer
 
 MAX_STEPS = 40
 WINDOW = 5
 GROUPS, GROUP_SIZE = 16, 16
-# the sampler's (learner_rollouts.sample_groups) budget, which the learner's normaliser follows
-MAX_NEW_TOKENS = 8
-RECIPE = recipes.RL | {
-    "run.seed": 0,
-    # the loop below runs the steps; the learner has no step limit (nor an LR horizon)
+# the sampler's (learner_rollouts.sample_groups) budget, as the demo's: the answer's 3 digits and
+# the end of sequence
+MAX_NEW_TOKENS = 4
+# The demo preset's recipe (lr 3e-4 constant, two mini-batches a batch, pi_prox = the behaviour
+# policy). The recipe this test had before (lr 1e-3, two passes over each batch, 8 tokens) rose
+# by its 0.06 within 40 steps on 6 seeds of 9 and not within 80 on 2 (lr 2e-3 or 3e-3, or 4
+# tokens, did not help; measured 2026-11-29): seed 0, its own, passed because a seed's run is
+# deterministic.
+RECIPE = recipes.DEMO | {
     "run.max_steps": 0,
+    # no target: the loop below runs the steps (and DEMO_REWARD alone has no exact-match part)
+    "run.target_reward": 0.0,
+    "run.target_parts": {},
     "rollout.group_size": GROUP_SIZE,
     "rollout.max_new_tokens": MAX_NEW_TOKENS,
-    "learner.lr": 1e-3,
-    "learner.betas": [0.9, 0.99],
     "learner.groups_per_step": GROUPS,
-    "learner.updates_per_batch": 2,
 }
-# MEASURE
-RISE = 0.06
+# The reward rise between the means of the first and the last WINDOW of the MAX_STEPS steps.
+# Measured 2026-11-29 on the 2-core machine under load (other helpers' pytest sessions), this
+# loop over seeds 0-6 and 11 (n=8; one seed's run is deterministic, repeated runs of seed 0 gave
+# the same rewards): +0.069, +0.079, +0.072, +0.076, +0.063, +0.090, +0.095, +0.076; mean
+# +0.077, sd 0.011. RISE sits 4.5 sd below the mean.
+RISE = 0.03
 
 
 def _config(redis_cfg: Config, policy: str) -> Config:
@@ -54,7 +62,7 @@ def _config(redis_cfg: Config, policy: str) -> Config:
         "metrics.enabled": False,
         **RECIPE,
     }
-    return Config.model_validate(recipes.tree(settings))
+    return load_config(None, settings, env={})
 
 
 def learning_configs(tmp_path: Path) -> dict[str, Config]:
@@ -62,9 +70,8 @@ def learning_configs(tmp_path: Path) -> dict[str, Config]:
     return {"learns": _config(Config.model_validate({"run": {"dir": str(tmp_path)}}), "policy")}
 
 
-def reward_history(cfg: Config, policy: str, seed: int, stop_at_rise: float | None) -> list[float]:
-    """Mean reward of each step's groups, sampled one learner step behind, for up to MAX_STEPS
-    steps (or until the last WINDOW steps' mean is ``stop_at_rise`` above the first's)."""
+def reward_history(cfg: Config, policy: str, seed: int) -> list[float]:
+    """Mean reward of each step's groups over MAX_STEPS steps, sampled one learner step behind."""
     from streamrl.learner.grpo import GRPO
 
     learner = GRPO(cfg)
@@ -81,30 +88,22 @@ def reward_history(cfg: Config, policy: str, seed: int, stop_at_rise: float | No
             history.append(
                 sum(c.reward for g in groups for c in g.completions) / (GROUPS * GROUP_SIZE)
             )
-            # the next groups come from the weights before this batch: staleness = updates_per_batch
+            # the next groups come from the weights before this batch: their tokens are as stale
+            # as the versions one batch publishes (learner.versions_per_batch)
             actor.load_state_dict(learner.model.state_dict())
             actor_version = learner.progress.version
             xadd_groups(cfg, groups)
             assert learner.train_next() is not None
-            if stop_at_rise is not None and len(history) > WINDOW and rise(history) >= stop_at_rise:
-                break
     finally:
         learner.close()
     return history
-
-
-def rise(history: list[float]) -> float:
-    return mean(history[-WINDOW:]) - mean(history[:WINDOW])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_reward_on_reverse_digits_rises_clearly_within_bounded_steps(redis_cfg, demo_policy):
     cfg = _config(redis_cfg, demo_policy)
-    history = reward_history(cfg, demo_policy, seed=0, stop_at_rise=RISE)
+    history = reward_history(cfg, demo_policy, seed=0)
     start, end = mean(history[:WINDOW]), mean(history[-WINDOW:])
-    print(f"LEARNING learns rise {end - start:+.4f} in {len(history)} steps")
     assert start < 0.15, f"the warm-started policy should be near chance, got {start:.2f}"
-    assert end >= start + RISE, (
-        f"reward went {start:.3f} -> {end:.3f} in {len(history)} steps: {history}"
-    )
+    assert end > start + RISE, f"reward went {start:.3f} -> {end:.3f}: {history}"

@@ -34,9 +34,13 @@ STEPS = 100
 # projections at 10x the full-weight lr of the preset, constant; docs/lora.md has the runs that
 # chose it.
 RECIPE = recipes.DEMO_LORA | {"run.max_steps": STEPS}
-# MEASURE
+# The reward rise between the means of the first and the last WINDOW steps. Measured 2026-11-29
+# with this recipe on the 2-core machine under load (other helpers' pytest sessions, load
+# average 2-9), n=6 runs of this test: +0.0296, +0.0286, +0.0381, +0.0310, +0.0350, +0.0287;
+# mean +0.0318, sd 0.0039. RISE sits 4.3 sd below the mean. (Under lr_scheduler auto, the LR
+# decayed to 0 over the 100 steps: +0.010 in a full `make test`, +0.018..0.023 alone.)
 WINDOW = 30
-RISE = 0.01
+RISE = 0.015
 
 
 def _overrides(run_dir: Path, policy: str, dataset: str, metrics_port: int) -> list[str]:
@@ -107,12 +111,10 @@ def test_an_adapter_run_advances_versions_raises_the_reward_and_exports(
     assert all(s["trained"] for s in steps)
     assert all(s["version"] - s["staleness_mean"] >= STEPS for s in steps[-10:])
     # Rank-8 adapters on the attention raise the demo's reward about a third as fast as full
-    # training (+0.02 between the first and last 30 steps, docs/lora.md); one step's mean reward
-    # varies by ~0.01 (sd), a 30-step mean by ~0.002, the difference of two by ~0.003; a run
-    # that does not learn (lr 1e-2, adapter mode) moved by -0.003.
+    # training (docs/lora.md); a run that does not learn (lr 1e-2, adapter mode) moved by -0.003.
     first = statistics.fmean(s["reward_mean"] for s in steps[:WINDOW])
     last = statistics.fmean(s["reward_mean"] for s in steps[-WINDOW:])
-    print(f"LEARNING lora rise {last - first:+.4f} ({first:.4f} -> {last:.4f})")
+    print(f"adapter: reward {first:.4f} -> {last:.4f} ({last - first:+.4f})")
     assert last > first + RISE, f"reward did not rise: {first:.3f} -> {last:.3f}"
 
     assert published is not None, "the learner's metrics were never read"
