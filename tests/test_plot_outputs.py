@@ -161,6 +161,8 @@ def test_the_step_rows_of_a_foreign_run_are_read_only_from_a_regular_file(tmp_pa
         steps.symlink_to(mine)
     else:
         os.mkfifo(steps)
-    with pytest.raises(ConfigError, match="learner_steps.jsonl is (a symbolic link|not a regular file)"):
+    with pytest.raises(
+        ConfigError, match="learner_steps.jsonl is (a symbolic link|not a regular file)"
+    ):
         plot.write(run, out=tmp_path / "out")
     assert not (tmp_path / "out").exists()
