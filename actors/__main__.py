@@ -19,6 +19,7 @@ from streamrl.actors.prompt_data import PromptDataError
 from streamrl.configs import Config, config_from_cli
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.runfiles import enter_run_dir
+from streamrl.runtime.stacks import dump_stacks_on_request
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"actor: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # a supervisor giving up on a stop asks where it hung (launch.supervisor.stop_child)
+    dump_stacks_on_request()
     return _run_here(cfg, args.actor_id)
 
 

@@ -41,12 +41,17 @@ from streamrl.configs.redact import SECRETS_ENV, redact_text, secrets_env
 from streamrl.configs.runfiles import check_run_dir, open_append, write_new
 from streamrl.launch import control, placement, rundir
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
+from streamrl.runtime import stacks
 from streamrl.runtime.cpu_pinning import CPUS_ENV, pin_process
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = {"actor": 15.0, "learner": 90.0, "relay": 15.0}
+# the roles whose process writes its stacks on runtime.stacks.STACKS_SIGNAL (to anything else the
+# signal is fatal), and how long they are given to
+STACKS_ON_REQUEST = frozenset({"actor"})
+STACKS_WAIT_S = 5.0
 # the resolved config, saved with the run and loaded by every child (secrets redacted: the
 # children get the Redis URL through REDIS_URL; configs.redact); mode 0600
 CONFIG_FILE = "config.yaml"
@@ -502,20 +507,7 @@ class Supervisor:
 
     # ----- stop --------------------------------------------------------------------------
     def _stop_child(self, child: Child) -> None:
-        child.done = True
-        if not child.alive:
-            return
-        child.proc.send_signal(signal.SIGTERM)
-        try:
-            child.proc.wait(STOP_TIMEOUT_S[child.role])
-        except subprocess.TimeoutExpired:
-            self.event(
-                f"{child.name} ignored SIGTERM for {STOP_TIMEOUT_S[child.role]:.0f} s; killing its process group"
-            )
-            _kill_group(child.proc.pid)
-            child.proc.wait(10)
-        _kill_group(child.proc.pid)
-        child.exit_codes.append(child.proc.returncode)
+        stop_child(child, self.event, STOP_TIMEOUT_S[child.role])
 
     def stop(self) -> None:
         """Actors first (they abandon their group), then the learner (final checkpoint), then Redis."""
@@ -562,6 +554,33 @@ def last_error(log: Path, mark: str = "Traceback", max_lines: int = 40) -> str:
     starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
     shown = lines[starts[-1] :] if starts else lines
     return "\n".join(shown[-max_lines:])
+
+
+def stop_child(child: Child, event: Callable[[str], None], timeout: float) -> None:
+    """SIGTERM ``child`` and wait ``timeout`` seconds for it to exit; one that does not is asked for
+    its threads' stacks (the roles in ``STACKS_ON_REQUEST``: into its log), then killed with its
+    process group."""
+    child.done = True
+    if not child.alive:
+        return
+    child.proc.send_signal(signal.SIGTERM)
+    try:
+        child.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        said = f"{child.name} ignored SIGTERM for {timeout:.0f} s"
+        if child.role in STACKS_ON_REQUEST:
+            child.proc.send_signal(stacks.STACKS_SIGNAL)
+            try:
+                # faulthandler writes from its signal handler, as soon as the child is scheduled
+                child.proc.wait(STACKS_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            said += f" (its threads' stacks: {child.log})"
+        event(f"{said}; killing its process group")
+        _kill_group(child.proc.pid)
+        child.proc.wait(10)
+    _kill_group(child.proc.pid)
+    child.exit_codes.append(child.proc.returncode)
 
 
 def _kill_group(pgid: int) -> None:
