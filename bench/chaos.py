@@ -475,8 +475,10 @@ class ChaosRound:
             time.sleep(max(0.0, expired_at - time.monotonic()))
         self.result.violations += checks.admission_violations(admission_counts(redis, keys))
         if left := ephemeral_leftovers(redis, keys):
+            # a child that did not stop in time was killed before it could clean up: say which
+            hung = "".join(f"; {e}" for e in self.sup.events if "ignored SIGTERM" in e)
             self.result.violations.append(
-                f"per-process Redis state left after a clean stop: {left}"
+                f"per-process Redis state left after a clean stop: {left}{hung}"
             )
         delete_run_keys(redis, keys)
         if left := run_keys(redis, keys):
