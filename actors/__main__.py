@@ -15,6 +15,8 @@ import signal
 import sys
 import threading
 
+import redis
+
 from streamrl.actors.prompt_data import PromptDataError
 from streamrl.configs import Config, config_from_cli
 from streamrl.configs.errors import ConfigError
@@ -59,6 +61,11 @@ def _run_here(cfg: Config, actor_id: str | None) -> int:
     except (PromptDataError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 2
+    # the broker out of reach past broker.retries (a host cut off, Redis down): an outage, not a
+    # bug, so one line; exit 1, and the supervisor restarts the actor with backoff
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        print(f"actor: Redis out of reach past broker.retries: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -77,6 +77,25 @@ def test_launch_with_a_broken_dataset_exits_2_naming_file_and_row_before_startin
     assert "Traceback" not in result.stderr
 
 
+def test_an_actor_whose_redis_is_out_of_reach_exits_1_in_one_line_for_its_supervisor(
+    tmp_path, demo_policy, demo_dataset
+):
+    # Nothing listens on port 1: the first Redis command fails once its retries are spent.
+    result = _run(
+        "streamrl.actors",
+        "--config",
+        "configs/demo_cpu.yaml",
+        f"model.path={demo_policy}",
+        f"data.path={demo_dataset}",
+        "broker.redis_url=redis://127.0.0.1:1/0",
+        "broker.retries=0",
+        f"run.dir={tmp_path / 'run'}",
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "actor: Redis out of reach past broker.retries" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
 def test_an_actor_with_a_broken_dataset_exits_2_naming_file_and_row_without_redis(
     tmp_path, demo_policy
 ):
