@@ -32,6 +32,7 @@ import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from streamrl.configs.errors import ConfigError
 
@@ -184,26 +185,35 @@ def _below(run_dir: Path, below: str, key: str, make: int | None) -> None:
             raise ConfigError(f"{what} {why}: make it yours and not writable by others")
 
 
-def read_run_file(run_dir: str | os.PathLike, name: str, key: str = "run.dir") -> str:
-    """The text of ``run_dir/name``, a file a run wrote for its other processes (its Redis URL,
-    its supervisor's pid and key). ConfigError, naming ``key``, unless ``run_dir`` is trusted
-    (``check_trusted``) and the file is a regular file of this user that no other may write,
-    not a link; FileNotFoundError when there is none."""
-    check_trusted(run_dir, key)
-    path = Path(run_dir) / name
-    what = f"{key} {str(run_dir)!r}: {name}"
+def open_regular(path: str | os.PathLike, what: str, advice: str) -> BinaryIO:
+    """``path`` opened to read (binary), a regular file at the path itself. ConfigError saying
+    ``what`` it is, then ``advice``, for a link there (never followed) or anything but a regular
+    file (a FIFO is not waited on, a device not read); FileNotFoundError when there is none."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
         raise ConfigError(
-            f"{what} is a symlink (to {os.readlink(path)!r}), not a file a run wrote; streamrl "
-            "reads no link in a run directory: remove it"
+            f"{what} is a symbolic link (symlink to {os.readlink(path)!r}){advice}"
         ) from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _fault(st, own=True)
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise ConfigError(f"{what} is not a regular file{advice}")
+    return f
+
+
+def read_run_file(run_dir: str | os.PathLike, name: str, key: str = "run.dir") -> str:
+    """The text of ``run_dir/name``, a file a run wrote for its other processes (its Redis URL,
+    its supervisor's pid and key). ConfigError, naming ``key``, unless ``run_dir`` is trusted
+    (``check_trusted``) and the file is a regular file of this user that no other may write,
+    not a link; FileNotFoundError when there is none."""
+    check_trusted(run_dir, key)
+    what = f"{key} {str(run_dir)!r}: {name}"
+    advice = ", so it is not a file a run of yours wrote: remove it"
+    with open_regular(Path(run_dir) / name, what, advice) as f:
+        why = _fault(os.fstat(f.fileno()), own=True)
         if why:
-            raise ConfigError(f"{what} {why}, so it is not a file a run of yours wrote: remove it")
+            raise ConfigError(f"{what} {why}{advice}")
         return f.read().decode(errors="replace")

@@ -10,14 +10,11 @@ have been wiped by a Redis restart without persistence.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from pathlib import Path
 
-from streamrl.configs.errors import ConfigError
-from streamrl.configs.runfiles import open_append
+from streamrl.configs.runfiles import open_append, open_regular
 
 PUBLISHED_DIR = "published"
 COMMITS_FILE = "learner_commits.jsonl"
@@ -54,19 +51,11 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     Raises ConfigError for anything but a regular file at ``path`` itself: a reader of another
     user's run (``streamrl plot``, ``inspect``) never follows a link planted there, nor blocks on
     a FIFO or reads a device without end."""
-    path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open_regular(path, str(path), ": not read") as f:
+            text = f.read().decode(errors="replace")
     except FileNotFoundError:
         return []
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise ConfigError(f"{path} is a symbolic link: not read") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ConfigError(f"{path} is not a regular file: not read")
-        text = f.read().decode(errors="replace")
     records = []
     for line in text.splitlines():
         try:
