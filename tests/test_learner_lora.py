@@ -4,18 +4,30 @@ policy and its PEFT adapter folder."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from learner_rollouts import sample_groups, xadd_groups
 from rounding import assert_within_rounding
+from safetensors.torch import load_file
 
 from streamrl.configs import Config
 from streamrl.policy.load import load_policy, load_tokenizer
 
 STEPS = 2
+
+
+def digest(folder: str) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in Path(folder).iterdir()
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -50,9 +62,15 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(trained, demo_pol
     from transformers import AutoModelForCausalLM
 
     from streamrl.learner import export
-    from streamrl.policy.lora import ADAPTER_DIR, AdaptersDisabled, merged_tensors
+    from streamrl.policy.lora import (
+        ADAPTER_DIR,
+        AdaptersDisabled,
+        adapter_tensors,
+        merged_tensors,
+    )
 
     cfg, learner = trained
+    before = digest(demo_policy)
     base = load_policy(demo_policy)
     base_params = dict(base.named_parameters())
     # ZeRO-2's partitions hold the adapters alone (bit16_groups: the module parameters it flattened)
@@ -98,6 +116,12 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(trained, demo_pol
         ]
     )
     assert code == 0
+    # which part differs, when one does: the checkpoint's step, its adapters, or the base under them
+    assert json.loads((again / export.INFO_FILE).read_text())["step"] == STEPS
+    saved = load_file(again / ADAPTER_DIR / "adapter_model.safetensors")
+    for name, tensor in adapter_tensors(learner.model).items():
+        assert torch.equal(saved[name], tensor), name
+    assert digest(demo_policy) == before, f"{demo_policy} changed while the test ran"
     rebuilt = AutoModelForCausalLM.from_pretrained(again)
     for name, param in rebuilt.named_parameters():
         assert torch.equal(param, live[name]), name
