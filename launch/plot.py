@@ -48,7 +48,13 @@ def panels(rows: list[dict]) -> dict[str, Series]:
         reward[name] = lambda row, name=name: row.get("reward_parts", {}).get(name)
     return {
         "reward": reward,
-        "KL": {"kl": _get("kl")},
+        "KL": {"kl": _get("kl"), "KL(mu || pi_prox)": _get("behaviour_kl")},
+        "off-policy (share)": {
+            "IS ESS": _get("is_ess"),
+            "at the IS cap": _get("is_truncated_fraction"),
+            "stale tokens": _get("stale_token_fraction"),
+            "learner idle": _get("learner_idle_fraction"),
+        },
         "entropy": {"entropy": _get("entropy")},
         "tokens/s trained": {"tokens/s": _get("tokens_per_s")},
         "staleness (versions)": {"mean": _get("staleness_mean"), "max": _get("staleness_max")},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,8 +98,23 @@ class RunProgress:
         return f"step {self.step}{of} ETA {_clock(self.eta)}"
 
 
+def _nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _off_policy_line(step: dict) -> str:
+    """The step's drift figures: the IS weights' ESS, KL(mu || pi_prox), the share at the IS cap and
+    the share of tokens masked as stale."""
+    return (
+        f"ESS {_fmt(step.get('is_ess'), '.3f')}  KL(mu||pi_prox) "
+        f"{_fmt(step.get('behaviour_kl'), '.2e')}  capped "
+        f"{_fmt(step.get('is_truncated_fraction'), '.1%')}  stale "
+        f"{_fmt(step.get('stale_token_fraction'), '.1%')}"
+    )
+
+
 def _fmt(value, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
+    return "-" if value is None or _nan(value) else format(value, spec)
 
 
 def _failed(rate: float) -> str:
@@ -142,6 +158,7 @@ def live_table(
         "stream: unread / awaiting ack", f"{snap.stream_length - snap.pending} / {snap.pending}"
     )
     table.add_row("staleness (mean versions)", _fmt(step.get("staleness_mean"), ".2f"))
+    table.add_row("off-policy", _off_policy_line(step))
     table.add_row("dead letters", str(snap.dead_letters))
     alive = describe_hosts(snap.actors) or "none"
     table.add_row("actors alive", f"{len(snap.actors)} on {len(snap.hosts)} host(s): {alive}")
@@ -193,7 +210,8 @@ def summary(
         return f"run ended after {wall_s:.0f} s with no learner step (see logs under the run directory)"
 
     def mean(key: str, chunk: list[dict]) -> float | None:
-        vals = [s[key] for s in chunk if s.get(key) is not None]
+        # a step that trained nothing has NaN figures: not a value to average
+        vals = [s[key] for s in chunk if s.get(key) is not None and not _nan(s[key])]
         return statistics.fmean(vals) if vals else None
 
     def part(name: str, chunk: list[dict]) -> float | None:
@@ -214,6 +232,11 @@ def summary(
         *_target_lines(steps, started_unix, cfg),
         f"  tokens trained       {tokens:,} ({tokens / max(wall_s, 1e-9):,.0f}/s over the run)",
         f"  staleness            mean {_fmt(mean('staleness_mean', steps), '.2f')} versions",
+        f"  off-policy           IS ESS mean {_fmt(mean('is_ess', steps), '.3f')}, KL(mu||pi_prox) "
+        f"mean {_fmt(mean('behaviour_kl', steps), '.2e')}, stale tokens "
+        f"{_fmt(mean('stale_token_fraction', steps), '.1%')}",
+        f"  learner idle         {_fmt(mean('learner_idle_fraction', steps), '.0%')} of its time "
+        "(waiting for data)",
     ]
     restarts = [e for e in events if "restarted" in e]
     if restarts:

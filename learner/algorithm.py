@@ -113,6 +113,20 @@ class LossStats:
     kl: float
     # mean policy entropy (nats) when the caller passed it
     entropy: float = math.nan
+    # mean squared IS weight: with ``is_weight_mean`` the weights' effective sample size
+    # (``effective_sample_size``), whatever the micro-batches they are combined over
+    is_weight_sq_mean: float = 1.0
+    # KL(mu || pi_prox) per token, the k3 estimate on tokens sampled from mu: how far the
+    # policy moved while the data waited (0 without proximal log-probs)
+    behaviour_kl: float = 0.0
+
+
+def effective_sample_size(weight_mean: float, weight_sq_mean: float) -> float:
+    """Normalised ESS of importance weights, (sum w)^2 / (n sum w^2) = mean(w)^2 / mean(w^2), in
+    (0, 1]: 1 when every weight is equal (on-policy), near 1/n when one token carries the batch."""
+    if not weight_sq_mean > 0:
+        return math.nan
+    return weight_mean**2 / weight_sq_mean
 
 
 def policy_loss(
@@ -184,7 +198,11 @@ def policy_loss(
     kl_penalty = kl_coef if ref_logprobs is not None else 0.0
     per_token = _regularised(per_token, kl, kl_penalty, entropy, entropy_coef)
     loss = aggregate(per_token, mask, aggregation, normalizer)
-    stats = _loss_stats(mask, surrogate > clipped_surrogate, weight, truncated, kl, entropy)
+    # the drift of the data: measured against pi_prox whenever the caller has it
+    drift_to = prox if proximal_logprobs is None else _masked(proximal_logprobs, mask, zero)
+    stats = _loss_stats(
+        mask, surrogate > clipped_surrogate, weight, truncated, kl, entropy, k3_kl(mu, drift_to)
+    )
     return loss, stats
 
 
@@ -270,6 +288,7 @@ def _loss_stats(
     truncated: Tensor,
     kl: Tensor,
     entropy: Tensor | None,
+    behaviour_kl: Tensor,
 ) -> LossStats:
     """Means over the counted tokens; ``entropy`` comes already masked."""
     count = int(mask.sum())
@@ -282,4 +301,6 @@ def _loss_stats(
         is_truncated_fraction=float((truncated & mask).sum()) / denom,
         kl=float(torch.where(mask, kl, zero).sum()) / denom,
         entropy=math.nan if entropy is None else float(entropy.sum()) / denom,
+        is_weight_sq_mean=float(torch.where(mask, weight.square(), zero).sum()) / denom,
+        behaviour_kl=float(torch.where(mask, behaviour_kl, zero).sum()) / denom,
     )

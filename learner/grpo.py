@@ -39,7 +39,7 @@ from streamrl.learner import target
 from streamrl.learner.commits import Commits, StreamProgress
 from streamrl.learner.prepare import Batch
 from streamrl.learner.rollout_io import NoBatch, RolloutIO
-from streamrl.learner.step import UpdateStats, first_pass_tokens, train_batch
+from streamrl.learner.step import UpdateStats, first_pass_tokens, off_policy, train_batch
 from streamrl.learner.throughput import Throughput
 from streamrl.learner.trainer import Trainer
 from streamrl.runtime.cpu_pinning import pin_assigned
@@ -280,14 +280,23 @@ def step_row(
         "clip_fraction": last.clip_fraction if last else math.nan,
         "is_weight_mean": last.is_weight_mean if last else math.nan,
         "is_truncated_fraction": last.is_truncated_fraction if last else math.nan,
+        **off_policy(updates),
         "kl": last.kl if last else math.nan,
         "entropy": last.entropy if last else math.nan,
         "grad_norm": last.grad_norm if last else math.nan,
         # the last optimizer step's (learner.lr_scheduler)
         "lr": last.lr if last else math.nan,
         "step_s": step_s,
+        # the share of the step's time the learner waited for data: actors short when high
+        "learner_idle_fraction": idle_fraction(batch.log.get("wait_s", 0.0), step_s),
         "time": time.time(),
     }
+
+
+def idle_fraction(wait_s: float, step_s: float) -> float:
+    """The share of a step's wall time (the wait for its batch, then its training) spent waiting."""
+    total = wait_s + step_s
+    return wait_s / total if total > 0 else math.nan
 
 
 def _step_metrics(row: dict, batch: Batch, updates: list[UpdateStats]) -> None:
@@ -306,6 +315,10 @@ def _step_metrics(row: dict, batch: Batch, updates: list[UpdateStats]) -> None:
     m.CLIP_RATIO.set(last.clip_fraction)
     m.IS_WEIGHT_MEAN.set(last.is_weight_mean)
     m.IS_TRUNCATED.set(last.is_truncated_fraction)
+    m.IS_ESS.set(row["is_ess"])
+    m.BEHAVIOUR_KL.set(row["behaviour_kl"])
+    m.STALE_TOKEN_FRACTION.set(row["stale_token_fraction"])
+    m.LEARNER_IDLE.set(row["learner_idle_fraction"])
     m.KL.observe(last.kl)
     m.ENTROPY.set(last.entropy)
     for u in updates:

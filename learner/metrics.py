@@ -56,6 +56,24 @@ IS_WEIGHT_MEAN = Gauge(
 IS_TRUNCATED = Gauge(
     "streamrl_learner_is_truncated_ratio", "Share of tokens whose importance weight hit rho."
 )
+IS_ESS = Gauge(
+    "streamrl_learner_is_ess",
+    "Normalised effective sample size of the step's truncated importance weights, "
+    "mean(w)^2 / mean(w^2): 1 on-policy, falling as the data drifts from the policy.",
+)
+BEHAVIOUR_KL = Gauge(
+    "streamrl_learner_behaviour_kl",
+    "KL(mu || pi_prox) per trained token (k3 estimate): how far the policy moved while the step's "
+    "data waited.",
+)
+STALE_TOKEN_FRACTION = Gauge(
+    "streamrl_learner_stale_token_fraction",
+    "Share of the step's completion tokens masked or dropped as older than max_staleness.",
+)
+LEARNER_IDLE = Gauge(
+    "streamrl_learner_idle_fraction",
+    "Share of the step's wall time the learner waited for data (the actors are short when high).",
+)
 STALENESS = Histogram(
     "streamrl_learner_staleness_versions",
     "Per-token staleness (learner version - sampling version) of consumed tokens.",

@@ -104,6 +104,8 @@ class _Tally:
     # completions that saw a weight swap between two of their tokens
     spanning: int = 0
     dropped_stale: int = 0
+    # completion tokens of the wholly stale groups
+    dropped_stale_tokens: int = 0
     zero_variance: int = 0
 
     def add(self, group, version: int, algo: AlgoConfig) -> None:
@@ -111,7 +113,7 @@ class _Tally:
         token_versions = _token_versions(group)
         if _wholly_stale(token_versions, version, algo.max_staleness):
             self.dropped_stale += 1
-            m.DROPPED_STALE_TOKENS.inc(sum(v.size for v in token_versions))
+            self.dropped_stale_tokens += sum(v.size for v in token_versions)
             return
         self._count(group)
         advantages, zero_var = algorithm.group_advantages(
@@ -138,6 +140,12 @@ class _Tally:
         self.spanning += sum(int(c.versions[0] != c.versions[-1]) for c in group.completions)
 
 
+def lag_histogram(staleness: np.ndarray) -> dict[str, int]:
+    """Token count per version lag, keyed by the lag as a string (a JSON object's keys)."""
+    lags, counts = np.unique(np.asarray(staleness, dtype=np.int64), return_counts=True)
+    return {str(int(lag)): int(n) for lag, n in zip(lags, counts, strict=True)}
+
+
 def prepare_batch(
     deliveries, version: int, algo: AlgoConfig, wait_s: float, reward_names: Sequence[str] = ()
 ) -> Batch:
@@ -154,6 +162,10 @@ def prepare_batch(
     versions = np.concatenate(trained) if trained else np.zeros(0, dtype=np.int64)
     staleness = algorithm.token_staleness(version, versions)
     stale_tokens = int(is_stale(version, versions, algo.max_staleness).sum())
+    masked, seen = (
+        stale_tokens + tally.dropped_stale_tokens,
+        versions.size + tally.dropped_stale_tokens,
+    )
     adv_abs = float(np.mean([abs(s.advantage) for s in tally.samples])) if tally.samples else 0.0
     _observe(tally, staleness, stale_tokens, adv_abs)
     failure_rates, reward_errors = reward_failures_of(deliveries, reward_names)
@@ -168,6 +180,11 @@ def prepare_batch(
         "staleness_max": int(staleness.max()) if staleness.size else 0,
         # masked out of the loss: older than max_staleness (wholly stale groups not included)
         "stale_tokens": stale_tokens,
+        # tokens masked or dropped as stale, over the completion tokens of the groups read (those
+        # skipped for zero variance left out)
+        "stale_token_fraction": masked / seen if seen else 0.0,
+        # the trained groups' tokens by version lag (learner version - sampling version)
+        "staleness_hist": lag_histogram(staleness),
         "dropped_stale_groups": tally.dropped_stale,
         "zero_variance_groups": tally.zero_variance,
         "advantage_abs_mean": adv_abs,
@@ -190,7 +207,7 @@ def prepare_batch(
 
 def _observe(tally: _Tally, staleness: np.ndarray, stale_tokens: int, adv_abs: float) -> None:
     """The step's figures on the metrics endpoint."""
-    m.DROPPED_STALE_TOKENS.inc(stale_tokens)
+    m.DROPPED_STALE_TOKENS.inc(stale_tokens + tally.dropped_stale_tokens)
     m.DROPPED_STALE_GROUPS.inc(tally.dropped_stale)
     m.ZERO_VARIANCE_GROUPS.inc(tally.zero_variance)
     m.observe_staleness(staleness)

@@ -20,6 +20,7 @@ first step.
 from __future__ import annotations
 
 import functools
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +55,9 @@ class UpdateStats:
     kl: float
     entropy: float
     grad_norm: float
+    # the truncated IS weights' mean square (their ESS with ``is_weight_mean``) and KL(mu || pi_prox)
+    is_weight_sq_mean: float
+    behaviour_kl: float
     forward_backward_s: float = 0.0
     optimizer_s: float = 0.0
     # prompt + completion tokens of the samples trained (fillers of idle ranks not counted)
@@ -70,6 +74,26 @@ def first_pass_tokens(updates: Sequence[UpdateStats], field: str = "tokens") -> 
     """Tokens (``field`` of ``UpdateStats``) the batch trained once: the first pass's
     mini-batches (later passes re-train them)."""
     return sum(getattr(u, field) for u in updates if u.epoch == 0)
+
+
+def off_policy(updates: Sequence[UpdateStats]) -> dict[str, float]:
+    """How far off-policy the batch was, over the tokens its first pass trained: the normalised
+    effective sample size of the truncated IS weights (``is_ess``) and KL(mu || pi_prox)
+    (``behaviour_kl``); NaN for a step that trained nothing."""
+    first = [u for u in updates if u.epoch == 0 and u.tokens > 0]
+    tokens = sum(u.tokens for u in first)
+    if not tokens:
+        return {"is_ess": math.nan, "behaviour_kl": math.nan}
+
+    def mean(field: str) -> float:
+        return sum(getattr(u, field) * u.tokens for u in first) / tokens
+
+    return {
+        "is_ess": algorithm.effective_sample_size(
+            mean("is_weight_mean"), mean("is_weight_sq_mean")
+        ),
+        "behaviour_kl": mean("behaviour_kl"),
+    }
 
 
 def minibatch_seed(run_seed: int, version: int) -> int:
@@ -164,6 +188,8 @@ class UpdateSums:
     is_truncated: float = 0.0
     kl: float = 0.0
     entropy: float = 0.0
+    is_weight_sq: float = 0.0
+    behaviour_kl: float = 0.0
     sequence_tokens: float = 0.0
     packed_tokens: float = 0.0
 
@@ -180,6 +206,8 @@ class UpdateSums:
         self.is_truncated += stats.is_truncated_fraction * n
         self.kl += stats.kl * n
         self.entropy += stats.entropy * n
+        self.is_weight_sq += stats.is_weight_sq_mean * n
+        self.behaviour_kl += stats.behaviour_kl * n
 
     def to_tensor(self) -> Tensor:
         """The sums as one float64 tensor (field order), so the ranks reduce them in one call."""
@@ -201,6 +229,8 @@ class UpdateSums:
             kl=self.kl / denom,
             entropy=self.entropy / denom,
             grad_norm=grad_norm,
+            is_weight_sq_mean=self.is_weight_sq / denom,
+            behaviour_kl=self.behaviour_kl / denom,
             forward_backward_s=forward_backward_s,
             optimizer_s=optimizer_s,
             sequence_tokens=int(self.sequence_tokens),

@@ -111,7 +111,7 @@ def ref_loss(
 ):
     """Per-token Python loop of the loss in docs/architecture.md."""
     per_seq, total, count = [], 0.0, 0
-    stats = {"clip": 0, "w": 0.0, "trunc": 0, "kl": 0.0, "entropy": 0.0}
+    stats = {"clip": 0, "w": 0.0, "w2": 0.0, "trunc": 0, "kl": 0.0, "entropy": 0.0, "drift": 0.0}
     for i in range(len(theta)):
         seq_total, seq_count = 0.0, 0
         for t in range(len(theta[i])):
@@ -133,6 +133,10 @@ def ref_loss(
                 stats["entropy"] += ent[i][t]
             stats["clip"] += unclipped > clipped
             stats["w"] += w
+            stats["w2"] += w * w
+            # KL(mu || pi_prox) on tokens sampled from mu, whenever pi_prox is known
+            d = (prox[i][t] if prox is not None else mu[i][t]) - mu[i][t]
+            stats["drift"] += math.exp(d) - d - 1
             stats["trunc"] += correction and raw_w > rho
             stats["kl"] += k3
             seq_total += loss
@@ -200,6 +204,8 @@ def test_policy_loss_matches_per_token_reference(
     assert stats.clip_fraction == pytest.approx(ref_stats["clip"])
     assert stats.is_weight_mean == pytest.approx(ref_stats["w"])
     assert stats.is_truncated_fraction == pytest.approx(ref_stats["trunc"])
+    assert stats.is_weight_sq_mean == pytest.approx(ref_stats["w2"])
+    assert stats.behaviour_kl == pytest.approx(ref_stats["drift"], abs=1e-12)
     assert stats.kl == pytest.approx(ref_stats["kl"], abs=1e-12)
     if with_entropy:
         assert stats.entropy == pytest.approx(ref_stats["entropy"], abs=1e-12)

@@ -25,6 +25,11 @@ def _rows() -> list[dict]:
             "staleness_max": k % 3,
             "wait_s": 0.25,
             "step_s": 1.0 + 0.01 * k,
+            "is_ess": 1.0 - 0.02 * k,
+            "behaviour_kl": 1e-4 * k,
+            "is_truncated_fraction": 0.01 * k,
+            "stale_token_fraction": 0.03 * (k % 2),
+            "learner_idle_fraction": 0.2,
         }
         rows.append(row)
     # a step that trained nothing has no kl or entropy: the line skips it
@@ -55,6 +60,12 @@ def test_every_panel_draws_the_step_rows_values_against_steps_and_wall_time(x):
     kept = [i for i, r in enumerate(rows) if "kl" in r]
     assert drawn["KL"]["kl"] == ([xs[i] for i in kept], [rows[i]["kl"] for i in kept])
     assert drawn["entropy"]["entropy"][1] == [rows[i]["entropy"] for i in kept]
+    assert drawn["KL"]["KL(mu || pi_prox)"] == (xs, [r["behaviour_kl"] for r in rows])
+    off_policy = drawn["off-policy (share)"]
+    assert off_policy["IS ESS"] == (xs, [r["is_ess"] for r in rows])
+    assert off_policy["at the IS cap"][1] == [r["is_truncated_fraction"] for r in rows]
+    assert off_policy["stale tokens"][1] == [r["stale_token_fraction"] for r in rows]
+    assert off_policy["learner idle"][1] == [0.2] * len(rows)
     assert drawn["tokens/s trained"]["tokens/s"] == (xs, [r["tokens_per_s"] for r in rows])
     assert drawn["staleness (versions)"]["max"][1] == [float(r["staleness_max"]) for r in rows]
     assert drawn["time per phase (s)"]["training"] == (xs, [r["step_s"] for r in rows])

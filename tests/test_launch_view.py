@@ -121,3 +121,26 @@ def test_without_a_terminal_a_line_goes_out_per_block_of_steps():
 def test_the_summary_ends_with_where_the_plots_went():
     text = summary([_step(1, 0.5, 0.0)], 1000.0, 5.0, [], plots="runs/x/plots")
     assert text.splitlines()[-1] == "  plots                runs/x/plots"
+
+
+def test_the_view_and_the_summary_show_how_far_off_policy_the_data_was():
+    """The live view: the last step's ESS, KL(mu || pi_prox), IS-cap and stale shares. The summary:
+    their means over the steps that trained (a step with NaN figures trained nothing and is left
+    out), and the learner's idle share."""
+    steps = [
+        {**_step(k, 0.5, 0.0), "is_ess": ess, "behaviour_kl": kl, "is_truncated_fraction": 0.02,
+         "stale_token_fraction": stale, "learner_idle_fraction": idle}
+        for k, (ess, kl, stale, idle) in enumerate(
+            [(0.9, 2e-3, 0.1, 0.5), (0.8, 4e-3, 0.3, 0.3), (float("nan"), float("nan"), 0.2, 0.4)],
+            start=1,
+        )
+    ]  # fmt: skip
+    console = Console(width=120, record=True)
+    console.print(live_table(Snapshot(at=0.0, version=4, last_step=steps[1]), 3.0, []))
+    assert "ESS 0.800  KL(mu||pi_prox) 4.00e-03  capped 2.0%  stale 30.0%" in console.export_text()
+    text = summary(steps, started_unix=1000.0, wall_s=5.0, events=[])
+    assert (
+        "  off-policy           IS ESS mean 0.850, KL(mu||pi_prox) mean 3.00e-03, stale tokens 20.0%"
+        in text
+    )
+    assert "  learner idle         40% of its time (waiting for data)" in text

@@ -91,14 +91,22 @@ def reference_run(policy: str, steps: list[list]) -> tuple[dict, list[dict]]:
     version, stats = 0, []
     for groups in steps:
         rows, dropped = [], 0
+        # every completion token read, those masked or dropped as stale, the kept ones by lag
+        read = masked = 0
+        lags: dict[str, int] = {}
         for group in groups:
             fresh = [
                 torch.from_numpy(version - c.versions.astype(np.int64)) <= MAX_STALENESS
                 for c in group.completions
             ]
+            read += sum(len(f) for f in fresh)
+            masked += sum(int((~f).sum()) for f in fresh)
             if not any(bool(f.any()) for f in fresh):
                 dropped += 1
                 continue
+            for c in group.completions:
+                for lag in (version - c.versions.astype(np.int64)).tolist():
+                    lags[str(lag)] = lags.get(str(lag), 0) + 1
             rewards = torch.tensor([c.reward for c in group.completions], dtype=torch.float64)
             adv = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + EPS)
             prompt = torch.from_numpy(group.prompt_token_ids.astype(np.int64))
@@ -109,6 +117,7 @@ def reference_run(policy: str, steps: list[list]) -> tuple[dict, list[dict]]:
                 rows.append([prompt, completion, torch.from_numpy(c.logprobs), a, f, ref, None])
         tokens = sum(int(f.sum()) for *_, f, _, _ in rows)
         clipped = truncated = 0
+        w_sum = w_sq_sum = drift = 0.0
         for update in range(UPDATES):
             optimizer.zero_grad()
             total, clipped, truncated = 0.0, 0, 0
@@ -117,6 +126,11 @@ def reference_run(policy: str, steps: list[list]) -> tuple[dict, list[dict]]:
                 theta = _logprobs(model, prompt, completion)
                 if update == 0:
                     prox = row[6] = theta.detach()
+                    # the off-policy figures, in float64, over the first pass's tokens
+                    d = (prox.double() - mu.double())[fresh]
+                    w64 = torch.exp(d).clamp(max=RHO)
+                    w_sum, w_sq_sum = w_sum + w64.sum().item(), w_sq_sum + w64.square().sum().item()
+                    drift += (torch.exp(d) - d - 1).sum().item()
                 w = torch.exp(prox - mu).clamp(max=RHO)
                 r = torch.exp(theta - prox)
                 r_clip = r.clamp(1 - CLIP, 1 + CLIP)
@@ -130,8 +144,12 @@ def reference_run(policy: str, steps: list[list]) -> tuple[dict, list[dict]]:
             optimizer.step()
             version += 1
         stats.append(
-            {"tokens": tokens, "dropped": dropped, "clipped": clipped, "truncated": truncated}
-        )
+            {
+                "tokens": tokens, "dropped": dropped, "clipped": clipped, "truncated": truncated,
+                "ess": (w_sum / tokens) ** 2 / (w_sq_sum / tokens), "behaviour_kl": drift / tokens,
+                "stale_fraction": masked / read, "lags": lags,
+            }
+        )  # fmt: skip
     return {n: p.detach().clone() for n, p in model.named_parameters()}, stats
 
 
@@ -192,6 +210,17 @@ def test_two_ranks_on_delayed_data_equal_a_plain_torch_decoupled_ppo_run(
     for row, ref in zip(rows, reference_stats, strict=True):
         assert row["clip_fraction"] == pytest.approx(ref["clipped"] / ref["tokens"])
         assert row["is_truncated_fraction"] == pytest.approx(ref["truncated"] / ref["tokens"])
+    # the off-policy figures against float64 ones from the same tensors. Two float32 passes give
+    # log-probs ~1e-6 apart (the weights above agree to 2e-5 after six updates), which moves a
+    # weight exp(d) by ~1e-6 relative and its k3 by ~1e-6 * |d|: 1e-4 relative bounds both
+    for row, ref in zip(rows, reference_stats, strict=True):
+        assert row["is_ess"] == pytest.approx(ref["ess"], rel=1e-4)
+        assert row["behaviour_kl"] == pytest.approx(ref["behaviour_kl"], rel=1e-4, abs=1e-9)
+        assert row["stale_token_fraction"] == pytest.approx(ref["stale_fraction"], rel=1e-12)
+        assert row["staleness_hist"] == ref["lags"]
+    # the recomputed pi_prox moved from mu once the policy had: drift, and an ESS below 1
+    assert rows[0]["behaviour_kl"] < rows[2]["behaviour_kl"] and rows[2]["is_ess"] < 1
+    assert rows[2]["stale_token_fraction"] > 0
     assert any(s["clipped"] for s in reference_stats)
     assert any(s["truncated"] for s in reference_stats)
     assert all(r["kl"] > 0 for r in rows[1:])
