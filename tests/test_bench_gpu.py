@@ -137,10 +137,20 @@ def test_the_timeouts_of_the_first_call_fit_its_budget():
     assert sum(c.timeout_s for c in CHECKS[5:9]) <= 300
 
 
+def test_every_pytest_checks_files_are_in_the_tree():
+    """The pytest checks' CPU form (collection) is left out of the dry run below: make test
+    collects the same files (they skip on CPU), and each collection costs a torch import."""
+    for check in (c for c in CHECKS if c.module == "pytest"):
+        files = [a for a in check.gpu_args if a.startswith("tests/")]
+        assert files and all((ROOT / f).is_file() for f in files), check.name
+
+
 def test_the_cpu_dry_run_prints_versions_first_then_every_checks_rows(tmp_path):
     out = tmp_path / "out"
+    measuring = [c for c in CHECKS if c.module != "pytest"]
+    only = ",".join(c.name for c in measuring)
     done = subprocess.run(
-        [sys.executable, "-m", "bench.gpu", "--cpu", "--out-dir", str(out)],
+        [sys.executable, "-m", "bench.gpu", "--cpu", "--only", only, "--out-dir", str(out)],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -148,7 +158,7 @@ def test_the_cpu_dry_run_prints_versions_first_then_every_checks_rows(tmp_path):
     assert log.startswith("torch ") and " · transformers " in log.splitlines()[0]
     assert (out / "log.txt").read_text() in log
     table = (out / "summary.md").read_text()
-    for check in CHECKS:
+    for check in measuring:
         present = importlib.util.find_spec(check.module) is not None
         assert f"| {check.name} | {'ok' if present else 'module missing'} |" in table
         assert f"== {check.name}: " in log
