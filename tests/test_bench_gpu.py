@@ -24,14 +24,6 @@ def _check(module: str, *args: str, timeout_s: float = 60) -> Check:
     return Check("probe", module, args, args, timeout_s, 1.0, "a probe")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_a_module_not_in_the_tree_is_reported_missing_and_does_not_fail_the_run():
     result = run_check(_check("bench.no_such_check"), cpu=True, timeout_s=60)
     assert result.status == "module missing"
@@ -95,7 +87,7 @@ def test_a_failing_check_keeps_its_traceback_a_timeout_costs_only_its_check_and_
         for line in output.splitlines()
         if line.startswith("grandchild ")
     ]
-    survivors = [pid for pid in grandchildren if _alive(pid)]
+    survivors = [pid for pid in grandchildren if Path(f"/proc/{pid}").exists()]
     for pid in survivors:
         os.kill(pid, 9)
     assert len(grandchildren) == 2 and not survivors

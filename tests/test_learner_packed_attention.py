@@ -110,6 +110,19 @@ def test_varlen_log_probs_entropy_and_gradients_equal_the_mask_paths(tiny64):
         assert_close(varlen[2][name], grad, name)
 
 
+def _varlen_then_masked(model, mb) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mb``'s token log-probs under ``NAME``, then under sdpa's mask."""
+    try:
+        with torch.no_grad():
+            model.config._attn_implementation = packed_attention.NAME
+            varlen = token_logprobs(model, mb, 1.0)
+            model.config._attn_implementation = "sdpa"
+            masked = token_logprobs(model, mb, 1.0)
+    finally:
+        model.config._attn_implementation = "sdpa"
+    return varlen, masked
+
+
 def test_the_flash_kernel_gets_the_bounds_causal_and_gqa_unrepeated(tiny64, monkeypatch):
     """The CUDA branch's call, on the CPU: a stand-in for torch's varlen kernel checks its
     arguments and answers with per-sample attention, so the log-probs must still equal the mask's."""
@@ -126,14 +139,7 @@ def test_the_flash_kernel_gets_the_bounds_causal_and_gqa_unrepeated(tiny64, monk
     monkeypatch.setattr(packed_attention, "_varlen_attn", lambda: stand_in)
     packed_attention.register()
     mb = _micro_batch(seed=9)
-    try:
-        with torch.no_grad():
-            tiny64.config._attn_implementation = packed_attention.NAME
-            varlen = token_logprobs(tiny64, mb, 1.0)
-            tiny64.config._attn_implementation = "sdpa"
-            masked = token_logprobs(tiny64, mb, 1.0)
-    finally:
-        tiny64.config._attn_implementation = "sdpa"
+    varlen, masked = _varlen_then_masked(tiny64, mb)
     assert len(calls) == tiny64.config.num_hidden_layers
     real = mb.completion_mask
     assert_close(varlen[real], masked[real], "log-probs")
@@ -165,6 +171,7 @@ def test_a_torch_whose_varlen_kernel_takes_no_enable_gqa_gets_the_per_sample_pat
     is imported against a stand-in with that signature on a device that would otherwise take the
     flash branch, and the kernel is never called, the mask's log-probs come out, and the reason
     is logged."""
+
     def older_kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
         raise AssertionError("a kernel without enable_gqa was called")
 
@@ -176,13 +183,9 @@ def test_a_torch_whose_varlen_kernel_takes_no_enable_gqa_gets_the_per_sample_pat
     packed_attention.register()
     mb = _micro_batch(seed=4)
     try:
-        with torch.no_grad(), caplog.at_level("WARNING", logger=packed_attention.__name__):
-            tiny64.config._attn_implementation = packed_attention.NAME
-            varlen = token_logprobs(tiny64, mb, 1.0)
-            tiny64.config._attn_implementation = "sdpa"
-            masked = token_logprobs(tiny64, mb, 1.0)
+        with caplog.at_level("WARNING", logger=packed_attention.__name__):
+            varlen, masked = _varlen_then_masked(tiny64, mb)
     finally:
-        tiny64.config._attn_implementation = "sdpa"
         packed_attention._varlen_attn.cache_clear()
     real = mb.completion_mask
     assert_close(varlen[real], masked[real], "log-probs")
