@@ -15,12 +15,15 @@ right-padded ones, never left padding: the learner's passes are the only user.
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 NAME = "streamrl_varlen"
+log = logging.getLogger(__name__)
 
 
 def sample_bounds(position_ids: Tensor) -> Tensor:
@@ -102,24 +105,51 @@ def per_sample_attention(
     return torch.cat(pieces)
 
 
+# what ``flash_varlen`` passes by keyword: a torch whose kernel lacks one (``enable_gqa`` arrived
+# in 2.12, after the kernel itself) gets the per-sample path, not a TypeError in every layer
+KERNEL_KEYWORDS = ("scale", "window_size", "enable_gqa")
+
+
 @functools.cache
 def _varlen_attn():
-    """torch's variable-length attention, or None in a torch without it."""
+    """torch's variable-length attention, or None (with the reason logged once) in a torch without
+    it or whose kernel does not take every keyword ``flash_varlen`` passes."""
     try:
         from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
+    except ImportError as error:
+        log.warning("%s: per-sample attention, no torch varlen kernel (%s)", NAME, error)
+        return None
+    try:
+        parameters = inspect.signature(varlen_attn).parameters
+    except (TypeError, ValueError) as error:
+        log.warning(
+            "%s: per-sample attention, varlen_attn's signature unreadable (%s)", NAME, error
+        )
+        return None
+    missing = [name for name in KERNEL_KEYWORDS if name not in parameters]
+    if missing:
+        log.warning(
+            "%s: per-sample attention, torch %s's varlen_attn takes no %s",
+            NAME,
+            torch.__version__,
+            ", ".join(missing),
+        )
         return None
     return varlen_attn
 
 
-def flash_varlen_applies(q: Tensor) -> bool:
+def _device_fits(q: Tensor) -> bool:
     """torch's varlen kernel is flash attention: CUDA, half precision, Ampere (sm80) or newer."""
     return (
         q.is_cuda
         and q.dtype in (torch.float16, torch.bfloat16)
-        and _varlen_attn() is not None
         and torch.cuda.get_device_capability(q.device) >= (8, 0)
     )
+
+
+def flash_varlen_applies(q: Tensor) -> bool:
+    """The device fits the flash kernel and the installed torch has the kernel as called."""
+    return _device_fits(q) and _varlen_attn() is not None
 
 
 def flash_varlen(

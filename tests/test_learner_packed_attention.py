@@ -4,6 +4,9 @@ tiny GQA Qwen2 (4 query heads, 2 key/value heads) with several samples per row."
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -107,6 +110,19 @@ def test_varlen_log_probs_entropy_and_gradients_equal_the_mask_paths(tiny64):
         assert_close(varlen[2][name], grad, name)
 
 
+def _varlen_then_masked(model, mb) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mb``'s token log-probs under ``NAME``, then under sdpa's mask."""
+    try:
+        with torch.no_grad():
+            model.config._attn_implementation = packed_attention.NAME
+            varlen = token_logprobs(model, mb, 1.0)
+            model.config._attn_implementation = "sdpa"
+            masked = token_logprobs(model, mb, 1.0)
+    finally:
+        model.config._attn_implementation = "sdpa"
+    return varlen, masked
+
+
 def test_the_flash_kernel_gets_the_bounds_causal_and_gqa_unrepeated(tiny64, monkeypatch):
     """The CUDA branch's call, on the CPU: a stand-in for torch's varlen kernel checks its
     arguments and answers with per-sample attention, so the log-probs must still equal the mask's."""
@@ -123,14 +139,7 @@ def test_the_flash_kernel_gets_the_bounds_causal_and_gqa_unrepeated(tiny64, monk
     monkeypatch.setattr(packed_attention, "_varlen_attn", lambda: stand_in)
     packed_attention.register()
     mb = _micro_batch(seed=9)
-    try:
-        with torch.no_grad():
-            tiny64.config._attn_implementation = packed_attention.NAME
-            varlen = token_logprobs(tiny64, mb, 1.0)
-            tiny64.config._attn_implementation = "sdpa"
-            masked = token_logprobs(tiny64, mb, 1.0)
-    finally:
-        tiny64.config._attn_implementation = "sdpa"
+    varlen, masked = _varlen_then_masked(tiny64, mb)
     assert len(calls) == tiny64.config.num_hidden_layers
     real = mb.completion_mask
     assert_close(varlen[real], masked[real], "log-probs")
@@ -153,3 +162,33 @@ def test_the_knob_switches_only_an_sdpa_policy(tiny64, choice, attention, on_cud
         assert packs_by_bounds(choice, tiny64, on_cuda) is switched
     finally:
         tiny64.config._attn_implementation = "sdpa"
+
+
+def test_a_torch_whose_varlen_kernel_takes_no_enable_gqa_gets_the_per_sample_path(
+    tiny64, monkeypatch, caplog
+):
+    """torch 2.11's ``varlen_attn`` has no ``enable_gqa`` (the last lent GPU had it): the module
+    is imported against a stand-in with that signature on a device that would otherwise take the
+    flash branch, and the kernel is never called, the mask's log-probs come out, and the reason
+    is logged."""
+
+    def older_kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+        raise AssertionError("a kernel without enable_gqa was called")
+
+    stand_in = types.ModuleType("torch.nn.attention.varlen")
+    stand_in.varlen_attn = older_kernel
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", stand_in)
+    monkeypatch.setattr(packed_attention, "_device_fits", lambda q: True)
+    packed_attention._varlen_attn.cache_clear()
+    packed_attention.register()
+    mb = _micro_batch(seed=4)
+    try:
+        with caplog.at_level("WARNING", logger=packed_attention.__name__):
+            varlen, masked = _varlen_then_masked(tiny64, mb)
+    finally:
+        packed_attention._varlen_attn.cache_clear()
+    real = mb.completion_mask
+    assert_close(varlen[real], masked[real], "log-probs")
+    reasons = [r.getMessage() for r in caplog.records if "enable_gqa" in r.getMessage()]
+    assert len(reasons) == 1, caplog.text
+    assert "per-sample attention" in reasons[0]

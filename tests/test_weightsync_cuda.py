@@ -26,6 +26,22 @@ from streamrl.actors.engines.vllm.senders import IPCSender, staged_buckets
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+# the longest wait for an actor process's answer, its start (spawn, torch, a CUDA context)
+# included: under the ipc-tests check's own timeout (bench/gpu.py), so that a silent actor fails
+# its test with a traceback rather than the whole check timing out
+WAIT_S = 40
+
+
+def _end(proc, jobs=None) -> None:
+    """Ask the actor to stop, then make sure it has: a test that failed before its stop message
+    must not leave a process for multiprocessing's exit handler to wait on forever."""
+    if jobs is not None and proc.is_alive():
+        jobs.put(None)
+    proc.join(timeout=10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
 
 def _receive(handles_b64: str, device_index: int, results) -> None:
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -59,10 +75,12 @@ def test_ipc_handles_rebuild_in_another_process_as_vllms_worker_does():
 
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    proc = ctx.Process(target=_receive, args=(info["ipc_handles_pickled"], 0, results))
+    proc = ctx.Process(target=_receive, args=(info["ipc_handles_pickled"], 0, results), daemon=True)
     proc.start()
-    status, received = results.get(timeout=120)
-    proc.join(timeout=30)
+    try:
+        status, received = results.get(timeout=WAIT_S)
+    finally:
+        _end(proc)
     assert status == "ok", received
     for name, values in zip(info["names"], received, strict=True):
         assert values == staged[name].float().cpu().tolist(), name
@@ -106,7 +124,7 @@ def _start_actor(name: str, layout, device_index: int):
     ctx = multiprocessing.get_context("spawn")
     jobs, results = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(
-        target=_ipc_actor, args=(name, layout.to_json(), device_index, jobs, results)
+        target=_ipc_actor, args=(name, layout.to_json(), device_index, jobs, results), daemon=True
     )
     proc.start()
     return proc, jobs, results
@@ -134,24 +152,23 @@ def test_cuda_ipc_slots_are_read_by_another_process_bytes_equal(actor_device):
         }
 
     writer = IpcSlotsWriter(CudaIpc(), f"cuda-{uuid.uuid4().hex[:8]}", layout, 3, 30.0, device)
-    proc = None
+    proc = jobs = None
     try:
         writer.write(1, learner(1))
         slot, _ = writer.write(2, learner(2))
         proc, jobs, results = _start_actor(writer.name, layout, actor_device)
         jobs.put((2, slot, True))
-        status, result, in_place, _, received = results.get(timeout=120)
+        status, result, in_place, _, received = results.get(timeout=WAIT_S)
         assert status == "ok", result
         assert (result, in_place) == ("ok", True)
         expected = _tensor_bytes({n: t.to(torch.bfloat16) for n, t in learner(2).items()})
         assert received == expected
         # a version the slot does not hold is refused
         jobs.put((1, slot, False))
-        assert results.get(timeout=60)[:3] == ("ok", "stale", False)
-        jobs.put(None)
+        assert results.get(timeout=WAIT_S)[:3] == ("ok", "stale", False)
     finally:
         if proc is not None:
-            proc.join(timeout=60)
+            _end(proc, jobs)
         writer.close()
 
 
@@ -175,7 +192,7 @@ def test_cuda_ipc_publish_to_applied_at_qwen05b_against_a_device_to_device_copy(
     params = sum(t.numel() for t in learner.values())
     layout = Layout.build([TensorSpec.of(n, t) for n, t in learner.items()])
     writer = IpcSlotsWriter(CudaIpc(), f"cuda-{uuid.uuid4().hex[:8]}", layout, 3, 30.0, device)
-    proc = None
+    proc = jobs = None
     try:
         proc, jobs, results = _start_actor(writer.name, layout, 0)
         e2e = []
@@ -184,12 +201,11 @@ def test_cuda_ipc_publish_to_applied_at_qwen05b_against_a_device_to_device_copy(
             sent = time.time()
             slot, _ = writer.write(version, learner)
             jobs.put((version, slot, False))
-            status, result, _, done, _ = results.get(timeout=120)
+            status, result, _, done, _ = results.get(timeout=WAIT_S)
             assert (status, result) == ("ok", "ok"), result
             if version > 0:
                 # version 0 pays the first touch and the handles' opening
                 e2e.append(done - sent)
-        jobs.put(None)
         flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=device)
         source = writer._buffers[0]
         d2d = []
@@ -207,5 +223,5 @@ def test_cuda_ipc_publish_to_applied_at_qwen05b_against_a_device_to_device_copy(
         )
     finally:
         if proc is not None:
-            proc.join(timeout=60)
+            _end(proc, jobs)
         writer.close()
