@@ -2,7 +2,10 @@
 wall time.
 
 One figure per x axis (``steps.png``, ``wall_time.png`` under ``<run.dir>/plots``, or ``--out``),
-a panel per measure: reward and its parts, KL, entropy, tokens/s, staleness, time per phase. A run
+a panel per measure: reward and its parts, reward std, loss, KL (to the reference or the behaviour
+policy, and the data's drift KL(mu || pi_prox)), entropy, grad norm, learning rate, completion
+length, the shares (clip fraction, IS ESS, IS cap, stale tokens, truncated completions, learner
+idle), tokens/s, staleness, time per phase; wall time counts from the run's launch. A run
 writes them once at its end (``launch.run``). matplotlib is the ``plot`` extra; without it
 the command fails naming it.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import io
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.runfiles import check_trusted, write_new
+from streamrl.configs.runfiles import check_trusted, read_run_file, write_new
 from streamrl.launch.status import read_steps
 
 PLOTS_DIR = "plots"
@@ -48,24 +52,43 @@ def panels(rows: list[dict]) -> dict[str, Series]:
         reward[name] = lambda row, name=name: row.get("reward_parts", {}).get(name)
     return {
         "reward": reward,
+        "reward std (within groups)": {"reward std": _get("reward_std")},
+        "loss": {"loss": _get("loss")},
         "KL": {"kl": _get("kl"), "KL(mu || pi_prox)": _get("behaviour_kl")},
-        "off-policy (share)": {
+        "entropy": {"entropy": _get("entropy")},
+        "grad norm": {"grad norm": _get("grad_norm")},
+        "learning rate": {"lr": _get("lr")},
+        "completion length (tokens)": {
+            "mean": _completions("mean_length"),
+            "max": _completions("max_length"),
+        },
+        "shares": {
+            "clip fraction": _get("clip_fraction"),
             "IS ESS": _get("is_ess"),
             "at the IS cap": _get("is_truncated_fraction"),
             "stale tokens": _get("stale_token_fraction"),
+            "completions at the token budget": _completions("clipped_ratio"),
             "learner idle": _get("learner_idle_fraction"),
         },
-        "entropy": {"entropy": _get("entropy")},
         "tokens/s trained": {"tokens/s": _get("tokens_per_s")},
         "staleness (versions)": {"mean": _get("staleness_mean"), "max": _get("staleness_max")},
         "time per phase (s)": {"waiting for data": _get("wait_s"), "training": _get("step_s")},
     }
 
 
-def series(rows: list[dict], x: str) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+def _completions(key: str) -> Callable[[dict], float | None]:
+    return lambda row: row.get("completions", {}).get(key)
+
+
+def series(
+    rows: list[dict], x: str, started: float | None = None
+) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
     """panel -> line -> (xs, ys), the rows that lack the value left out; ``x`` is ``step`` or
-    ``wall_s`` (seconds since the first row's end minus its own step time: the run's start)."""
-    start = rows[0]["time"] - rows[0].get("step_s", 0.0) - rows[0].get("wait_s", 0.0)
+    ``wall_s``: seconds since ``started`` (the run's launch, so start-up is on the axis), or
+    without it since the first row's end minus its own wait and step time."""
+    first = rows[0]["time"] - rows[0].get("step_s", 0.0) - rows[0].get("wait_s", 0.0)
+    # a resumed run's launch comes after its earlier rows
+    start = first if started is None else min(started, first)
     xs = [row["step"] if x == "step" else row["time"] - start for row in rows]
     out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for title, lines in panels(rows).items():
@@ -78,25 +101,44 @@ def series(rows: list[dict], x: str) -> dict[str, dict[str, tuple[list[float], l
     return out
 
 
-def figure(rows: list[dict], x: str) -> Any:
-    """The matplotlib figure of ``series(rows, x)``, not yet saved; ImportError without
-    matplotlib (``MISSING`` says what to install)."""
+def figure(rows: list[dict], x: str, started: float | None = None) -> Any:
+    """The matplotlib figure of ``series(rows, x, started)``, two panels a row, not yet saved;
+    ImportError without matplotlib (``MISSING`` says what to install)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    data = series(rows, x)
-    fig, axes = plt.subplots(len(data), 1, figsize=(8, 2.4 * len(data)), sharex=True)
-    for ax, (title, lines) in zip(axes, data.items(), strict=True):
+    data = series(rows, x, started)
+    height = -(-len(data) // 2)
+    fig, axes = plt.subplots(height, 2, figsize=(12, 2.4 * height), sharex=True)
+    # an odd number of panels leaves the grid's last axis empty
+    for ax, (title, lines) in zip(axes.flat, data.items(), strict=False):
         for label, (xs, ys) in lines.items():
             ax.plot(xs, ys, label=label)
         ax.set_title(title, fontsize=10)
         if len(lines) > 1:
             ax.legend(fontsize=8)
-    axes[-1].set_xlabel("learner step" if x == "step" else "wall time (s)")
+    bottom = list(axes[-1])
+    if len(data) % 2:
+        axes[-1][1].remove()
+        # the panel above the empty slot ends its column: its x axis gets the labels
+        bottom[1] = axes[-2][1]
+        bottom[1].xaxis.set_tick_params(labelbottom=True)
+    for ax in bottom:
+        ax.set_xlabel("learner step" if x == "step" else "wall time since launch (s)")
     fig.tight_layout()
     return fig
+
+
+def launched(run_dir: str | Path) -> float | None:
+    """When ``streamrl run`` launched the run (its ``run.json``); None for a run that has none (its
+    learner started by hand) or that is not this user's own."""
+    try:
+        started = json.loads(read_run_file(run_dir, "run.json")).get("started")
+    except (ConfigError, OSError, ValueError, AttributeError):
+        return None
+    return float(started) if isinstance(started, (int, float)) else None
 
 
 def write(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
@@ -109,8 +151,9 @@ def write(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
         return None
     folder = destination(run_dir, out)
     shared_read = _umask() & 0o044 == 0
+    started = launched(run_dir)
     for x, name in (("step", "steps.png"), ("wall_s", "wall_time.png")):
-        fig = figure(rows, x)
+        fig = figure(rows, x, started)
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=80)
         # pyplot keeps every figure it made until closed

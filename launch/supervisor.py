@@ -253,6 +253,8 @@ class Supervisor:
             "run": self.cfg.run.name,
             "supervisor_pid": os.getpid(),
             "config": str(self.config_file),
+            # the launch, where a plot's wall-time axis starts (launch.plot)
+            "started": time.time(),
         }
         write_new(self.run_dir / "run.json", json.dumps(info, indent=2) + "\n")
 

@@ -23,14 +23,18 @@ PLAIN_LINES = 20
 
 def eta_s(step: int, elapsed_s: float, rate: float | None, max_steps: int, max_time_s: float):
     """Seconds until the run stops at ``max_steps`` or ``max_time_s``, whichever comes first
-    (0 = no such limit) at ``rate`` steps/s; None when neither limit is set, or only max_steps
-    and no rate yet."""
-    left = []
-    if max_steps and rate:
-        left.append(max(max_steps - step, 0) / rate)
-    if max_time_s:
-        left.append(max(max_time_s - elapsed_s, 0.0))
-    return min(left) if left else None
+    (0 = no such limit) at ``rate`` steps/s (the observed one). With max_steps: 0 once it is
+    reached, None until there is a rate (a guess from max_time_s alone would read as the run's
+    end); without it, the time left of max_time_s; None when neither limit is set."""
+    time_left = max(max_time_s - elapsed_s, 0.0) if max_time_s else None
+    if not max_steps:
+        return time_left
+    if step >= max_steps:
+        return 0.0
+    if not rate:
+        return None
+    steps_left = (max_steps - step) / rate
+    return steps_left if time_left is None else min(steps_left, time_left)
 
 
 def plain_every(max_steps: int) -> int:

@@ -56,6 +56,19 @@ IS_WEIGHT_MEAN = Gauge(
 IS_TRUNCATED = Gauge(
     "streamrl_learner_is_truncated_ratio", "Share of tokens whose importance weight hit rho."
 )
+REWARD_STD = Gauge(
+    "streamrl_learner_reward_std",
+    "Mean over the step's groups of the group's reward std (TRL's reward_std).",
+)
+COMPLETION_LENGTH = Gauge(
+    "streamrl_learner_completion_length",
+    "Completion length in tokens over the step's batch (TRL's completions/*_length).",
+    ["stat"],
+)
+COMPLETIONS_CLIPPED = Gauge(
+    "streamrl_learner_completions_clipped_ratio",
+    "Share of the step's completions that hit the token budget (TRL's completions/clipped_ratio).",
+)
 IS_ESS = Gauge(
     "streamrl_learner_is_ess",
     "Normalised effective sample size of the step's truncated importance weights, "

@@ -101,6 +101,11 @@ class _Tally:
     trained_versions: list[np.ndarray] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=dict)
     by_actor: dict[str, int] = field(default_factory=dict)
+    # each group's reward std (TRL's: the sample std), and each completion's length and whether
+    # it hit the token budget (finish_reason "length")
+    group_stds: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    truncated: int = 0
     # completions that saw a weight swap between two of their tokens
     spanning: int = 0
     dropped_stale: int = 0
@@ -132,12 +137,30 @@ class _Tally:
 
     def _count(self, group) -> None:
         """The figures of a group that is not wholly stale, trained or not."""
-        self.rewards += [c.reward for c in group.completions]
+        rewards = [c.reward for c in group.completions]
+        self.rewards += rewards
+        if len(rewards) > 1:
+            self.group_stds.append(float(np.std(rewards, ddof=1)))
+        self.lengths += [len(c) for c in group.completions]
+        self.truncated += sum(c.finish_reason == "length" for c in group.completions)
         for c in group.completions:
             for part, value in c.reward_parts.items():
                 self.parts.setdefault(part, []).append(value)
         self.by_actor[group.actor_id] = self.by_actor.get(group.actor_id, 0) + 1
         self.spanning += sum(int(c.versions[0] != c.versions[-1]) for c in group.completions)
+
+
+def completion_figures(lengths: list[int], truncated: int) -> dict[str, float]:
+    """TRL's ``completions/*`` of a batch: mean, min and max length and the share clipped at the
+    token budget (empty when the batch had no completion)."""
+    if not lengths:
+        return {}
+    return {
+        "mean_length": float(np.mean(lengths)),
+        "min_length": float(min(lengths)),
+        "max_length": float(max(lengths)),
+        "clipped_ratio": truncated / len(lengths),
+    }
 
 
 def lag_histogram(staleness: np.ndarray) -> dict[str, int]:
@@ -168,10 +191,17 @@ def prepare_batch(
     )
     adv_abs = float(np.mean([abs(s.advantage) for s in tally.samples])) if tally.samples else 0.0
     _observe(tally, staleness, stale_tokens, adv_abs)
+    completions = completion_figures(tally.lengths, tally.truncated)
+    reward_std = float(np.mean(tally.group_stds)) if tally.group_stds else math.nan
+    _observe_completions(reward_std, completions)
     failure_rates, reward_errors = reward_failures_of(deliveries, reward_names)
     log = {
         "groups": len(deliveries),
         "reward_mean": float(np.mean(tally.rewards)) if tally.rewards else math.nan,
+        # TRL's names: the mean over groups of the group's reward std; completion lengths in tokens
+        # and the share that hit the token budget
+        "reward_std": reward_std,
+        "completions": completions,
         # the mean of each named reward part the task reports (its reward functions' names)
         "reward_parts": {name: float(np.mean(v)) for name, v in tally.parts.items()},
         # per reward function: the fraction of the step's samples it failed on (scored 0)
@@ -203,6 +233,15 @@ def prepare_batch(
         reward_errors=reward_errors,
         skipped=tally.skipped,
     )
+
+
+def _observe_completions(reward_std: float, completions: dict[str, float]) -> None:
+    if not math.isnan(reward_std):
+        m.REWARD_STD.set(reward_std)
+    if completions:
+        m.COMPLETION_LENGTH.labels("mean").set(completions["mean_length"])
+        m.COMPLETION_LENGTH.labels("max").set(completions["max_length"])
+        m.COMPLETIONS_CLIPPED.set(completions["clipped_ratio"])
 
 
 def _observe(tally: _Tally, staleness: np.ndarray, stale_tokens: int, adv_abs: float) -> None:

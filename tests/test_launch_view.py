@@ -66,7 +66,7 @@ def test_the_view_skips_a_beat_while_redis_is_down_and_resumes_when_it_is_back(t
         server.stop()
 
 
-def test_the_eta_is_to_max_steps_or_max_time_s_whichever_comes_first():
+def test_the_eta_is_to_max_steps_or_max_time_s_whichever_comes_first_and_says_nothing_without_a_rate():
     from streamrl.launch.view import eta_s
 
     # 60 steps left at 2 steps/s: 30 s; 10 s left of max_time_s
@@ -75,6 +75,11 @@ def test_the_eta_is_to_max_steps_or_max_time_s_whichever_comes_first():
     assert eta_s(40, 40.0, 2.0, max_steps=100, max_time_s=600.0) == 30.0
     assert eta_s(40, 40.0, None, max_steps=100, max_time_s=0.0) is None
     assert eta_s(40, 40.0, 2.0, max_steps=0, max_time_s=0.0) is None
+    # no rate yet: nothing, not max_time_s's 560 s; without max_steps the time left is the ETA
+    assert eta_s(1, 40.0, None, max_steps=100, max_time_s=600.0) is None
+    assert eta_s(1, 40.0, None, max_steps=0, max_time_s=600.0) == 560.0
+    # a 3-step run whose steps were all first seen together ends at ETA 0
+    assert eta_s(3, 42.0, None, max_steps=3, max_time_s=600.0) == 0.0
 
 
 def test_the_bar_shows_step_n_of_max_steps_and_the_eta_at_the_rate_since_the_first_step_seen():

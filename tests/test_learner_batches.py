@@ -217,3 +217,32 @@ def test_groups_read_past_the_step_and_never_trained_are_redelivered_to_the_next
     again = open_io(cfg).next_batch(0, _never)
     assert [g for _, g in again.entries] == [g.group_id for g in groups[4:]]
     assert client.xlen(keys.stream) == 3
+
+
+def test_the_batch_reports_trls_reward_std_and_completion_figures(redis_cfg):
+    """Rewards {0, 1} and {1, 1, 1}: sample stds 0.7071... and 0, TRL's reward_std their mean.
+    Lengths 2, 2 and 4, 1, 1 tokens; one completion stopped at the token budget of the five."""
+    cfg = _config(redis_cfg, dynamic_sampling=False, max_staleness=1)
+
+    class Delivery:
+        def __init__(self, g):
+            self.group, self.entry_id = g, "0-1"
+
+    second = group([1.0, 1.0, 1.0])
+    second.completions[0].token_ids = np.array([1, 2, 3, 4], np.int32)
+    second.completions[0].finish_reason = "length"
+    for c in second.completions[1:]:
+        c.token_ids = np.array([1], np.int32)
+    for c in second.completions:
+        c.logprobs = np.zeros(len(c.token_ids), np.float32)
+        c.versions = np.zeros(len(c.token_ids), np.int32)
+    batch = prepare_batch(
+        [Delivery(group([0.0, 1.0])), Delivery(second)], version=0, algo=cfg.algo, wait_s=0.0
+    )
+    assert batch.log["reward_std"] == pytest.approx((0.5**0.5 + 0.0) / 2, rel=1e-15)
+    assert batch.log["completions"] == {
+        "mean_length": 2.0,
+        "min_length": 1.0,
+        "max_length": 4.0,
+        "clipped_ratio": 0.2,
+    }
