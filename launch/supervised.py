@@ -68,7 +68,12 @@ def main(
     except ConfigError as exc:
         print(f"streamrl {name}: {exc}", file=sys.stderr)
         return 2
+    from streamrl.launch.view import StepBar
     from streamrl.learner.supervised import train
 
-    train(cfg, objective(), echo=lambda line: print(line, flush=True))
+    bar = StepBar(cfg.run.max_time_s)
+    try:
+        train(cfg, objective(), echo=lambda line: print(line, flush=True), on_step=bar.step)
+    finally:
+        bar.close()
     return 0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from rich.console import Console
+from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -125,6 +128,37 @@ def _failed(rate: float) -> str:
     """A reward function's failure rate; past half it is what stops the run, so it stands out."""
     text = f"{rate:.0%}"
     return f"[bold red]{text}[/bold red]" if rate > 0.5 else text
+
+
+class StepBar:
+    """The console of a trainer in this process (``streamrl sft`` / ``dpo``): each step's line with
+    the run's bar (``RunProgress``, ETA at the observed rate) under them on a terminal; elsewhere
+    each line led by the bar's words, ``[   12s] step 3/40 ETA 0:01:10``. Made before the trainer
+    (elapsed counts from here), told each step with the trainer's step count once it has one."""
+
+    def __init__(self, max_time_s: float, console: Console | None = None) -> None:
+        self.max_time_s = max_time_s
+        self.console = console or Console()
+        self.started = time.monotonic()
+        self.progress: RunProgress | None = None
+        self.live: Live | None = None
+
+    def step(self, line: str, step: int, total: int) -> None:
+        elapsed = time.monotonic() - self.started
+        if self.progress is None:
+            self.progress = RunProgress(total, self.max_time_s)
+            if self.console.is_terminal:
+                self.live = Live(self.progress.bar, console=self.console, refresh_per_second=2)
+                self.live.start()
+        self.progress.update(step, elapsed)
+        if self.live is not None:
+            self.console.print(line)
+        else:
+            print(f"[{elapsed:6.0f}s] {self.progress.text()}  {line}", flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
 
 
 def trained_tokens_per_s(step: dict) -> float | None:

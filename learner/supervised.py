@@ -212,12 +212,19 @@ def _sum_over_ranks(sums: dict[str, float]) -> dict[str, float]:
 
 
 def train(
-    cfg: Config, objective: type[Supervised], echo: Callable[[str], None] = print
+    cfg: Config,
+    objective: type[Supervised],
+    echo: Callable[[str], None] = print,
+    on_step: Callable[[str, int, int], None] | None = None,
 ) -> Progress:
     """Run ``objective`` (``SFT`` for ``streamrl sft``, ``DPO`` for ``streamrl dpo``) on this rank
-    to its end."""
+    to its end. ``on_step(line, step, total_steps)``, when given, takes each step's line instead
+    of ``echo`` (a console bar: ``launch.view.StepBar``)."""
     runner = objective(cfg)
-    progress = runner.run(echo)
+    if on_step is not None:
+        progress = runner.run(lambda line: on_step(line, runner.progress.step, runner.total_steps))
+    else:
+        progress = runner.run(echo)
     if runner.rank == 0 and cfg.run.export_at_end and progress.step:
         echo(f"{runner.name}: {progress.step} steps; the policy is at {default_out(cfg.run.dir)}")
     if dist.is_initialized():

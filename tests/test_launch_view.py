@@ -149,3 +149,26 @@ def test_the_view_and_the_summary_show_how_far_off_policy_the_data_was():
         in text
     )
     assert "  learner idle         40% of its time (waiting for data)" in text
+
+
+def test_a_trainer_in_this_process_gets_the_bar_on_a_terminal_and_its_words_elsewhere(capsys):
+    """``streamrl sft`` / ``dpo``: each step's line, and step N/total with the ETA at the observed
+    rate; no ETA before a rate, 0 at the last step."""
+    import io
+
+    from streamrl.launch.view import StepBar
+
+    plain = StepBar(max_time_s=600.0, console=Console(file=io.StringIO(), force_terminal=False))
+    plain.step("step 1 loss 0.5", 1, 3)
+    plain.step("step 3 loss 0.2", 3, 3)
+    plain.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("step 1/3 ETA -:--:--  step 1 loss 0.5")
+    assert lines[1].endswith("step 3/3 ETA 0:00:00  step 3 loss 0.2")
+
+    console = Console(width=100, record=True, force_terminal=True, file=io.StringIO())
+    bar = StepBar(max_time_s=0.0, console=console)
+    bar.step("step 2 loss 0.4", 2, 4)
+    bar.close()
+    text = console.export_text()
+    assert "step 2 loss 0.4" in text and "step 2/4" in text and "50%" in text
