@@ -236,7 +236,7 @@ class SupervisedConfig(Section):
 
     path: str | None = Field(
         None,
-        description="JSONL dataset, one example a line. sft: `messages` (a chat, the loss on the assistant turns only) or `prompt` + `completion` (the loss on the completion and an end-of-sequence token). dpo: `chosen` + `rejected`, either strings after a `prompt` (string or messages) or whole chats whose last assistant turn is the response (TRL's and RL2's formats). Required by both commands.",
+        description="JSONL dataset, one example a line. sft: `messages` (a chat, the loss on the assistant turns only), `prompt` + `completion` (the loss on the completion and an end-of-sequence token), or `text` (TRL's language-modelling rows: the loss on every token and an end-of-sequence token). dpo: `chosen` + `rejected`, either strings after a `prompt` (string or messages) or whole chats whose last assistant turn is the response (TRL's and RL2's formats). Required by both commands.",
     )
     build: str | None = Field(
         None,

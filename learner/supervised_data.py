@@ -1,7 +1,8 @@
 """A supervised dataset as the learner's ``Sample``s: which tokens a row holds, which are trained.
 
-SFT rows are a chat (``messages``: the loss on the assistant turns only) or a ``prompt`` and a
-``completion`` (the loss on the completion and an end-of-sequence token). DPO rows are
+SFT rows are a chat (``messages``: the loss on the assistant turns only), a ``prompt`` and a
+``completion`` (the loss on the completion and an end-of-sequence token), or TRL's plain ``text``
+(the loss on every token and an end-of-sequence token). DPO rows are
 ``chosen``/``rejected`` responses, either strings after a ``prompt`` (a string or messages) or
 whole chats sharing their beginning, the response being the last assistant turn.
 
@@ -111,13 +112,20 @@ def to_sample(ids: list[int], mask: list[bool], max_length: int, name: str) -> S
     )
 
 
+def text_tokens(tokenizer, text: str) -> tuple[list[int], list[bool]]:
+    """Plain text (TRL's language-modelling rows) and the end-of-sequence token, every token trained."""
+    return completion_tokens(tokenizer, "", text)
+
+
 def sft_sample(tokenizer, row: dict, max_length: int, name: str) -> Sample:
     if "messages" in row:
         ids, mask = chat_tokens(tokenizer, row["messages"])
     elif "prompt" in row and "completion" in row:
         ids, mask = completion_tokens(tokenizer, row["prompt"], row["completion"])
+    elif isinstance(row.get("text"), str):
+        ids, mask = text_tokens(tokenizer, row["text"])
     else:
-        raise ValueError(f"{name}: an SFT row holds `messages` or `prompt` + `completion`")
+        raise ValueError(f"{name}: an SFT row holds `messages`, `prompt` + `completion`, or `text`")
     return to_sample(ids, mask, max_length, name)
 
 

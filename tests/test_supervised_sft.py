@@ -81,7 +81,14 @@ def test_a_row_that_trains_nothing_is_refused_naming_it(tokenizer):
     with pytest.raises(ValueError, match="data.jsonl:3"):
         data.sft_sample(tokenizer, {"prompt": "31>", "completion": "13"}, 3, "data.jsonl:3")
     with pytest.raises(ValueError, match="messages"):
-        data.sft_sample(tokenizer, {"text": "31>13"}, 64, "row")
+        data.sft_sample(tokenizer, {"body": "31>13"}, 64, "row")
+
+
+def test_trls_text_rows_train_every_token_after_the_first_and_the_end_token(tokenizer):
+    sample = data.sft_sample(tokenizer, {"text": "31>13"}, 64, "row")
+    assert tokenizer.decode(sample.input_ids) == "31>13" + tokenizer.eos_token
+    # nothing before the first token predicts it
+    assert sample.prompt_len == 1 and sample.trained().all()
 
 
 def _reference(model, samples, pad_id: int) -> torch.Tensor:
