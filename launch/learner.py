@@ -16,6 +16,7 @@ import sys
 from streamrl.actors import inputs
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.runfiles import check_run_dir
+from streamrl.learner import tracking
 from streamrl.learner.__main__ import RUN_DIRS, parse, start
 
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # the run-directory policy before an input is built (``start`` applies it whole)
             check_run_dir(cfg.run.dir, dirs=RUN_DIRS)
+            tracking.check_installed(cfg.run)
             inputs.prepare(cfg.model, None, cfg.run.seed, announce=_say)
         except ConfigError as exc:
             print(f"streamrl learner: {exc}", file=sys.stderr)

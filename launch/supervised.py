@@ -21,6 +21,7 @@ from streamrl.configs import config_from_cli
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.runfiles import enter_run_dir
 from streamrl.configs.schema import ModelConfig, SupervisedConfig
+from streamrl.learner import tracking
 
 if TYPE_CHECKING:
     from streamrl.learner.supervised import Supervised
@@ -58,6 +59,8 @@ def main(
     _args, cfg = config_from_cli(parser, argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
+        # a missing tracker before the run directory is made
+        tracking.check_installed(cfg.run)
         # the run-directory policy (configs.runfiles): its checkpoints and exported policy are
         # its user's only, in a directory only its user can change
         enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("checkpoints",))

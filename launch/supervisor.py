@@ -225,12 +225,14 @@ class Supervisor:
         """Build what the config's hooks build, and check the inputs, before any child starts."""
         from streamrl.actors import engines, environment, inputs, rewards
         from streamrl.launch.dataset_check import check_dataset
+        from streamrl.learner import tracking
 
         # else an actor whose engine is not installed would crash-loop under the backoff while the
         # others train (the children run this interpreter unless the launcher was given another)
         if self.python == sys.executable:
             for name in sorted(self.cfg.actor.engines_in_use):
                 engines.get(name).check_installed()
+        tracking.check_installed(self.cfg.run)
         inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
         rewards.check(self.cfg.reward)
         environment.check(self.cfg.env)

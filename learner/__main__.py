@@ -26,6 +26,7 @@ from streamrl.configs import config_from_cli
 from streamrl.configs.errors import ConfigError, StreamRLError
 from streamrl.configs.runfiles import enter_run_dir
 from streamrl.configs.schema import BrokerConfig, Config, LearnerConfig, RunConfig
+from streamrl.learner import tracking
 from streamrl.learner.nodes import (
     Nodes,
     NodesError,
@@ -140,6 +141,7 @@ def start(args: argparse.Namespace, cfg: Config) -> int:
     # its user's only, in a directory only its user can change; a restart would find the same
     # directory, so a refusal is FATAL_EXIT, which no supervisor restarts
     try:
+        tracking.check_installed(cfg.run)
         enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=RUN_DIRS)
     except ConfigError as exc:
         print(f"{FATAL_MARK} {exc}", flush=True)

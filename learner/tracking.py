@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import uuid
 from pathlib import Path
 
+from streamrl.configs.errors import ConfigError
 from streamrl.configs.runfiles import write_new
 from streamrl.configs.schema import RunConfig
 
@@ -154,6 +156,24 @@ class Tracker:
             self.wandb_run.finish()
         if self.trackio is not None:
             self.trackio.finish()
+
+
+def check_installed(run: RunConfig) -> None:
+    """ConfigError, naming ``run.report_to``, when a tracker it names is not installed: every
+    command that starts a learner checks it first, so a missing extra stops the run in one line
+    before anything starts (not a learner that crash-loops on its import)."""
+    import importlib.util
+
+    missing = [
+        name
+        for name in run.report_to
+        if name not in sys.modules and importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"run.report_to includes {', '.join(missing)}, which is not installed: pip install "
+            f"'streamrl[{missing[0]}]', or leave it out of run.report_to"
+        )
 
 
 def _import(name: str):

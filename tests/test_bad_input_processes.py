@@ -112,3 +112,28 @@ def test_an_actor_with_a_broken_dataset_exits_2_naming_file_and_row_without_redi
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{dataset}: row 3" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_tracker_that_is_not_installed_stops_every_learner_command_in_one_line(
+    tmp_path, demo_policy
+):
+    """`run.report_to` naming an extra this interpreter lacks (trackio is in no extra the tests
+    install): `streamrl run`, `sft` and `learner` each exit 2 in one line naming the key and the
+    pip command, before a run directory or a Redis exists (the learner once crash-looped)."""
+    import importlib.util
+
+    assert importlib.util.find_spec("trackio") is None
+    common = [f"model.path={demo_policy}", "run.report_to=[trackio]"]
+    commands = {
+        "run": ["streamrl", "run", "--config", "demo_cpu", "--actors", "1"],
+        "sft": ["streamrl", "sft", "--config", "sft_cpu"],
+        "learner": ["streamrl", "learner", "--config", "demo_cpu"],
+    }
+    for name, command in commands.items():
+        run_dir = tmp_path / name
+        result = _run(*command, f"run.dir={run_dir}", *common)
+        assert result.returncode == 2, (name, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "run.report_to includes trackio" in lines[0], (name, lines)
+        assert "pip install 'streamrl[trackio]'" in lines[0]
+        assert not run_dir.exists() and not _redis_servers_under(run_dir), name
