@@ -58,16 +58,24 @@ def main(
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    # a missing tracker, a missing input and a row that cannot train, each in one line before
+    # the run directory is made
     try:
-        # a missing tracker before the run directory is made
         tracking.check_installed(cfg.run)
-        # the run-directory policy (configs.runfiles): its checkpoints and exported policy are
-        # its user's only, in a directory only its user can change
-        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("checkpoints",))
         import torch
 
         torch.set_num_threads(cfg.run.torch_threads)
         build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
+        from streamrl.learner.supervised_data import SupervisedDataError
+
+        trainer = objective()
+        try:
+            examples = trainer.examples_of(cfg.supervised, cfg.model.path)
+        except SupervisedDataError as exc:
+            raise ConfigError(f"supervised.path={cfg.supervised.path}: {exc}") from None
+        # the run-directory policy (configs.runfiles): its checkpoints and exported policy are
+        # its user's only, in a directory only its user can change
+        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("checkpoints",))
     except ConfigError as exc:
         print(f"streamrl {name}: {exc}", file=sys.stderr)
         return 2
@@ -76,7 +84,7 @@ def main(
 
     bar = StepBar(cfg.run.max_time_s)
     try:
-        train(cfg, objective(), echo=lambda line: print(line, flush=True), on_step=bar.step)
+        train(cfg, trainer, lambda line: print(line, flush=True), bar.step, examples)
     finally:
         bar.close()
     return 0

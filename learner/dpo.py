@@ -24,7 +24,8 @@ class DPO(Supervised):
     name = "dpo"
     reference = True
 
-    def load(self, path: str, tokenizer, max_length: int) -> list[sb.Pair]:
+    @staticmethod
+    def load(path: str, tokenizer, max_length: int) -> list[sb.Pair]:
         return data.load_pairs(path, tokenizer, max_length)
 
     def samples_of(self, picked: list[sb.Pair]) -> list[Sample]:

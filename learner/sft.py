@@ -15,7 +15,8 @@ class SFT(Supervised):
 
     name = "sft"
 
-    def load(self, path: str, tokenizer, max_length: int) -> list[Sample]:
+    @staticmethod
+    def load(path: str, tokenizer, max_length: int) -> list[Sample]:
         return data.load_sft(path, tokenizer, max_length)
 
     def step(self, picked: list[Sample]) -> dict[str, float]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from streamrl.configs.schema import Config
+from streamrl.configs.schema import Config, SupervisedConfig
 from streamrl.learner import init_optimizer
 from streamrl.learner import metrics as m
 from streamrl.learner import supervised_batches as sb
@@ -54,13 +54,12 @@ class Supervised(Trainer):
     # whether the loss scores against the frozen reference (``policy.lora.reference_policy``)
     reference = False
 
-    def __init__(self, cfg: Config):
-        from streamrl.policy.load import load_tokenizer
-
-        if not cfg.supervised.path:
-            raise ValueError(f"streamrl {self.name} needs supervised.path: the dataset file")
+    def __init__(self, cfg: Config, examples: list | None = None):
+        """``examples``: the dataset's, when the command loaded them already (``examples_of``)."""
         self.sc = cfg.supervised
-        self.examples = self.load(self.sc.path, load_tokenizer(cfg.model.path), self.sc.max_length)
+        if examples is None:
+            examples = self.examples_of(cfg.supervised, cfg.model.path)
+        self.examples = examples
         self.steps_per_epoch = sb.steps_per_epoch(len(self.examples), self.sc.batch_size)
         self.total_steps = self.steps_per_epoch * self.sc.epochs
         if cfg.run.max_steps:
@@ -71,7 +70,19 @@ class Supervised(Trainer):
             cfg, horizon=self.total_steps, reference=self.reference, engine_settings=one_update
         )
 
-    def load(self, path: str, tokenizer, max_length: int) -> list:
+    @classmethod
+    def examples_of(cls, sc: SupervisedConfig, model_path: str) -> list:
+        """The examples of ``supervised.path`` under the tokenizer of ``model_path``
+        (SupervisedDataError names a row that cannot train): a command loads them before it makes
+        anything (``launch.supervised``)."""
+        from streamrl.policy.load import load_tokenizer
+
+        if not sc.path:
+            raise ValueError(f"streamrl {cls.name} needs supervised.path: the dataset file")
+        return cls.load(sc.path, load_tokenizer(model_path), sc.max_length)
+
+    @staticmethod
+    def load(path: str, tokenizer, max_length: int) -> list:
         """The dataset's examples, as ``step`` takes them."""
         raise NotImplementedError
 
@@ -216,11 +227,13 @@ def train(
     objective: type[Supervised],
     echo: Callable[[str], None] = print,
     on_step: Callable[[str, int, int], None] | None = None,
+    examples: list | None = None,
 ) -> Progress:
     """Run ``objective`` (``SFT`` for ``streamrl sft``, ``DPO`` for ``streamrl dpo``) on this rank
     to its end. ``on_step(line, step, total_steps)``, when given, takes each step's line instead
-    of ``echo`` (a console bar: ``launch.view.StepBar``)."""
-    runner = objective(cfg)
+    of ``echo`` (a console bar: ``launch.view.StepBar``); ``examples``: the dataset's, loaded
+    already (``Supervised.examples_of``)."""
+    runner = objective(cfg, examples)
     if on_step is not None:
         progress = runner.run(lambda line: on_step(line, runner.progress.step, runner.total_steps))
     else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,19 +26,30 @@ import numpy as np
 from streamrl.learner.batching import Sample
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The JSONL rows of ``path`` (a ValueError names a line that is not a JSON object)."""
-    rows = []
-    with open(path) as f:
+class SupervisedDataError(ValueError):
+    """A dataset row that cannot train, named by its file and line: a user's mistake, said in one
+    line by the command (``launch.supervised``), never a traceback."""
+
+
+def read_rows(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """The JSONL rows of ``path`` with their line numbers; SupervisedDataError names a line that
+    is not a JSON object (and the column where its JSON breaks)."""
+    name, rows = Path(path).name, []
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as exc:
+                raise SupervisedDataError(
+                    f"{name}:{number}: not JSON ({exc.msg} at column {exc.colno})"
+                ) from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: not a JSON object")
-            rows.append(row)
+                raise SupervisedDataError(f"{name}:{number}: not a JSON object")
+            rows.append((number, row))
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise SupervisedDataError(f"{name}: no rows")
     return rows
 
 
@@ -158,14 +170,26 @@ def pair_samples(tokenizer, row: dict, max_length: int, name: str) -> tuple[Samp
 
 
 def load_sft(path: str | os.PathLike, tokenizer, max_length: int) -> list[Sample]:
-    return [
-        sft_sample(tokenizer, row, max_length, f"{Path(path).name}:{i + 1}")
-        for i, row in enumerate(read_rows(path))
-    ]
+    return _load(path, lambda row, name: sft_sample(tokenizer, row, max_length, name))
 
 
 def load_pairs(path: str | os.PathLike, tokenizer, max_length: int) -> list[tuple[Sample, Sample]]:
-    return [
-        pair_samples(tokenizer, row, max_length, f"{Path(path).name}:{i + 1}")
-        for i, row in enumerate(read_rows(path))
-    ]
+    return _load(path, lambda row, name: pair_samples(tokenizer, row, max_length, name))
+
+
+def _load(path: str | os.PathLike, example: Callable[[dict, str], object]) -> list:
+    """``example(row, "file:line")`` of every row; a row it refuses is a SupervisedDataError."""
+    out = []
+    for number, row in read_rows(path):
+        name = f"{Path(path).name}:{number}"
+        try:
+            out.append(example(row, name))
+        except SupervisedDataError:
+            raise
+        # the row's own error, which names it (a chat template it does not fit, no trained token)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            said = str(exc)
+            raise SupervisedDataError(
+                said if said.startswith(name) else f"{name}: {said}"
+            ) from None
+    return out

@@ -137,3 +137,27 @@ def test_a_tracker_that_is_not_installed_stops_every_learner_command_in_one_line
         assert len(lines) == 1 and "run.report_to includes trackio" in lines[0], (name, lines)
         assert "pip install 'streamrl[trackio]'" in lines[0]
         assert not run_dir.exists() and not _redis_servers_under(run_dir), name
+
+
+def test_a_supervised_row_that_cannot_train_stops_sft_and_dpo_in_one_line_naming_file_and_line(
+    tmp_path, demo_policy
+):
+    """Broken JSON on line 3 (after a blank line) of an SFT file, a DPO row without `rejected`:
+    one line naming supervised.path, the file's line and what is wrong; no run directory."""
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text('{"prompt": "12>", "completion": "21"}\n\n{"prompt": "34>", "completion": \n')
+    dpo = tmp_path / "dpo.jsonl"
+    dpo.write_text('{"prompt": "12>", "chosen": "21"}\n')
+    for name, data, said in (
+        ("sft", sft, "sft.jsonl:3: not JSON (Expecting value at column 33)"),
+        ("dpo", dpo, "dpo.jsonl:1: a preference row holds `chosen` and `rejected`"),
+    ):
+        run_dir = tmp_path / f"run-{name}"
+        result = _run(
+            "streamrl", name, "--config", f"{name}_cpu", f"run.dir={run_dir}",
+            f"model.path={demo_policy}", f"supervised.path={data}", "run.report_to=[]",
+        )  # fmt: skip
+        assert result.returncode == 2, (name, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"supervised.path={data}: {said}" in lines[0], (name, lines)
+        assert not run_dir.exists(), name
