@@ -30,8 +30,15 @@ def _from_file(what: str, file: str):
         spec.loader.exec_module(module)
     # a user file may fail to import in any way
     except Exception as exc:
-        raise ValueError(f"{what}: cannot import {file!r}: {exc!r}") from None
+        raise ValueError(f"{what}: cannot import {file!r}: {_why(exc)}") from None
     return module
+
+
+def _why(exc: Exception) -> str:
+    """An import's failure in one line: a syntax error as ``file:line: message``."""
+    if isinstance(exc, SyntaxError):
+        return f"{exc.filename}:{exc.lineno}: {exc.msg}"
+    return repr(exc)
 
 
 def load(ref: str, what: str) -> Callable:
@@ -46,6 +53,9 @@ def load(ref: str, what: str) -> Callable:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise ValueError(f"{what}: cannot import {module_name!r}: {exc}") from None
+        # a module that imports but fails in its own code: the user's, said in one line
+        except Exception as exc:
+            raise ValueError(f"{what}: cannot import {module_name!r}: {_why(exc)}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"{what}: {module_name} has no callable {attr!r}")

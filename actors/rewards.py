@@ -171,8 +171,11 @@ def check(reward_cfg) -> None:
         raise ConfigError(
             f"reward.functions is empty: name at least one reward (a built-in, {plugins.FORMS})"
         )
-    for spec in reward_cfg.functions:
-        resolve(spec.fn)
+    for i, spec in enumerate(reward_cfg.functions):
+        try:
+            resolve(spec.fn)
+        except ValueError as exc:
+            raise ConfigError(f"reward.functions[{i}].fn: {exc}") from None
 
 
 _TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}

@@ -100,6 +100,20 @@ def test_unknown_rewards_fail_before_anything_starts():
         RewardPool(RewardConfig(functions=[RewardSpec(fn="reward_plugins:missing")]))
 
 
+def test_a_reward_file_that_does_not_parse_fails_at_start_naming_the_key_file_and_line(tmp_path):
+    from streamrl.actors.rewards import check
+    from streamrl.configs.errors import ConfigError
+
+    bad = tmp_path / "my_reward.py"
+    bad.write_text("def reward(messages, answer):\n    return (1.0\n")
+    cfg = RewardConfig(functions=[RewardSpec(fn="exact_match"), RewardSpec(fn=f"{bad}:reward")])
+    with pytest.raises(ConfigError) as caught:
+        check(cfg)
+    said = str(caught.value)
+    assert said.startswith("reward.functions[1].fn: ") and f"{bad}:2: " in said
+    assert "\n" not in said
+
+
 def _failures(kind: str) -> float:
     return metrics.REWARD_FAILURES.labels(kind=kind)._value.get()
 
