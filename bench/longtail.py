@@ -201,8 +201,13 @@ def reward_only_ratio(num: list[Outcome], den: list[Outcome]) -> float:
 
 
 def plot(results: dict[str, list[Outcome]], title: str, path: Path) -> None:
-    """Reward (20-step mean) against wall time, every run of every system, one colour per system."""
-    import matplotlib
+    """Reward (20-step mean) against wall time, every run of every system, one colour per system;
+    without matplotlib (a bare GPU machine) a line saying so, the measured rows already printed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no matplotlib here: {path.name} not drawn (pip install matplotlib)", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -264,3 +264,46 @@ def test_cuda_graphs_follow_the_device_and_on_is_refused_on_a_cpu_actor():
     assert mode("actor.device=cuda:0", "actor.hf.cuda_graphs=off") == "dynamic"
     with pytest.raises(ConfigError, match="actor.hf.cuda_graphs=on needs a CUDA actor.device"):
         load_config(None, ["actor.hf.cuda_graphs=on"], env={})
+
+
+def test_a_graph_capture_that_fails_logs_why_once_and_decodes_on_eagerly(monkeypatch, caplog):
+    """An op the installed torch or transformers cannot capture: the runner says why, drops its
+    graphs and runs every later step eagerly, with the same logits the step gives. CUDA's calls
+    are stand-ins here (no GPU); the capture itself raises as torch's does."""
+    import contextlib
+    import logging
+
+    from streamrl.actors.engines.hf import decode_runners
+
+    class Stream:
+        def wait_stream(self, _other) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def failing_capture(*_args, **_kwargs):
+        yield
+        raise RuntimeError("operation not permitted when stream is capturing\nCUDA detail")
+
+    cuda = decode_runners.torch.cuda
+    monkeypatch.setattr(cuda, "Stream", lambda _device: Stream())
+    monkeypatch.setattr(cuda, "current_stream", lambda _device: Stream())
+    monkeypatch.setattr(cuda, "stream", lambda _s: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "CUDAGraph", object)
+    monkeypatch.setattr(cuda, "graph", failing_capture)
+    monkeypatch.setattr(cuda, "synchronize", lambda _device: None)
+    calls = []
+
+    def step(bucket: int) -> torch.Tensor:
+        calls.append(bucket)
+        return torch.full((bucket,), float(len(calls)))
+
+    runner = decode_runners.GraphRunner(step, torch.device("cpu"))
+    with caplog.at_level(logging.WARNING, logger=decode_runners.__name__):
+        first = runner(4)
+        second = runner(2)
+    # three warm-up runs, the failed capture's, then one eager run per step
+    assert calls == [4] * 5 + [2] and first.tolist() == [5.0] * 4 and second.tolist() == [6.0] * 2
+    assert runner.failed == "RuntimeError: operation not permitted when stream is capturing"
+    assert not runner.graphs and runner.pool is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"CUDA graph capture failed, decoding without graphs: {runner.failed}"]

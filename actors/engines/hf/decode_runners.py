@@ -9,9 +9,12 @@ replays. These are the only CUDA-specific lines of the engine.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
+
+log = logging.getLogger(__name__)
 
 Step = Callable[[int], torch.Tensor]
 
@@ -52,11 +55,24 @@ class GraphRunner:
         # the logits each graph writes at every replay
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
+        # why capture failed (then every step runs eagerly), None while it works
+        self.failed: str | None = None
 
     def __call__(self, bucket: int) -> torch.Tensor:
+        if self.failed is not None:
+            return self.step(bucket)
         graph = self.graphs.get(bucket)
         if graph is None:
-            graph = self._capture(bucket)
+            try:
+                graph = self._capture(bucket)
+            # an op this torch or transformers cannot capture: decode on without graphs (the
+            # static batch stays, so the weights keep being copied in place) and say why, once
+            except RuntimeError as exc:
+                self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                log.warning("CUDA graph capture failed, decoding without graphs: %s", self.failed)
+                self.reset()
+                torch.cuda.synchronize(self.device)
+                return self.step(bucket)
         graph.replay()
         return self.outputs[bucket]
 
