@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,23 @@ from streamrl.launch.view import (
 REFRESH_S = 1.0
 # past run.max_time_s, how long the learner gets to stop by itself before the launcher stops it
 TIME_LIMIT_GRACE_S = 30.0
+
+
+class StepRows:
+    """The learner's step rows handed to ``on_step`` in this process as they appear, each once and
+    in order; a resumed run's earlier rows are not handed again."""
+
+    def __init__(self, run_dir: Path, on_step: Callable[[dict], None] | None) -> None:
+        self.run_dir, self.on_step = run_dir, on_step
+        self.seen = len(read_steps(run_dir)) if on_step is not None else 0
+
+    def deliver(self) -> None:
+        if self.on_step is None:
+            return
+        rows = read_steps(self.run_dir)
+        for row in rows[self.seen :]:
+            self.on_step(row)
+        self.seen = len(rows)
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,7 @@ def _watch(
     consumer_group: str,
     console: Console,
     started: float,
+    rows: StepRows,
 ) -> str:
     """Tick the supervisor and show the live view until the learner stops, or ``max_time_s``
     (0: no limit) is past by more than the grace; returns why it ended."""
@@ -117,6 +136,7 @@ def _watch(
             if snap is None:
                 time.sleep(REFRESH_S)
                 continue
+            rows.deliver()
             step = int((snap.last_step or {}).get("step", 0))
             progress.update(step, elapsed)
             if console.is_terminal:
@@ -129,11 +149,19 @@ def _watch(
     return "learner finished"
 
 
-def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = False) -> RunSummary:
+def run(
+    cfg: Config,
+    actors: int = 2,
+    resume: bool = False,
+    overwrite: bool = False,
+    on_step: Callable[[dict], None] | None = None,
+) -> RunSummary:
     """Run ``cfg`` (from ``streamrl.load_config``) with ``actors`` actor processes until the
     learner stops (``run.max_steps``, ``run.max_time_s``, its target) or SIGINT/SIGTERM; prints
     the live view and the end-of-run summary. A checkpoint in ``run.dir`` is resumed;
     ``overwrite`` starts over instead, ``resume`` fails without one (``launch.rundir``).
+    ``on_step(row)`` is called in this process with each learner step row as it appears (the
+    row ``learner_steps.jsonl`` holds), the last ones once the learner has stopped.
 
     Raises a ``StreamRLError`` (a broken dataset, no vLLM for a vLLM actor, Redis that will not
     start, ...) before any child starts; the children are stopped whatever happens.
@@ -144,10 +172,18 @@ def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = Fa
     started_unix = time.time()
     reason = "start failed"
     previous = _set_handlers(_raise_stop)
+    rows = None
     try:
         sup.start()
+        rows = StepRows(sup.run_dir, on_step)
         reason = _watch(
-            sup, cfg.run.max_steps, cfg.run.max_time_s, cfg.broker.consumer_group, console, started
+            sup,
+            cfg.run.max_steps,
+            cfg.run.max_time_s,
+            cfg.broker.consumer_group,
+            console,
+            started,
+            rows,
         )
     except _Stop as stop:
         reason = f"{stop} received"
@@ -159,6 +195,8 @@ def run(cfg: Config, actors: int = 2, resume: bool = False, overwrite: bool = Fa
         for sig, handler in (previous or {}).items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     elapsed = time.monotonic() - started
+    if rows is not None:
+        rows.deliver()
     steps = read_steps(sup.run_dir)
     plots = plot.at_end(sup.run_dir) if steps else None
     console.print(summary(steps, started_unix, elapsed, sup.events, cfg, plots))

@@ -17,6 +17,9 @@ The Python API::
     cfg = streamrl.load_config("demo_cpu", {"run.max_steps": 50})
     result = streamrl.run(cfg, actors=2)
     print(result.steps, result.final_reward, result.reason, result.run_dir)
+
+or TRL's shape, ``streamrl.GRPOTrainer(model=..., reward_funcs=..., train_dataset=...,
+args=cfg, callbacks=[...]).train()`` (``streamrl.launch.trainers``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ if not (_here / "learner").is_dir() and (_here.parent / "pyproject.toml").is_fil
 # a learner or an actor needs neither the launcher nor its dependencies.
 _API = {
     "Config": "streamrl.configs.schema",
+    "GRPOTrainer": "streamrl.launch.trainers",
     "StreamRLError": "streamrl.configs.errors",
     "load_config": "streamrl.configs.load",
     "presets": "streamrl.configs.load",
@@ -46,6 +50,7 @@ _API = {
 }
 __all__ = [
     "Config",
+    "GRPOTrainer",
     "RunSummary",
     "StreamRLError",
     "__version__",
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
     from streamrl.configs.load import load_config, presets
     from streamrl.configs.schema import Config
     from streamrl.launch.run import RunSummary, run
+    from streamrl.launch.trainers import GRPOTrainer
 
 
 def __getattr__(name: str):

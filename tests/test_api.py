@@ -123,27 +123,3 @@ def test_children_get_the_redacted_config_in_a_0600_file_and_no_secret_on_their_
         url = dict(v.split("=", 1) for v in environ.decode().split("\0") if "=" in v)["REDIS_URL"]
         assert secret in url
     assert secret not in (sup.run_dir / "run.json").read_text()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_run_trains_to_max_steps_and_returns_its_summary(tmp_path, demo_policy, demo_dataset):
-    cfg = streamrl.load_config(
-        "demo_cpu",
-        {
-            "run.name": f"api-{uuid.uuid4().hex[:8]}",
-            "run.dir": str(tmp_path / "run"),
-            "model.path": demo_policy,
-            "data.path": demo_dataset,
-            "run.max_steps": 2,
-            "run.max_time_s": 0,
-        },
-        env={},
-    )
-    result = streamrl.run(cfg, actors=1)
-    assert isinstance(result, streamrl.RunSummary)
-    assert result.steps >= 2, result
-    assert result.reason == "learner finished"
-    assert result.final_reward is not None
-    assert result.run_dir == Path(cfg.run.dir)
-    assert result.elapsed_s > 0
