@@ -39,6 +39,7 @@ from streamrl.learner.nodes import (
     torchrun_argv,
 )
 from streamrl.learner.outcome import FATAL_EXIT, FATAL_MARK
+from streamrl.weightsync.transports.shm.segment import unlink_on_stop
 
 # what the learner writes below run.dir, never through a link (configs.runfiles); its files there
 # (steps, commits, tracker ids) are written through no link either (runtime.jsonl_log, write_new)
@@ -156,6 +157,8 @@ def start(args: argparse.Namespace, cfg: Config) -> int:
     def request_stop(signum, _frame) -> None:
         logging.info("signal %d: stopping after the current step", signum)
         stop["requested"] = True
+        # a kill before the step ends (torchrun's, Slurm's) must not leave the segment behind
+        unlink_on_stop()
 
     # a flag the loop reads between steps: a step, both its publishes included, always completes
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 import redis
+import torch
 from opened_paths import opened_paths
 from weightsync_helpers import with_weightsync
 from weightsync_procs import engine_template
@@ -125,3 +126,26 @@ def test_an_actor_skips_a_hostile_announcement_naming_a_file_outside_shm(redis_c
     assert sub.failures.get("segment_refused") == 1, sub.failures
     assert "refused segment name" in sub.last_error and sub.version == 0
     assert not [p for p in opened if victim.name in p]
+
+
+def test_a_stop_request_unlinks_the_name_and_the_mapped_reader_still_reads_the_last_version():
+    """``unlink_on_stop`` (the learner's and the relay's SIGTERM): the file leaves /dev/shm at
+    once, so a kill before ``close`` leaves nothing there; a reader that mapped the segment reads on,
+    the writer still writes its last version into it, and no one opens it anew."""
+    from streamrl.weightsync.transports.shm.segment import unlink_on_stop
+
+    run = f"stop-{uuid.uuid4().hex[:8]}"
+    writer = ShmWriter(run, LAYOUT, 2, 1.0)
+    try:
+        reader = ShmReader(writer.name, 1.0)
+        unlink_on_stop()
+        assert not (SHM_DIR / writer.name).exists()
+        slot, _ = writer.write(7, {"w": torch.arange(16, dtype=torch.float32)})
+        out = {"w": torch.zeros(16)}
+        assert reader.read_into(7, slot, LAYOUT, [("w", "w")], out) == "ok"
+        assert torch.equal(out["w"], torch.arange(16, dtype=torch.float32))
+        with pytest.raises(FileNotFoundError):
+            ShmReader(writer.name, 1.0)
+        reader.close()
+    finally:
+        writer.close()

@@ -44,6 +44,7 @@ from streamrl.weightsync.layout import Layout
 from streamrl.weightsync.transports.dist import host_segment
 from streamrl.weightsync.transports.dist.receiver import DistReceiver
 from streamrl.weightsync.transports.dist.trust import Refused, group_record
+from streamrl.weightsync.transports.shm.segment import unlink_on_stop
 from streamrl.weightsync.transports.shm.slots import ShmWriter
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(cfg.run.torch_threads)
     stop = threading.Event()
+
+    def request_stop(*_) -> None:
+        stop.set()
+        # a kill before the relay closes (Slurm's, a supervisor's) must not leave the segment
+        unlink_on_stop()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, request_stop)
     host_id = cfg.run.host_id
     try:
         client = connect_sync(cfg.broker, cfg.run.dir)

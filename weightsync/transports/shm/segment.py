@@ -27,8 +27,9 @@ SIGBUS later), after a check that /dev/shm has room for them (``check_space``: a
 is 64 MiB unless given more, and the error names the fix), and pre-faulted once (the first touch of a page is the real cost),
 then reused for every version.
 
-A segment is unlinked by ``close`` and at interpreter exit; one left by a killed
-process is removed by ``cleanup_stale_segments``. No signal handler is set here:
+A segment is unlinked by ``close`` and at interpreter exit, and its name already when its
+process is asked to stop (``unlink_on_stop``); one left by a killed process is removed by
+``cleanup_stale_segments``. No signal handler is set here:
 the process's owner decides what a signal means (the learner stops at a step
 boundary, then closes the segment).
 """
@@ -449,6 +450,20 @@ def _register_cleanup(writer: SegmentWriter) -> None:
 def _unregister_cleanup(writer: SegmentWriter) -> None:
     with _lock:
         _writers.discard(writer)
+
+
+def unlink_on_stop() -> None:
+    """Unlink the name of every segment this process created, keeping the mappings: what a
+    process asked to stop (SIGTERM) calls first, so that a kill before its ``close`` (Slurm's after
+    its grace, torchrun's, a supervisor's) leaves no file in /dev/shm. A reader that mapped a
+    segment reads on; none opens it anew, and the process may still write its last version."""
+    try:
+        writers = tuple(_writers)
+    # another thread registering a writer right now: its exit-time close unlinks it instead
+    except RuntimeError:
+        return
+    for writer in writers:
+        writer.path.unlink(missing_ok=True)
 
 
 def _close_all() -> None:
