@@ -19,9 +19,12 @@ from typing import TYPE_CHECKING
 from streamrl.actors import plugins
 from streamrl.configs import config_from_cli
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.runfiles import enter_run_dir
+from streamrl.configs.runfiles import check_run_dir, enter_run_dir
 from streamrl.configs.schema import ModelConfig, SupervisedConfig
 from streamrl.learner import tracking
+
+# what a supervised run writes below run.dir (configs.runfiles)
+RUN_DIRS = ("checkpoints",)
 
 if TYPE_CHECKING:
     from streamrl.learner.supervised import Supervised
@@ -58,9 +61,10 @@ def main(
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     _args, cfg = config_from_cli(parser, argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
-    # a missing tracker, a missing input and a row that cannot train, each in one line before
-    # the run directory is made
+    # the run directory refused, a missing tracker, a missing input and a row that cannot train,
+    # each in one line before anything is built or the run directory is made
     try:
+        check_run_dir(cfg.run.dir, dirs=RUN_DIRS)
         tracking.check_installed(cfg.run)
         import torch
 
@@ -75,7 +79,7 @@ def main(
             raise ConfigError(f"supervised.path={cfg.supervised.path}: {exc}") from None
         # the run-directory policy (configs.runfiles): its checkpoints and exported policy are
         # its user's only, in a directory only its user can change
-        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=("checkpoints",))
+        enter_run_dir(cfg.run.dir, cfg.run.shared_read, dirs=RUN_DIRS)
     except ConfigError as exc:
         print(f"streamrl {name}: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,10 @@ TIMEOUT_S = 120
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("REDIS_URL", None)
+    # a command as a user types it: no Redis, and not a torchrun rank (a test's single-rank
+    # process group leaves RANK and its kin in this process's environment)
+    for name in ("REDIS_URL", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", *args],
         cwd=ROOT,

@@ -125,7 +125,9 @@ def test_trls_quickstart_with_one_import_changed_trains_and_calls_back_each_step
     body = QUICKSTART.format(dataset=demo_dataset, model=demo_policy, overrides=overrides)
     script.write_text("import json\n" + textwrap.dedent(body))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("REDIS_URL", None)
+    # as a user runs it: no Redis, not a torchrun rank (this process's test group set RANK...)
+    for name in ("REDIS_URL", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=280,
