@@ -72,9 +72,9 @@ def main(
         build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
         from streamrl.learner.supervised_data import SupervisedDataError
 
-        trainer = objective()
+        kind = objective()
         try:
-            examples = trainer.examples_of(cfg.supervised, cfg.model.path)
+            examples = kind.examples_of(cfg.supervised, cfg.model.path)
         except SupervisedDataError as exc:
             raise ConfigError(f"supervised.path={cfg.supervised.path}: {exc}") from None
         # the run-directory policy (configs.runfiles): its checkpoints and exported policy are
@@ -88,7 +88,7 @@ def main(
 
     bar = StepBar(cfg.run.max_time_s)
     try:
-        train(cfg, trainer, lambda line: print(line, flush=True), bar.step, examples)
+        train(cfg, kind, lambda line: print(line, flush=True), bar.step, examples)
     finally:
         bar.close()
     return 0
