@@ -1,4 +1,5 @@
-"""``streamrl.GRPOTrainer``: a run started from Python the way a TRL user starts one.
+"""``streamrl.GRPOTrainer``, ``SFTTrainer``, ``DPOTrainer``: runs started from Python the way a
+TRL user starts them.
 
     from streamrl import GRPOTrainer
 
@@ -22,6 +23,10 @@ importable there: a function at the top level of a module, or of the script bein
 defined in the running script (``__main__``) is copied with the script's top-level imports into
 ``<run.dir>/rewards/`` (loading the script itself would run its training again); whatever else it
 reads belongs in a module. A lambda, a nested function or a method is refused, saying why.
+
+``SFTTrainer`` and ``DPOTrainer`` take ``model``, ``train_dataset`` (saved the same way, read as
+``supervised.path``), ``args`` and ``callbacks``, and train in this process as ``streamrl sft`` /
+``dpo`` do (``launch.supervised.run_supervised``).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import site
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrl.configs import Config
 from streamrl.configs.errors import ConfigError
@@ -42,51 +47,38 @@ from streamrl.configs.load import load_config
 from streamrl.configs.runfiles import check_run_dir, write_new
 from streamrl.launch.run import RunSummary, run
 
+if TYPE_CHECKING:
+    from streamrl.learner.progress import Progress
+
 DATASET = "dataset/train.jsonl"
 REWARDS_DIR = "rewards"
 
 RewardFunc = Callable[..., Any] | str
 
 
-class GRPOTrainer:
-    """GRPO on streamrl's actors and learner, configured from Python (module docstring)."""
+class _Trainer:
+    """What every trainer does with its arguments: the config (``args`` with ``model`` and the
+    dataset in their places), the dataset saved in the run directory, the callbacks."""
+
+    # where the objective reads its dataset: data.path (prompts) or supervised.path (examples)
+    dataset_key = ("data", "path")
 
     def __init__(
         self,
-        model: str | None = None,
-        reward_funcs: RewardFunc | Iterable[RewardFunc] = (),
-        train_dataset: Any = None,
-        args: Config | str | Mapping[str, Any] | None = None,
-        callbacks: Iterable[Callable[[dict], None]] = (),
-        actors: int = 2,
+        model: str | None,
+        train_dataset: Any,
+        args: Config | str | Mapping[str, Any] | None,
+        callbacks: Iterable[Callable[[dict], None]],
     ) -> None:
         base = args if isinstance(args, Config) else _base_config(args)
         self.run_dir = Path(base.run.dir)
-        tree = base.model_dump(mode="json")
+        self.tree = base.model_dump(mode="json")
         if model is not None:
-            tree["model"]["path"] = model
-        funcs = (
-            [reward_funcs]
-            if callable(reward_funcs) or isinstance(reward_funcs, str)
-            else list(reward_funcs)
-        )
-        if funcs:
-            # a function's reward parts carry its name, as TRL's reward columns do
-            # bars on the replaced functions' parts no longer name a part of this task
-            tree["run"]["target_parts"] = {}
-            tree["reward"]["functions"] = [
-                {"fn": f} if isinstance(f, str) else {"fn": self._reference(f), "name": f.__name__}
-                for f in funcs
-            ]
+            self.tree["model"]["path"] = model
         if train_dataset is not None:
-            tree["data"]["path"] = self._dataset_path(train_dataset)
-        self.config = Config.model_validate(tree)
+            section, key = self.dataset_key
+            self.tree[section][key] = self._dataset_path(train_dataset)
         self.callbacks = list(callbacks)
-        self.actors = actors
-
-    def train(self) -> RunSummary:
-        """Run to the config's end (``run.max_steps``, ``run.max_time_s``, its target)."""
-        return run(self.config, actors=self.actors, on_step=self._on_step)
 
     def _on_step(self, row: dict) -> None:
         for callback in self.callbacks:
@@ -104,6 +96,40 @@ class GRPOTrainer:
         _private_dir(self.run_dir, path.parent)
         write_new(path, rows)
         return str(path)
+
+
+class GRPOTrainer(_Trainer):
+    """GRPO on streamrl's actors and learner, configured from Python (module docstring)."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        reward_funcs: RewardFunc | Iterable[RewardFunc] = (),
+        train_dataset: Any = None,
+        args: Config | str | Mapping[str, Any] | None = None,
+        callbacks: Iterable[Callable[[dict], None]] = (),
+        actors: int = 2,
+    ) -> None:
+        super().__init__(model, train_dataset, args, callbacks)
+        funcs = (
+            [reward_funcs]
+            if callable(reward_funcs) or isinstance(reward_funcs, str)
+            else list(reward_funcs)
+        )
+        if funcs:
+            # bars on the replaced functions' parts no longer name a part of this task
+            self.tree["run"]["target_parts"] = {}
+            # a function's reward parts carry its name, as TRL's reward columns do
+            self.tree["reward"]["functions"] = [
+                {"fn": f} if isinstance(f, str) else {"fn": self._reference(f), "name": f.__name__}
+                for f in funcs
+            ]
+        self.config = Config.model_validate(self.tree)
+        self.actors = actors
+
+    def train(self) -> RunSummary:
+        """Run to the config's end (``run.max_steps``, ``run.max_time_s``, its target)."""
+        return run(self.config, actors=self.actors, on_step=self._on_step)
 
     def _reference(self, fn: RewardFunc) -> str:
         """What ``reward.functions[].fn`` names for ``fn``: a built-in or reference as given, a
@@ -145,6 +171,46 @@ class GRPOTrainer:
         )
         write_new(path, header + "\n".join(imports) + "\n\n\n" + inspect.getsource(fn))
         return path
+
+
+class SFTTrainer(_Trainer):
+    """``streamrl sft`` in this process: ``train_dataset`` rows of ``messages``, ``prompt`` +
+    ``completion`` or ``text`` (``learner.supervised_data``); ``train()`` returns the learner's
+    ``Progress``. Like the command, it sets this process's umask for the run directory's files."""
+
+    dataset_key = ("supervised", "path")
+
+    def __init__(
+        self,
+        model: str | None = None,
+        train_dataset: Any = None,
+        args: Config | str | Mapping[str, Any] | None = None,
+        callbacks: Iterable[Callable[[dict], None]] = (),
+    ) -> None:
+        super().__init__(model, train_dataset, args, callbacks)
+        self.config = Config.model_validate(self.tree)
+
+    @staticmethod
+    def _kind():
+        from streamrl.learner.sft import SFT
+
+        return SFT
+
+    def train(self) -> Progress:
+        from streamrl.launch.supervised import run_supervised
+
+        return run_supervised(self.config, self._kind(), on_row=self._on_step)
+
+
+class DPOTrainer(SFTTrainer):
+    """``streamrl dpo`` in this process: ``train_dataset`` rows of ``chosen`` + ``rejected``
+    (after a ``prompt``, or as whole chats); as ``SFTTrainer`` otherwise."""
+
+    @staticmethod
+    def _kind():
+        from streamrl.learner.dpo import DPO
+
+        return DPO
 
 
 def _base_config(args: str | Mapping[str, Any] | None) -> Config:

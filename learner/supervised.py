@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from streamrl.configs.schema import Config, SupervisedConfig
 from streamrl.learner import init_optimizer
@@ -228,18 +227,19 @@ def train(
     echo: Callable[[str], None] = print,
     on_step: Callable[[str, int, int], None] | None = None,
     examples: list | None = None,
+    on_row: Callable[[dict], None] | None = None,
 ) -> Progress:
     """Run ``objective`` (``SFT`` for ``streamrl sft``, ``DPO`` for ``streamrl dpo``) on this rank
     to its end. ``on_step(line, step, total_steps)``, when given, takes each step's line instead
     of ``echo`` (a console bar: ``launch.view.StepBar``); ``examples``: the dataset's, loaded
-    already (``Supervised.examples_of``)."""
+    already (``Supervised.examples_of``); ``on_row(row)``: each step row (rank 0)."""
     runner = objective(cfg, examples)
     if on_step is not None:
-        progress = runner.run(lambda line: on_step(line, runner.progress.step, runner.total_steps))
+        progress = runner.run(
+            lambda line: on_step(line, runner.progress.step, runner.total_steps), on_row
+        )
     else:
-        progress = runner.run(echo)
+        progress = runner.run(echo, on_row)
     if runner.rank == 0 and cfg.run.export_at_end and progress.step:
         echo(f"{runner.name}: {progress.step} steps; the policy is at {default_out(cfg.run.dir)}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return progress

@@ -138,12 +138,17 @@ class Trainer:
         """The console line of a step row."""
         raise NotImplementedError
 
-    def run(self, echo: Callable[[str], None] = print) -> Progress:
-        """Train until ``train_next`` says stop, then ``close``."""
+    def run(
+        self, echo: Callable[[str], None] = print, on_row: Callable[[dict], None] | None = None
+    ) -> Progress:
+        """Train until ``train_next`` says stop, then ``close``; rank 0 echoes each step's line and
+        hands its row to ``on_row``."""
         try:
             while (row := self.train_next()) is not None:
                 if row:
                     echo(self.describe(row))
+                    if on_row is not None:
+                        on_row(row)
             self.at_end(echo)
         finally:
             self.close()

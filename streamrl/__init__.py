@@ -41,7 +41,9 @@ if not (_here / "learner").is_dir() and (_here.parent / "pyproject.toml").is_fil
 # a learner or an actor needs neither the launcher nor its dependencies.
 _API = {
     "Config": "streamrl.configs.schema",
+    "DPOTrainer": "streamrl.launch.trainers",
     "GRPOTrainer": "streamrl.launch.trainers",
+    "SFTTrainer": "streamrl.launch.trainers",
     "StreamRLError": "streamrl.configs.errors",
     "load_config": "streamrl.configs.load",
     "presets": "streamrl.configs.load",
@@ -50,8 +52,10 @@ _API = {
 }
 __all__ = [
     "Config",
+    "DPOTrainer",
     "GRPOTrainer",
     "RunSummary",
+    "SFTTrainer",
     "StreamRLError",
     "__version__",
     "load_config",
@@ -64,7 +68,7 @@ if TYPE_CHECKING:
     from streamrl.configs.load import load_config, presets
     from streamrl.configs.schema import Config
     from streamrl.launch.run import RunSummary, run
-    from streamrl.launch.trainers import GRPOTrainer
+    from streamrl.launch.trainers import DPOTrainer, GRPOTrainer, SFTTrainer
 
 
 def __getattr__(name: str):

@@ -144,3 +144,47 @@ def test_trls_quickstart_with_one_import_changed_trains_and_calls_back_each_step
     # the script's reward, copied with its imports, not the script (which would train again)
     copied = (run_dir / "rewards" / "reward_num_unique_letters.py").read_text()
     assert "def reward_num_unique_letters" in copied and "trainer.train()" not in copied
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["sft", "dpo"])
+def test_sft_and_dpo_trainers_train_in_this_process_and_call_back_each_step(
+    tmp_path, demo_policy, kind
+):
+    """A ``datasets.Dataset`` of TRL's rows (``text`` for SFT, ``prompt``/``chosen``/``rejected``
+    for DPO), two steps, every row to the callbacks here; the trainer sets the process's umask as
+    the command does, so the test restores it."""
+    from datasets import Dataset
+
+    if kind == "sft":
+        rows = [{"text": f"{n}>{str(n)[::-1]}"} for n in (123, 456, 789, 321)]
+        trainer_cls = streamrl.SFTTrainer
+    else:
+        rows = [
+            {"prompt": f"{n}>", "chosen": str(n)[::-1], "rejected": str(n)}
+            for n in (12, 34, 56, 78)
+        ]
+        trainer_cls = streamrl.DPOTrainer
+    args = streamrl.load_config(
+        f"{kind}_cpu",
+        {"run.dir": str(tmp_path / "run"), "run.max_steps": 2, "run.report_to": [],
+         "supervised.batch_size": 2},
+        env={},
+    )  # fmt: skip
+    seen = []
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        trainer = trainer_cls(
+            model=demo_policy,
+            train_dataset=Dataset.from_list(rows),
+            args=args,
+            callbacks=[seen.append],
+        )
+        progress = trainer.train()
+    finally:
+        os.umask(umask)
+    assert progress.step == 2
+    assert [row["step"] for row in seen] == [1, 2] and all("loss" in row for row in seen)
+    saved = tmp_path / "run" / "dataset" / "train.jsonl"
+    assert [json.loads(line) for line in saved.read_text().splitlines()] == rows
