@@ -131,11 +131,9 @@ class GRPOTrainer(_Trainer):
         """Run to the config's end (``run.max_steps``, ``run.max_time_s``, its target)."""
         return run(self.config, actors=self.actors, on_step=self._on_step)
 
-    def _reference(self, fn: RewardFunc) -> str:
-        """What ``reward.functions[].fn`` names for ``fn``: a built-in or reference as given, a
-        function by where the actors can import it from."""
-        if isinstance(fn, str):
-            return fn
+    def _reference(self, fn: Callable) -> str:
+        """What ``reward.functions[].fn`` names for the function ``fn``: where the actors can import
+        it from."""
         name = getattr(fn, "__qualname__", "")
         if not inspect.isfunction(fn) or "." in name or name == "<lambda>":
             raise ConfigError(
