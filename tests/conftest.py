@@ -64,6 +64,15 @@ def demo_policy(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def multiturn_policy(tmp_path_factory) -> Path:
+    """The multi-turn demo's policy with the tests' shorter warm start (``multiturn_envs``), built
+    once per `make test` like ``demo_policy`` (an `sft` run each: four modules use it)."""
+    from multiturn_envs import build_multiturn_policy
+
+    return built_once(tmp_path_factory, "multiturn-policy", build_multiturn_policy)
+
+
+@pytest.fixture(scope="session")
 def demo_dataset(tmp_path_factory) -> str:
     from streamrl.examples.reverse_digits.assets import write_dataset
 

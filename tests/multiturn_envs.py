@@ -28,8 +28,9 @@ def terse_tokenizer(policy):
     return tokenizer
 
 
-def multiturn_policy(path):
-    """The demo's multi-turn policy folder at ``path``, with the tests' shorter warm start."""
+def build_multiturn_policy(path):
+    """The demo's multi-turn policy folder at ``path``, with the tests' shorter warm start (the
+    session's copy: conftest's ``multiturn_policy`` fixture)."""
     return build_policy(path, warm_start_steps=TEST_WARM_START_STEPS)
 
 

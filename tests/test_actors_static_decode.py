@@ -307,3 +307,38 @@ def test_a_graph_capture_that_fails_logs_why_once_and_decodes_on_eagerly(monkeyp
     assert not runner.graphs and runner.pool is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"CUDA graph capture failed, decoding without graphs: {runner.failed}"]
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda mp, cu: mp.delattr(cu, "CacheLayerMixin"),
+        # the hook's earlier form: a cache_position tensor instead of the query length
+        lambda mp, cu: mp.setattr(
+            cu.CacheLayerMixin, "get_mask_sizes", lambda self, cache_position: (0, 0)
+        ),
+    ],
+    ids=["no-layer-mixin", "older-mask-hook"],
+)
+def test_a_transformers_without_the_cache_hooks_decodes_dynamically_and_says_why(
+    policy64, monkeypatch, caplog, break_it
+):
+    """``actor.hf.cuda_graphs`` checks what transformers provides, not its version: without the
+    layered cache's hooks the engine logs the reason once and generates on the dynamic batch."""
+    from transformers import cache_utils
+
+    from streamrl.actors.engines.hf import engine as engine_module
+
+    model, tokenizer = policy64
+    params = SamplingParams(max_new_tokens=5, temperature=1.0)
+    want = HFEngine(model, tokenizer, batch_slots=3, seed=7).generate(
+        _requests(tokenizer, 3), params
+    )
+    # only while the engine chooses its batch: transformers' own DynamicCache needs the hooks
+    with monkeypatch.context() as patched, caplog.at_level("WARNING", engine_module.__name__):
+        break_it(patched, cache_utils)
+        engine = HFEngine(model, tokenizer, batch_slots=3, seed=7, decode="static")
+    assert engine.static is None
+    reasons = [r.getMessage() for r in caplog.records if "dynamic batch" in r.getMessage()]
+    assert len(reasons) == 1 and "transformers" in reasons[0], caplog.text
+    _assert_same(want, engine.generate(_requests(tokenizer, 3), params))

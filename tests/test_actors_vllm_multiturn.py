@@ -113,9 +113,9 @@ def rig(redis_server, demo_policy, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_vllm_actor_publishes_masked_trajectories(redis_server, tmp_path):
+def test_a_vllm_actor_publishes_masked_trajectories(redis_server, tmp_path, multiturn_policy):
     # first in the module: its actor's engine runs before the module's own one starts
-    check_multiturn_actor(redis_server, tmp_path, "actor.engine=vllm")
+    check_multiturn_actor(redis_server, tmp_path, multiturn_policy, "actor.engine=vllm")
 
 
 class _Recording:

@@ -24,7 +24,6 @@ import pytest
 import redis
 import yaml
 from broker_helpers import limits_of
-from multiturn_envs import multiturn_policy
 
 from streamrl.actors.openai_server import load_token
 from streamrl.broker.keys import Keys
@@ -105,8 +104,8 @@ class Actor:
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory) -> Path:
-    return multiturn_policy(tmp_path_factory.mktemp("agent") / "policy")
+def policy(multiturn_policy) -> Path:
+    return multiturn_policy
 
 
 @pytest.fixture(scope="module")

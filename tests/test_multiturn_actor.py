@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from multiturn_envs import multiturn_policy
 
 from streamrl.broker.keys import Keys
 from streamrl.broker.wire import decode_group
@@ -35,15 +34,14 @@ ROWS = ["123", "214", "305", "436", "547", "658"]
 
 
 def test_multiturn_actor_publishes_masked_trajectories_and_survives_a_raising_env(
-    redis_server, tmp_path
+    redis_server, tmp_path, multiturn_policy
 ):
-    check_multiturn_actor(redis_server, tmp_path, "actor.engine=hf")
+    check_multiturn_actor(redis_server, tmp_path, multiturn_policy, "actor.engine=hf")
 
 
-def check_multiturn_actor(redis_server, tmp_path, *extra: str) -> None:
+def check_multiturn_actor(redis_server, tmp_path, policy, *extra: str) -> None:
     """An actor process (``extra``: more overrides, e.g. its engine) publishes the demo's
     two-attempt trajectories with their loss masks, through a raising environment."""
-    policy = multiturn_policy(tmp_path / "policy")
     tokenizer = load_tokenizer(str(policy))
     data = tmp_path / "train.jsonl"
     data.write_text(

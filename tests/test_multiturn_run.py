@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from multiturn_envs import multiturn_policy
 from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -30,8 +29,10 @@ ROWS = ["123", "214", "305", "436"]
 
 @pytest.mark.slow
 @pytest.mark.timeout(450)
-def test_turns_tool_calls_step_time_and_ends_reach_step_rows_tensorboard_and_the_view(tmp_path):
-    policy = multiturn_policy(tmp_path / "policy")
+def test_turns_tool_calls_step_time_and_ends_reach_step_rows_tensorboard_and_the_view(
+    tmp_path, multiturn_policy
+):
+    policy = multiturn_policy
     data = tmp_path / "train.jsonl"
     data.write_text(
         "".join(json.dumps({"prompt": f"{n}>", "answer": n[::-1]}) + "\n" for n in ROWS)

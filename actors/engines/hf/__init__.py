@@ -5,7 +5,8 @@
 - ``prefill``: prompts into the cache, each length batched alone; ``kv_sessions``: the caches a
   multi-turn trajectory keeps between its turns;
 - ``static_decode``, ``decode_runners``: on a GPU, fixed KV rows per slot and each decode step
-  replayed as a CUDA graph;
+  replayed as a CUDA graph; ``static_support``: whether the installed transformers can carry
+  them (if not, the dynamic batch, with the reason logged);
 - ``sampling``: temperature, top-k and top-p sampling with the behaviour log-probs.
 
 This module is the engine's declaration for the registry (``HF``, its ``Options``) and how one is

@@ -38,8 +38,10 @@ version replaces the previous adapters, the base weights stay as loaded.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -57,8 +59,14 @@ from streamrl.actors.engines.base import (
 from streamrl.actors.engines.hf.kv_sessions import Saved, Sessions
 from streamrl.actors.engines.hf.prefill import prefill
 from streamrl.actors.engines.hf.sampling import sample
-from streamrl.actors.engines.hf.static_decode import StaticBatch
+from streamrl.actors.engines.hf.static_support import static_cache_unsupported
 from streamrl.weightsync.subscriber import swap_into_model
+
+if TYPE_CHECKING:
+    # imported where a static batch is made: it needs hooks an older transformers lacks
+    from streamrl.actors.engines.hf.static_decode import StaticBatch
+
+log = logging.getLogger(__name__)
 
 
 class _Row:
@@ -116,11 +124,17 @@ class HFEngine(Engine):
             raise ValueError(f"hf engine: decode={decode!r}; one of {', '.join(DECODE_MODES)}")
         if decode == "graphs" and self.device.type != "cuda":
             raise ValueError(f"hf engine: CUDA graphs need a CUDA device, not {self.device}")
+        if decode != "dynamic" and (reason := static_cache_unsupported()):
+            log.warning(
+                "static decode batch unavailable, decoding on the dynamic batch: %s", reason
+            )
+            decode = "dynamic"
         # the static decode batch, kept across calls with its graphs (None: the dynamic batch)
-        self.static = (
-            None
-            if decode == "dynamic"
-            else StaticBatch(
+        self.static = None
+        if decode != "dynamic":
+            from streamrl.actors.engines.hf.static_decode import StaticBatch
+
+            self.static = StaticBatch(
                 model,
                 self.cache_kw,
                 self.device,
@@ -129,7 +143,6 @@ class HFEngine(Engine):
                 self.max_positions,
                 graphs=decode == "graphs",
             )
-        )
 
     def maybe_swap_weights(self) -> None:
         """Apply the newest staged weights, if any: between batches and between decode steps."""
