@@ -18,7 +18,7 @@ export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: debian iproute2 slurm vllm-stream-1 vllm-stream-2 redis chromium run test test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
+.PHONY: debian iproute2 slurm vllm-stream-1 vllm-stream-2 redis chromium run test test-main test-system test-vllm .venv-vllm lint mutate bench bench-vllm chaos broker actors scale dashboard tensorboard inspect export prometheus clean venv
 
 venv: $(STAMP)
 
@@ -88,41 +88,48 @@ run: $(RUN_STAMP) redis
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest
 # process of their own, after the rest, so nothing an earlier test left in the runner's process
-# competes with them.
+# competes with them (they pass with a busy loop on each core: tests/test_end_to_end.py).
 SYSTEM_TESTS := tests/test_end_to_end.py tests/test_chaos.py tests/test_lora_system.py tests/test_multihost.py tests/test_slurm.py
 
 # Against the real vLLM CPU build: one engine per module (~30-60 s to start on 2 cores), so each
-# module runs in a pytest process of its own. STREAMRL_REQUIRE_VLLM turns a missing vLLM into a
-# failure instead of a skip. Two streams of modules run side by side (each process mostly waits on
-# one core while its engine starts): 209 s for the six modules, against ~360 s one after the other, on 2 cores.
-VLLM_STREAM_1 := tests/test_actors_vllm_multiturn.py tests/test_actors_vllm_adapter.py tests/test_actors_vllm_lora.py tests/test_actors_vllm_cuda_ipc_backend.py
+# module runs in a pytest process of its own; modules joined by a comma start no engine of their
+# own and share one (importing vLLM alone is ~15 CPU-s). STREAMRL_REQUIRE_VLLM turns a missing
+# vLLM into a failure instead of a skip. Two streams of modules run side by side (each process
+# mostly waits on one core while its engine starts).
+VLLM_STREAM_1 := tests/test_actors_vllm_multiturn.py tests/test_actors_vllm_adapter.py,tests/test_actors_vllm_cuda_ipc_backend.py tests/test_actors_vllm_lora.py
 VLLM_STREAM_2 := tests/test_system_vllm_hf.py tests/test_agent_api_vllm.py tests/test_actors_vllm_engine.py
-VLLM_TESTS := $(VLLM_STREAM_1) $(VLLM_STREAM_2)
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=1 STREAMRL_REQUIRE_VLLM=1
 
 # All other tests run first, on TEST_WORKERS pytest-xdist workers, each test module on one worker
 # (module fixtures stay shared): 5 min instead of 8.5 on 2 cores.
 TEST_WORKERS ?= 2
 
-# The two venvs and Debian's packages install side by side (one pip or apt process each, mostly
-# unpacking and byte-compiling on one core), not one after the other.
+# Two rounds, each keeping both cores busy (every test here is CPU-bound, and a lone pytest process
+# of whole-system tests leaves ~30 % of them idle while its processes wait on each other): the
+# main group runs while the vLLM venv installs (the main venv and Debian's packages first), then
+# the system tests run beside the two vLLM streams. Output is kept per target (--output-sync) so
+# each group's report reads whole.
 # STREAMRL_TEST_SHARED: a 0700 folder of this invocation's, where its pytest processes (xdist
-# workers, the system tests, each vLLM module) build the demo policy once between them
+# workers, the system tests, each vLLM module) build the demo policies once between them
 # (tests/conftest.py); emptied at the start, removed at the end.
 test: export STREAMRL_TEST_SHARED = $(CURDIR)/build/test-shared
 test:
-	$(MAKE) -j3 $(STAMP) $(VLLM_STAMP) debian
 	rm -rf $(STREAMRL_TEST_SHARED) && mkdir -p -m 0700 $(STREAMRL_TEST_SHARED)
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
-	$(MAKE) test-vllm
+	$(MAKE) -j3 --output-sync=target test-main $(VLLM_STAMP)
+	$(MAKE) -j3 --output-sync=target test-system vllm-stream-1 vllm-stream-2
 	rm -rf $(STREAMRL_TEST_SHARED)
+
+test-main: $(STAMP) debian
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SYSTEM_TESTS)) $(PYTEST_ARGS)
+
+test-system: $(STAMP) debian
+	$(BIN)/python -m pytest -q -ra $(SYSTEM_TESTS) $(PYTEST_ARGS)
 
 test-vllm: $(VLLM_STAMP)
 	$(MAKE) -j2 --output-sync=target vllm-stream-1 vllm-stream-2
 
-vllm-stream-1 vllm-stream-2: vllm-stream-%:
-	for t in $(VLLM_STREAM_$*); do $(VLLM_ENV) $(VLLM_BIN)/python -m pytest -q -ra $$t $(PYTEST_ARGS) || exit 1; done
+vllm-stream-1 vllm-stream-2: vllm-stream-%: $(VLLM_STAMP)
+	for t in $(VLLM_STREAM_$*); do $(VLLM_ENV) $(VLLM_BIN)/python -m pytest -q -ra $${t//,/ } $(PYTEST_ARGS) || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -125,3 +125,11 @@ def _umask_kept():
     os.umask(before)
     yield
     os.umask(before)
+
+
+def pytest_collection_modifyitems(items):
+    """Modules holding a slow test first, the rest in their order: xdist's loadfile hands files out
+    in collection order, and one slow module dealt last kept a worker busy alone at the end
+    (longest first leaves the short ones to fill the gaps)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)

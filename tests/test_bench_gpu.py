@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from bench.gpu import CHECKS, PYTEST_GPU, Check, passed, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +139,7 @@ def test_every_pytest_checks_files_are_in_the_tree():
         assert files and all((ROOT / f).is_file() for f in files), check.name
 
 
+@pytest.mark.slow
 def test_the_cpu_dry_run_prints_versions_first_then_every_checks_rows(tmp_path):
     out = tmp_path / "out"
     measuring = [c for c in CHECKS if c.module != "pytest"]

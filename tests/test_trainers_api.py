@@ -107,6 +107,7 @@ print("RESULT", json.dumps({{"steps": summary.steps, "reason": summary.reason,
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_trls_quickstart_with_one_import_changed_trains_and_calls_back_each_step(
     tmp_path, demo_policy, demo_dataset
