@@ -10,21 +10,23 @@ in words, for the step row. The rule, in order:
   groups admitted under the old bound keep arriving for as many steps as their lag;
 - a decision reads the mean of the last ``window`` readings since, and compares its deficit
   ``1 - ESS`` with the allowed ``1 - ess_floor``;
-- over it: lower. Back by one when the last change raised the bound (a probe that failed: the
-  bound before it was fine), else halve (the drift grew under a bound that held, e.g. a learning
+- over it: lower. Back by one when this is the first window read since the bound was raised (a
+  probe that failed: the bound before it was fine), else halve (the drift grew under a bound that held, e.g. a learning
   rate that rose: react fast);
 - raise by one while the deficit scaled to the next bound, ``deficit * (b + 1) / max(b, 1)``,
   stays within the allowed: drift grows about linearly with the lag, and the part of it that lag
   does not cause (engine and learner numerics) makes that prediction err high;
-- never back up to the bound last lowered from (the ceiling) before ``RETRY_STEPS * 2**failures``
-  readings have passed, ``failures`` counting the lowerings from that same bound in a row: a drift
-  that grows with the bound would otherwise cycle between the last good bound and the first bad
-  one. The wait is capped so that a drift that went away (a learning rate decayed) is noticed.
+- never back up to a bound lowered from before ``RETRY_STEPS * 2**failures`` readings have passed
+  since, ``failures`` counting its earlier lowerings not followed by a raise from it (a whole
+  window held there): a drift that grows with the bound would otherwise cycle between the last
+  good bound and the first bad one. Each bound keeps its own count, so noise that lowers a good
+  bound does not clear a bad one's. The wait is capped so that a drift that went away (a learning
+  rate decayed) is noticed.
 
 So on a drift that does not depend on the bound the bound only ever moves one way, and on one
-that grows with it the probes of the bound above thin out geometrically: the direction changes
-of the bound grow with the logarithm of the run's length (tests/test_staleness_control.py
-measures them).
+that grows with it the probes of a bound above thin out geometrically: the direction changes of
+the bound grow with the logarithm of the run's length (tests/test_staleness_control.py measures
+them).
 """
 
 from __future__ import annotations
@@ -62,18 +64,27 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Lowered:
+    """A bound the controller lowered from: its failures before, and the reading it was at."""
+
+    bound: int
+    failures: int
+    at: int
+
+
+@dataclass(frozen=True)
 class State:
     bound: int
+    # readings taken (finite ESS values), the clock of the waits
+    seen: int = 0
     # readings still to skip after the last change
     settle: int = 0
     # the last ``window`` readings since the settling
     readings: tuple[float, ...] = ()
-    # whether the last change raised the bound
-    raised: bool = False
-    # the bound last lowered from, the lowerings from it in a row, and the readings since the last
-    ceiling: int | None = None
-    failures: int = 0
-    since_lowered: int = 0
+    # the last change raised the bound, and no full window was read since: its first decides it
+    probing: bool = False
+    # the bounds lowered from and not raised from since
+    lowered: tuple[Lowered, ...] = ()
 
 
 def start(target: Target) -> State:
@@ -90,7 +101,7 @@ def decide(ess: float, state: State, target: Target) -> tuple[int, State, str]:
     b = state.bound
     if not math.isfinite(ess):
         return b, state, f"held at {b}: the step trained no tokens to measure"
-    state = replace(state, since_lowered=state.since_lowered + 1)
+    state = replace(state, seen=state.seen + 1)
     if state.settle > 0:
         left = f"{state.settle} more step{'s' if state.settle > 1 else ''}"
         return b, replace(state, settle=state.settle - 1), f"held at {b}: settling ({left})"
@@ -99,30 +110,40 @@ def decide(ess: float, state: State, target: Target) -> tuple[int, State, str]:
     if len(readings) < target.window:
         return b, state, f"held at {b}: measuring ({len(readings)}/{target.window} steps)"
     mean = sum(readings) / len(readings)
+    probing, state = state.probing, replace(state, probing=False)
     allowed = 1.0 - target.ess_floor
     measured = f"ESS {mean:.3f} over {target.window} steps"
     if 1.0 - mean > allowed:
         if b <= target.lowest:
             return b, state, f"held at {b}, the lowest: {measured} is under {target.ess_floor}"
-        new = b - 1 if state.raised else max(target.lowest, b // 2)
-        failures = state.failures + 1 if state.ceiling == b else 0
-        moved = _moved(state, target, new, raised=False)
-        moved = replace(moved, ceiling=b, failures=failures, since_lowered=0)
+        new = b - 1 if probing else max(target.lowest, b // 2)
+        before = _record(state, b)
+        mark = Lowered(b, before.failures + 1 if before else 0, state.seen)
+        moved = _moved(state, target, new, probing=False, lowered=_without(state, b) + (mark,))
         return new, moved, f"lowered {b} -> {new}: {measured} is under {target.ess_floor}"
     if b >= target.highest:
         return b, state, f"held at {b}, the highest: {measured}"
     if (1.0 - mean) * (b + 1) / max(b, 1) > allowed:
         return b, state, f"held at {b}: {measured}, too little room for {b + 1}"
-    if state.ceiling == b + 1 and state.since_lowered < retry_wait(state.failures):
-        left = retry_wait(state.failures) - state.since_lowered
+    above = _record(state, b + 1)
+    if above is not None and state.seen - above.at < retry_wait(above.failures):
+        left = retry_wait(above.failures) - (state.seen - above.at)
         return b, state, f"held at {b}: {b + 1} was lowered from, retried in {left} steps"
-    moved = _moved(state, target, b + 1, raised=True)
-    if state.ceiling == b:
-        # a probe of the ceiling held a whole window: it is a bound like any other again
-        moved = replace(moved, ceiling=None, failures=0)
+    # b held a whole window: its lowerings are forgotten
+    moved = _moved(state, target, b + 1, probing=True, lowered=_without(state, b))
     return b + 1, moved, f"raised {b} -> {b + 1}: {measured}"
 
 
-def _moved(state: State, target: Target, new: int, raised: bool) -> State:
+def _record(state: State, bound: int) -> Lowered | None:
+    return next((low for low in state.lowered if low.bound == bound), None)
+
+
+def _without(state: State, bound: int) -> tuple[Lowered, ...]:
+    return tuple(low for low in state.lowered if low.bound != bound)
+
+
+def _moved(
+    state: State, target: Target, new: int, probing: bool, lowered: tuple[Lowered, ...]
+) -> State:
     settle = math.ceil(max(state.bound, new) / target.versions_per_batch)
-    return replace(state, bound=new, settle=settle, readings=(), raised=raised)
+    return replace(state, bound=new, settle=settle, readings=(), probing=probing, lowered=lowered)
