@@ -105,8 +105,8 @@ class GRPO(Trainer):
             else Commits(self.progress, cfg.learner.ack_policy)
         )
         # max_staleness: auto's controller (rank 0), from its lowest bound after every (re)start
-        self.staleness_target = staleness_control.Target.from_config(cfg.algo, cfg.learner)
-        self.staleness: staleness_control.State | None = None
+        self.staleness_target = staleness_control.DriftTarget.from_config(cfg.algo, cfg.learner)
+        self.staleness: staleness_control.ControlState | None = None
         if self.io is not None:
             self.io.resume(self.engine.module)
             self._start_staleness_control()

@@ -42,7 +42,7 @@ MAX_RETRY_STEPS = 1024
 
 
 @dataclass(frozen=True)
-class Target:
+class DriftTarget:
     """What the controller keeps to: the ESS floor, the bound's range and how a decision reads."""
 
     ess_floor: float
@@ -52,7 +52,7 @@ class Target:
     versions_per_batch: int = 1
 
     @classmethod
-    def from_config(cls, algo: AlgoConfig, learner: LearnerConfig) -> Target:
+    def from_config(cls, algo: AlgoConfig, learner: LearnerConfig) -> DriftTarget:
         auto = algo.staleness_auto
         return cls(
             ess_floor=auto.ess_floor,
@@ -73,7 +73,7 @@ class Lowered:
 
 
 @dataclass(frozen=True)
-class State:
+class ControlState:
     bound: int
     # readings taken (finite ESS values), the clock of the waits
     seen: int = 0
@@ -87,16 +87,16 @@ class State:
     lowered: tuple[Lowered, ...] = ()
 
 
-def start(target: Target) -> State:
+def start(target: DriftTarget) -> ControlState:
     """The state a run starts in: at the lowest bound, the safe one until drift is measured."""
-    return State(bound=target.lowest)
+    return ControlState(bound=target.lowest)
 
 
 def retry_wait(failures: int) -> int:
     return min(RETRY_STEPS * 2**failures, MAX_RETRY_STEPS)
 
 
-def decide(ess: float, state: State, target: Target) -> tuple[int, State, str]:
+def decide(ess: float, state: ControlState, target: DriftTarget) -> tuple[int, ControlState, str]:
     """The bound after a step whose first pass measured ``ess``, the next state and the reason."""
     b = state.bound
     if not math.isfinite(ess):
@@ -134,16 +134,16 @@ def decide(ess: float, state: State, target: Target) -> tuple[int, State, str]:
     return b + 1, moved, f"raised {b} -> {b + 1}: {measured}"
 
 
-def _record(state: State, bound: int) -> Lowered | None:
+def _record(state: ControlState, bound: int) -> Lowered | None:
     return next((low for low in state.lowered if low.bound == bound), None)
 
 
-def _without(state: State, bound: int) -> tuple[Lowered, ...]:
+def _without(state: ControlState, bound: int) -> tuple[Lowered, ...]:
     return tuple(low for low in state.lowered if low.bound != bound)
 
 
 def _moved(
-    state: State, target: Target, new: int, probing: bool, lowered: tuple[Lowered, ...]
-) -> State:
+    state: ControlState, target: DriftTarget, new: int, probing: bool, lowered: tuple[Lowered, ...]
+) -> ControlState:
     settle = math.ceil(max(state.bound, new) / target.versions_per_batch)
     return replace(state, bound=new, settle=settle, readings=(), probing=probing, lowered=lowered)
