@@ -1,8 +1,8 @@
 """Admission of new groups: a lease from the broker's admission control, then the next prompt.
 
 A group may start only while the engine's weights are at most ``max_staleness`` versions behind
-the learner and admission control (``broker.admission``) grants a lease for the version that will
-generate it. ``wait`` is where the engine is idle, so it first runs what must happen between
+the learner (under ``auto``, the bound the learner set last, read by every request) and admission
+control (``broker.admission``) grants a lease for the version that will generate it. ``wait`` is where the engine is idle, so it first runs what must happen between
 batches (``idle``: an evaluation) and swaps in staged weights while it waits; ``now`` asks once, for a source
 that keeps its engine busy (a refill) or answers a caller (an agent). Every lease granted is
 held here until its group is published or released, renewed by the heartbeat and released on
@@ -33,7 +33,6 @@ class Admit:
         prompts: PromptCursor,
         engine: Engine,
         actor_id: str,
-        max_staleness: int,
         stop: threading.Event,
         idle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
@@ -41,7 +40,6 @@ class Admit:
         self.prompts = prompts
         self.engine = engine
         self.actor_id = actor_id
-        self.max_staleness = max_staleness
         self.stop = stop
         self.idle = idle
         # leases of the groups in flight
@@ -91,8 +89,9 @@ class Admit:
         return learner_version
 
     async def _try(self, learner_version: int) -> Group | None:
-        # the bound depends on the version of the engine that will generate the group
-        if is_stale(learner_version, self.engine.version, self.max_staleness):
+        # the bound depends on the version of the engine that will generate the group; the one in
+        # force (under auto the learner's latest) is the script's, this only spares it a call
+        if is_stale(learner_version, self.engine.version, self.admission.bounds.ceiling):
             return None
         lease = await self.admission.try_start(self.actor_id, self.engine.version)
         if lease is None:

@@ -200,7 +200,6 @@ def build_actor(cfg: Config, actor_id: str, stop: threading.Event) -> Actor:
         cursor,
         engine,
         actor_id,
-        cfg.algo.max_staleness,
         stop,
         idle=evaluator.maybe_run if evaluator is not None else None,
     )

@@ -13,7 +13,12 @@ An actor whose engine runs version ``v`` may start a group iff
 - ``discarded``: entries acked without training (dead-lettered, duplicates),
   counted in the same script as their XACK, once;
 - ``trimmed``: entries a MAXLEN trim removed before anyone read them;
-- ``version``: the learner's newest published version.
+- ``version``: the learner's newest published version;
+- ``max_staleness``: read only under ``algo.max_staleness: auto``, where the learner sets it after
+  every step (``learner.staleness_control``) and every ``try_start`` reads it, so actors follow a
+  new bound at once. The script clamps it to the actor's own configured ``[min, max]`` and takes
+  ``min`` while none (or no number) is set: whoever writes the key can move the bound only within
+  what the actors' config allows. With a fixed bound the key is never read.
 
 Why it bounds staleness: the stream is FIFO and every step takes at least
 ``groups_per_step`` entries, so the next ``slots(u)`` positions after
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis.asyncio
 
@@ -45,8 +50,9 @@ from streamrl.broker.keys import Keys
 from streamrl.broker.semantics import is_stale
 from streamrl.configs.schema import AlgoConfig, LearnerConfig
 
-# KEYS: accepted, consumed, discarded, trimmed, leases, version. ARGV: lease id, ttl ms, actor
-# version, max_staleness, versions_per_batch, groups_per_step, heartbeat key prefix.
+# KEYS: accepted, consumed, discarded, trimmed, leases, version, published bound. ARGV: lease id,
+# ttl ms, actor version, max_staleness (auto: the lowest), versions_per_batch, groups_per_step,
+# heartbeat key prefix, the highest bound ('' = fixed: the published bound is not read).
 # Returns {granted (0/1), accepted + live after the call, the bound}.
 # Only leases of a live process (its actor's heartbeat names its pid) hold the bound down: a killed
 # actor's lease keeps its slot until it expires, but must not cap everybody else at its old version
@@ -67,7 +73,17 @@ end
 local function num(key) return tonumber(redis.call('GET', key) or '0') end
 local ahead = num(KEYS[1]) + #live
 local taken = num(KEYS[2]) + num(KEYS[3]) + num(KEYS[4])
-local room = oldest + tonumber(ARGV[4]) - num(KEYS[6])
+local staleness = tonumber(ARGV[4])
+if ARGV[8] ~= '' then
+  -- comparisons, not math.min/max: a NaN written there fails them all and leaves the lowest
+  local published = tonumber(redis.call('GET', KEYS[7]) or '')
+  if published and published > tonumber(ARGV[8]) then
+    staleness = tonumber(ARGV[8])
+  elseif published and published >= staleness then
+    staleness = math.floor(published)
+  end
+end
+local room = oldest + staleness - num(KEYS[6])
 local slots = 0
 if room >= 0 then slots = (math.floor(room / tonumber(ARGV[5])) + 1) * tonumber(ARGV[6]) end
 if ahead < taken + slots then
@@ -100,17 +116,27 @@ return current
 class Bounds:
     """What the bound reads: the staleness limit and what one learner step takes and publishes."""
 
+    # the fixed bound; under auto the lowest, in force until the learner publishes one
     max_staleness: int
     versions_per_batch: int
     groups_per_step: int
+    # auto: the highest bound a published one is clamped to (None: fixed, none is read)
+    highest: int | None = None
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, learner: LearnerConfig) -> Bounds:
+        lowest, highest = algo.staleness_range
         return cls(
-            max_staleness=algo.max_staleness,
+            max_staleness=lowest,
             versions_per_batch=learner.versions_per_batch,
             groups_per_step=learner.groups_per_step,
+            highest=highest if algo.max_staleness == "auto" else None,
         )
+
+    @property
+    def ceiling(self) -> int:
+        """The most staleness admission may ever allow."""
+        return self.max_staleness if self.highest is None else self.highest
 
 
 def slots(version: int, learner_version: int, bounds: Bounds) -> int:
@@ -134,8 +160,9 @@ class Admission:
         self.redis = redis_client
         self.keys = keys
         self.bounds = bounds
-        # the bound for an actor on the learner's own version (what a live view shows as capacity)
-        self.capacity = slots(0, 0, bounds)
+        # the bound for an actor on the learner's own version (what a live view shows as
+        # capacity), at the highest bound admission may be set to
+        self.capacity = slots(0, 0, replace(bounds, max_staleness=bounds.ceiling))
         self.ttl_ms = int(lease_ttl_s * 1000)
         self._try_start = redis_client.register_script(_TRY_START)
         self._renew = redis_client.register_script(_RENEW)
@@ -151,7 +178,7 @@ class Admission:
         lease_id = f"{actor_id}:{os.getpid()}:{uuid.uuid4().hex}@{int(version)}"
         k, b = self.keys, self.bounds
         ok, ahead, bound = await self._try_start(
-            keys=[k.accepted, k.consumed, k.discarded, k.trimmed, k.leases, k.version],
+            keys=[k.accepted, k.consumed, k.discarded, k.trimmed, k.leases, k.version, k.bound],
             args=[
                 lease_id,
                 self.ttl_ms,
@@ -160,6 +187,7 @@ class Admission:
                 b.versions_per_batch,
                 b.groups_per_step,
                 k.actor(""),
+                "" if b.highest is None else b.highest,
             ],
         )
         return (lease_id if ok else None), int(ahead), int(bound)
@@ -184,6 +212,10 @@ class Admission:
 
     async def set_version(self, version: int) -> None:
         await self.redis.set(self.keys.version, int(version))
+
+    async def set_bound(self, bound: int) -> None:
+        """The learner's side of ``auto``: the bound every ``try_start`` from now on enforces."""
+        await self.redis.set(self.keys.bound, int(bound))
 
     async def set_consumed(self, total: int, version: int | None = None) -> int:
         """The learner's running total of groups taken by completed steps (never lowered), and,

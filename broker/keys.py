@@ -31,6 +31,8 @@ class Keys:
         self.discarded = p + "adm:discarded"
         self.trimmed = p + "adm:trimmed"
         self.leases = p + "adm:leases"
+        # the admission bound the learner sets under algo.max_staleness: auto
+        self.bound = p + "adm:max_staleness"
         # a random id of Redis's data set: a new one after Redis lost its data (admission.epoch)
         self.epoch = p + "adm:epoch"
         self.trained = p + "trained"

@@ -3,20 +3,51 @@ supervised commands' dataset and loss (``supervised``)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from streamrl.configs.section import Section
+from streamrl.configs.section import Section, unread_options_kept
+
+
+class StalenessAuto(Section):
+    """``max_staleness: auto``: the drift the learner keeps to and the range it sets the bound in."""
+
+    ess_floor: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="The drift target: the lowest normalised effective sample size mean(w)^2/mean(w^2) of the step's truncated IS weights (the step row's is_ess) the bound may cost. The bound is raised while the ESS, projected to one more version of lag, stays above it, and lowered when it falls below. An ESS floor and not a KL ceiling: it is scale-free (1 on-policy, the share of the batch's tokens that still count), the same for any model, vocabulary or task, where a useful KL(behaviour || proximal) ceiling depends on the policy's entropy; and it measures what staleness costs the update, the variance of the IS-weighted gradient.",
+    )
+    min: int = Field(0, ge=0, description="The lowest bound, and the bound a learner starts at.")
+    max: int = Field(
+        8,
+        ge=0,
+        description="The highest bound; also the staleness past which the learner masks tokens (a group admitted under a higher bound than the current one still trains).",
+    )
+    window: int = Field(
+        4,
+        ge=1,
+        description="Learner steps whose mean ESS one decision reads (after a change, only steps whose data was admitted under the new bound).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> StalenessAuto:
+        if self.min > self.max:
+            raise ValueError(f"min={self.min} > max={self.max}")
+        return self
 
 
 class AlgoConfig(Section):
     """The RL objective: advantages, staleness bound, importance weights and clipping, aggregation."""
 
-    max_staleness: int = Field(
+    max_staleness: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         2,
-        ge=0,
-        description="Tokens (and groups) older than this many versions are masked/dropped; also the admission-control bound.",
+        description="Tokens (and groups) older than this many versions are masked/dropped; also the admission-control bound. auto = the learner sets the admission bound after every step from the measured drift, within staleness_auto's [min, max] (actors follow it without a restart; tokens are masked past staleness_auto.max). Needs proximal: recompute and importance_correction: the drift is read from the IS weights.",
+    )
+    staleness_auto: StalenessAuto = Field(
+        default_factory=StalenessAuto,
+        description="The controller of max_staleness: auto (read only then).",
     )
     advantage: Literal["grpo", "drgrpo"] = Field(
         "grpo", description="grpo = (r - mean)/(std + eps); drgrpo = r - mean (no std)."
@@ -100,6 +131,31 @@ class AlgoConfig(Section):
         "learner",
         description="Where the frozen initial policy scores the completions for the KL term: a no-grad pass on the learner, or on each actor right after generating (every actor then holds one more copy of model.path and sends the per-token log-probs with the group; entries without them are dead-lettered). The learner is usually what the actors wait for, so moving that pass to them shortens every step. Unused when kl_coef is 0.",
     )
+
+    @property
+    def staleness_range(self) -> tuple[int, int]:
+        """The lowest and highest admission bound: the fixed bound twice, or auto's range."""
+        if self.max_staleness == "auto":
+            return self.staleness_auto.min, self.staleness_auto.max
+        return self.max_staleness, self.max_staleness
+
+    @property
+    def staleness_limit(self) -> int:
+        """The most versions a trained token may lag (older ones are masked): the highest bound."""
+        return self.staleness_range[1]
+
+    @model_validator(mode="after")
+    def _auto_staleness_reads_drift(self) -> AlgoConfig:
+        if self.max_staleness != "auto":
+            unread_options_kept(
+                self, "algo", ["staleness_auto"], f"max_staleness is {self.max_staleness}, not auto"
+            )
+        elif self.proximal != "recompute" or not self.importance_correction:
+            raise ValueError(
+                "max_staleness: auto reads the drift from the IS weights pi_prox / mu, which are 1 "
+                "by construction without proximal: recompute and importance_correction: true"
+            )
+        return self
 
     @property
     def actors_score_reference(self) -> bool:

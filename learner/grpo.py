@@ -8,7 +8,7 @@ One step, as ``GRPO.train_next`` drives it::
       after each update: io.publish    # rank 0: stage the weights (one copy); a background thread
                                        #   writes them, then announces the version and admission's count
     commits.step_done(entries)         # count the step's groups for admission (ack_policy step: ack)
-    record_step(row)                   # rank 0: step log, trackers, metrics
+    record_step(row)                   # rank 0: max_staleness: auto's bound; step log, trackers, metrics
     every checkpoint_every steps: save_checkpoint, then commits.checkpointed (ack the entries)
 
 Rank 0 alone talks to Redis, through ``learner.rollout_io``; the batch is small next to the model,
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from streamrl.broker.semantics import Limits
 from streamrl.configs.schema import Config
 from streamrl.learner import metrics as m
-from streamrl.learner import target
+from streamrl.learner import staleness_control, target
 from streamrl.learner.commits import Commits, StreamProgress
 from streamrl.learner.prepare import Batch
 from streamrl.learner.rollout_io import NoBatch, RolloutIO
@@ -104,8 +104,12 @@ class GRPO(Trainer):
             if self.io is not None
             else Commits(self.progress, cfg.learner.ack_policy)
         )
+        # max_staleness: auto's controller (rank 0), from its lowest bound after every (re)start
+        self.staleness_target = staleness_control.DriftTarget.from_config(cfg.algo, cfg.learner)
+        self.staleness: staleness_control.ControlState | None = None
         if self.io is not None:
             self.io.resume(self.engine.module)
+            self._start_staleness_control()
         self.phases.done("redis_io")
         self.phases.log(log, f"learner rank {self.rank}")
         pin_assigned(log, f"learner rank {self.rank}")
@@ -180,11 +184,35 @@ class GRPO(Trainer):
         """Rank 0: write the step's row (step log, trackers) and set the learner's metrics;
         returns the row."""
         row = step_row(self.progress, batch, updates, step_s, self.throughput)
+        row.update(self._steer_staleness(row["is_ess"]))
         self.record(row, batch)
         self.io.watch_actors()
         if updates:
             _step_metrics(row, batch, updates)
         return row
+
+    def _start_staleness_control(self) -> None:
+        """Rank 0: the bound admission starts with (the fixed one; auto's lowest, published)."""
+        algo = self.cfg.algo
+        lowest = algo.staleness_range[0]
+        if algo.max_staleness == "auto":
+            self.staleness = staleness_control.start(self.staleness_target)
+            # a bound a previous learner left would otherwise hold until the first change
+            self.io.set_bound(lowest)
+        m.MAX_STALENESS.set(lowest)
+
+    def _steer_staleness(self, ess: float) -> dict:
+        """Rank 0 under auto: the bound after a step that measured ``ess``, published for
+        admission; the row's ``max_staleness`` and ``staleness_reason``."""
+        if self.staleness is None:
+            return {}
+        bound, self.staleness, reason = staleness_control.decide(
+            ess, self.staleness, self.staleness_target
+        )
+        # every step, changed or not: a Redis restarted without its data gets it back
+        self.io.set_bound(bound)
+        m.MAX_STALENESS.set(bound)
+        return {"max_staleness": bound, "staleness_reason": reason}
 
     def save_checkpoint(self) -> None:
         """Collective. With ``ack_policy: checkpoint`` the entries it covers are acked right after."""

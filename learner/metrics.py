@@ -83,6 +83,10 @@ STALE_TOKEN_FRACTION = Gauge(
     "streamrl_learner_stale_token_fraction",
     "Share of the step's completion tokens masked or dropped as older than max_staleness.",
 )
+MAX_STALENESS = Gauge(
+    "streamrl_learner_max_staleness",
+    "The admission bound in force: algo.max_staleness, or under auto the one the learner set last.",
+)
 LEARNER_IDLE = Gauge(
     "streamrl_learner_idle_fraction",
     "Share of the step's wall time the learner waited for data (the actors are short when high).",

@@ -1,9 +1,9 @@
 """From stream deliveries to one step's batch: which groups train, their advantages, the step's figures.
 
-A group whose every token is older than ``algo.max_staleness`` is dropped (counted). A group
-whose rewards are all equal has zero advantage: it is skipped (its samples still count in the
-loss normaliser) when nothing else gives it a gradient, and left out entirely under dynamic
-sampling (DAPO's batch: only groups with a signal, read on until ``groups_per_step`` of them).
+A group whose every token is older than ``algo.staleness_limit`` (the bound; ``auto``'s highest)
+is dropped (counted). A group whose rewards are all equal has zero advantage: it is skipped (its
+samples still count in the loss normaliser) when nothing else gives it a gradient, and left out
+entirely under dynamic sampling (DAPO's batch: only groups with a signal, read on until ``groups_per_step`` of them).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _wholly_stale(token_versions: list[np.ndarray], version: int, max_staleness:
 
 def has_signal(group, version: int, algo: AlgoConfig) -> bool:
     """Whether a group would be trained: not wholly stale and its rewards not all equal."""
-    if _wholly_stale(_token_versions(group), version, algo.max_staleness):
+    if _wholly_stale(_token_versions(group), version, algo.staleness_limit):
         return False
     rewards = group.rewards
     return bool(np.max(rewards) != np.min(rewards))
@@ -116,7 +116,7 @@ class _Tally:
     def add(self, group, version: int, algo: AlgoConfig) -> None:
         """Drop the group (wholly stale), skip it (zero variance) or take it into the batch."""
         token_versions = _token_versions(group)
-        if _wholly_stale(token_versions, version, algo.max_staleness):
+        if _wholly_stale(token_versions, version, algo.staleness_limit):
             self.dropped_stale += 1
             self.dropped_stale_tokens += sum(v.size for v in token_versions)
             return
@@ -184,7 +184,7 @@ def prepare_batch(
     trained = tally.trained_versions
     versions = np.concatenate(trained) if trained else np.zeros(0, dtype=np.int64)
     staleness = algorithm.token_staleness(version, versions)
-    stale_tokens = int(is_stale(version, versions, algo.max_staleness).sum())
+    stale_tokens = int(is_stale(version, versions, algo.staleness_limit).sum())
     masked, seen = (
         stale_tokens + tally.dropped_stale_tokens,
         versions.size + tally.dropped_stale_tokens,
@@ -208,7 +208,7 @@ def prepare_batch(
         "reward_failure_rate": failure_rates,
         "staleness_mean": float(staleness.mean()) if staleness.size else 0.0,
         "staleness_max": int(staleness.max()) if staleness.size else 0,
-        # masked out of the loss: older than max_staleness (wholly stale groups not included)
+        # masked out of the loss: older than staleness_limit (wholly stale groups not included)
         "stale_tokens": stale_tokens,
         # tokens masked or dropped as stale, over the completion tokens of the groups read (those
         # skipped for zero variance left out)

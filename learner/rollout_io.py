@@ -206,6 +206,10 @@ class RolloutIO:
         self.flush()
         self._run(self.admission.set_consumed(consumed))
 
+    def set_bound(self, bound: int) -> None:
+        """The admission bound under ``algo.max_staleness: auto``: actors' next requests enforce it."""
+        self._run(self.admission.set_bound(bound))
+
     def redis_epoch(self) -> str:
         return self._run(self.admission.epoch())
 

@@ -153,7 +153,7 @@ def loss_normalizer(
     """The loss's denominator for ``algo.aggregation``. ``completion_budget``: the most tokens one
     completion may hold, which ``constant`` scales by (None: ``rollout.max_new_tokens``; a
     multi-turn trajectory's is ``env.max_total_tokens``, an agent's ``agent.max_total_tokens``)."""
-    tokens, seqs = counted_tokens(samples, version, algo.max_staleness)
+    tokens, seqs = counted_tokens(samples, version, algo.staleness_limit)
     mode = algo.aggregation
     if mode == "token_mean":
         return float(max(tokens, 1))
@@ -242,7 +242,7 @@ def _loss(
     algo: AlgoConfig, logprobs, entropy, mb: MicroBatch, version: int, prox, ref, normalizer: float
 ):
     a = algo
-    mask = mb.completion_mask & ~is_stale(version, mb.versions, a.max_staleness)
+    mask = mb.completion_mask & ~is_stale(version, mb.versions, a.staleness_limit)
     clip_low, clip_high, rho = a.clip_low, a.clip_high, a.rho_max
     if a.importance_sampling_level == "sequence":
         clip_low, clip_high = a.sequence_clip_low, a.sequence_clip_high

@@ -58,7 +58,7 @@ async def admitting(redis_server, engine, dataset):
     keys = Keys.from_config(RunConfig(name=f"sources-{uuid.uuid4().hex[:8]}"), broker)
     admission = Admission(redis, keys, Bounds(0, 1, BOUND), lease_ttl_s=60)
     cursor = PromptCursor(dataset, redis, keys.prompts_cursor, seed=0)
-    admit = Admit(admission, cursor, engine, "a0", 0, threading.Event())
+    admit = Admit(admission, cursor, engine, "a0", threading.Event())
     try:
         yield admit, admission
     finally:
