@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    # imported where a model or dtype is made: the launcher checks a model path through this
+    # module before it starts anyone, and importing torch there cost every launch ~1.3 CPU-s
+    import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """``auto`` = bfloat16 on CUDA, float32 elsewhere (CPU bf16 matmuls are slow and less exact)."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    return getattr(torch, dtype)
 
 
 def _split_revision(path: str) -> tuple[str, str | None]:
@@ -100,6 +105,7 @@ def parameter_template(
     placeholder expanded to the parameter's shape (stride 0): the subscriber
     reads only names, shapes, devices and which names share a storage.
     """
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_folder(path))
