@@ -35,11 +35,10 @@ def check(model: ModelConfig, data: DataConfig | None) -> None:
     if data is not None and not data.path:
         raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
     check_example_path("model.path", model.path)
-    if data is not None:
-        check_example_path("data.path", data.path)
     # here, not at the top: policy.load imports torch, which the launcher does without
     from streamrl.policy.load import model_folder
 
     model_folder(model.path)
     if data is not None:
+        check_example_path("data.path", data.path)
         check_dataset_path(data.path)
