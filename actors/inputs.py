@@ -32,13 +32,13 @@ def check(model: ModelConfig, data: DataConfig | None) -> None:
     """
     if not model.path:
         raise ConfigError("model.path is not set: name a Hugging Face model folder or hub id")
-    if data is not None and not data.path:
-        raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
     check_example_path("model.path", model.path)
     # here, not at the top: policy.load imports torch, which the launcher does without
     from streamrl.policy.load import model_folder
 
     model_folder(model.path)
     if data is not None:
+        if not data.path:
+            raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
         check_example_path("data.path", data.path)
         check_dataset_path(data.path)

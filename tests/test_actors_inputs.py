@@ -54,7 +54,8 @@ def test_a_missing_example_path_names_the_command_that_makes_it(
     ("model", "data", "key"),
     [
         ({}, {"path": "d.jsonl"}, "model.path is not set"),
-        ({"path": "m"}, {}, "data.path is not set"),
+        # (the model is checked first: here one that is there)
+        ({"path": "."}, {}, "data.path is not set"),
     ],
 )
 def test_an_unset_path_fails_naming_the_key(model, data, key):
