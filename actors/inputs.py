@@ -39,6 +39,8 @@ def check(model: ModelConfig, data: DataConfig | None) -> None:
     model_folder(model.path)
     if data is not None:
         if not data.path:
-            raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
+            raise ConfigError(
+                "data.path is not set: name a prompt dataset (file, folder or hub id)"
+            )
         check_example_path("data.path", data.path)
         check_dataset_path(data.path)
