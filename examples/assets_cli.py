@@ -64,13 +64,17 @@ def makers() -> dict[str, dict[str, Callable]]:
 def check_target(key: str, path: str) -> None:
     """ConfigError naming ``key`` (and its option) when ``path`` is a link, or its folder is one
     another user could change (they could swap the policy a run then loads)."""
-    what = f"{key} ({OPTIONS[key]}) {path!r}"
     if os.path.islink(path):
-        raise ConfigError(f"{what} is a symlink; an example's input is made only at a real path")
-    try:
-        check_trusted(Path(path).parent, key=f"the folder of {key}")
-    except ConfigError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
+        raise ConfigError(
+            f"{key} ({OPTIONS[key]}) {path!r} is a symlink; an example's input is made only at a "
+            "real path"
+        )
+    check_trusted(
+        Path(path).parent,
+        key=f"the folder of {key} ({OPTIONS[key]})",
+        advice="another user could swap the policy or data a run then loads: choose a folder of "
+        "your own, or make it yours and not writable by others",
+    )
 
 
 def make(
