@@ -17,11 +17,12 @@ from streamrl.configs.example_inputs import example_making, missing
 from streamrl.configs.schema import DataConfig, ModelConfig
 
 
-def check_example_path(key: str, path: str) -> None:
+def check_example_path(key: str, path: str, along: tuple[str, ...] = ()) -> None:
     """ConfigError naming ``key`` and the command that makes it when ``path`` is an example's
-    and is missing (checked before the hub is asked: such a path is never a hub id)."""
+    and is missing (checked before the hub is asked: such a path is never a hub id); ``along``:
+    the config's other paths, which pick the example (``configs.example_inputs``)."""
     if example_making(path) and not os.path.lexists(path):
-        raise ConfigError(missing(key, path))
+        raise ConfigError(missing(key, path, along))
 
 
 def check(model: ModelConfig, data: DataConfig | None) -> None:
@@ -32,7 +33,7 @@ def check(model: ModelConfig, data: DataConfig | None) -> None:
     """
     if not model.path:
         raise ConfigError("model.path is not set: name a Hugging Face model folder or hub id")
-    check_example_path("model.path", model.path)
+    check_example_path("model.path", model.path, (data.path,) if data is not None else ())
     # here, not at the top: policy.load imports torch, which the launcher does without
     from streamrl.policy.load import model_folder
 
@@ -42,5 +43,5 @@ def check(model: ModelConfig, data: DataConfig | None) -> None:
             raise ConfigError(
                 "data.path is not set: name a prompt dataset (file, folder or hub id)"
             )
-        check_example_path("data.path", data.path)
+        check_example_path("data.path", data.path, (model.path,))
         check_dataset_path(data.path)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 
-# example -> {key: the path its config names}; the first example that names a path is the one
-# whose command a missing path's error gives (demo's policy is also dpo's and the copy task's)
+# example -> {key: the path its config names} (the demo's policy is also dpo's and the copy task's)
 EXAMPLES: dict[str, dict[str, str]] = {
     "demo": {"model.path": "runs/demo-policy", "data.path": "runs/demo-data/train.jsonl"},
     "sft": {"model.path": "runs/demo-init", "supervised.path": "runs/demo-sft-data/train.jsonl"},
@@ -27,19 +26,28 @@ EXAMPLES: dict[str, dict[str, str]] = {
 }
 
 
-def example_making(path: str | os.PathLike) -> str | None:
-    """The example whose command makes ``path`` (as a config names it), or None."""
+def example_making(path: str | os.PathLike, along: tuple[str, ...] = ()) -> str | None:
+    """The example whose command makes ``path`` (as a config names it), or None; of several, the
+    first that also makes each of ``along`` (the config's other paths: the DPO preset's policy is
+    the demo's too, but ``streamrl example dpo`` makes its pairs as well)."""
     wanted = os.path.normpath(path)
-    for name, paths in EXAMPLES.items():
-        if wanted in (os.path.normpath(p) for p in paths.values()):
+    found = [
+        name
+        for name, paths in EXAMPLES.items()
+        if wanted in {os.path.normpath(p) for p in paths.values()}
+    ]
+    for name in found:
+        if {os.path.normpath(p) for p in along} <= {
+            os.path.normpath(p) for p in EXAMPLES[name].values()
+        }:
             return name
-    return None
+    return found[0] if found else None
 
 
-def missing(key: str, path: str) -> str:
+def missing(key: str, path: str, along: tuple[str, ...] = ()) -> str:
     """The one line for ``key``'s ``path`` that does not exist, naming the command that makes it
-    when it is an example's."""
-    name = example_making(path)
+    when it is an example's (``example_making``)."""
+    name = example_making(path, along)
     if name is None:
         return f"{key} {path!r} does not exist"
     return f"{key} {path!r} does not exist: make it with `streamrl example {name}`"

@@ -34,11 +34,12 @@ def check_inputs(model: ModelConfig, supervised: SupervisedConfig) -> None:
     """ConfigError in one line naming the key when the policy or the dataset is not there."""
     if not supervised.path:
         raise ConfigError("supervised.path is not set: name the dataset file (JSONL)")
+    inputs.check_example_path("model.path", model.path, (supervised.path,))
     try:
         inputs.check(model, None)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
-    inputs.check_example_path("supervised.path", supervised.path)
+    inputs.check_example_path("supervised.path", supervised.path, (model.path,))
     if not os.path.exists(supervised.path):
         raise ConfigError(f"supervised.path={supervised.path}: no such file")
 
