@@ -83,7 +83,7 @@ RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(C
 RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
 RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(RUN_INSTALLED))
 # ARGS' key=value overrides (not its flags): a path moved there is not the example's
-RUN_OVERRIDES = $(filter-out -%,$(filter %=%,$(ARGS)))
+RUN_OVERRIDES = $(filter-out -%,$(foreach a,$(ARGS),$(if $(findstring =,$(a)),$(a))))
 
 # First the example inputs CONFIG names, where missing (the demo's policy and prompts for the
 # default CONFIG; nothing for a config of your own): no config key builds them.
