@@ -82,8 +82,13 @@ SPACE := $(subst ,, )
 RUN_VLLM = $(findstring vllm,$(filter actor.engine=% actor.engines=%,$(subst $(COMMA)$(SPACE),$(COMMA),$(ARGS))))
 RUN_BIN = $(if $(RUN_VLLM),$(VLLM_BIN),$(BIN))
 RUN_STAMP = $(if $(RUN_VLLM),$(VLLM_STAMP),$(RUN_INSTALLED))
+# ARGS' key=value overrides (not its flags): a path moved there is not the example's
+RUN_OVERRIDES = $(filter-out -%,$(foreach a,$(ARGS),$(if $(findstring =,$(a)),$(a))))
 
+# First the example inputs CONFIG names, where missing (the demo's policy and prompts for the
+# default CONFIG; nothing for a config of your own): no config key builds them.
 run: $(RUN_STAMP) redis
+	$(RUN_BIN)/streamrl example --config $(CONFIG) $(RUN_OVERRIDES)
 	$(RUN_BIN)/streamrl run --config $(CONFIG) --actors $(ACTORS) $(ARGS)
 
 # The whole-system tests (several processes each, timing-sensitive on 2 cores) run in a pytest

@@ -11,7 +11,7 @@ Owns one actor's loop (``loop``): admit -> roll out -> score -> publish, each st
   ``sandbox``) and the reference policy's log-probs (``reference``);
 - ``publish``: one stream entry per group (``group``: a group in flight).
 
-Also the inputs' build hooks (``inputs``) and functions a config names (``plugins``),
+Also the start's input checks (``inputs``) and functions a config names (``plugins``),
 held-out evaluation (``evaluation``) and the process entry point (``__main__``); metrics are
 defined once in ``metrics``.
 

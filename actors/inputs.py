@@ -1,63 +1,47 @@
 """A run's inputs before anything loads them: the policy at ``model.path``, the prompts at ``data.path``.
 
-A path that does not exist is filled only by the hook a config names for it
-(``model.build``, ``data.build``: ``module:function``, called as ``fn(path,
-seed=run.seed)``), and only at the path declared with it (``configs.load`` drops a hook
-whose path an override moved); the CPU demo's preset names its builders so. Without a
-hook a missing input is an error naming its key, before any hook runs, never a substitute.
+Nothing fills in a missing input (no config key builds one: ``streamrl example`` makes the
+examples'). Each is checked at start, before the run directory, Redis or any process exists: a
+missing one stops the start in one line naming its key, and the command that makes it when the
+path is an example's (``configs.example_inputs``). A hub id resolves through the hub cache
+(``policy.load.model_folder``; with ``HF_HUB_OFFLINE=1``, only the cache).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable
 
-from streamrl.actors import plugins
 from streamrl.actors.prompt_data import check_dataset_path
 from streamrl.configs.errors import ConfigError
+from streamrl.configs.example_inputs import example_making, missing
 from streamrl.configs.schema import DataConfig, ModelConfig
 
-log = logging.getLogger(__name__)
+
+def check_example_path(key: str, path: str, along: tuple[str, ...] = ()) -> None:
+    """ConfigError naming ``key`` and the command that makes it when ``path`` is an example's
+    and is missing (checked before the hub is asked: such a path is never a hub id); ``along``:
+    the config's other paths, which pick the example (``configs.example_inputs``)."""
+    if example_making(path) and not os.path.lexists(path):
+        raise ConfigError(missing(key, path, along))
 
 
-def _build(key: str, ref: str, path: str, seed: int) -> None:
-    try:
-        build = plugins.load(ref, key)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    build(path, seed=seed)
+def check(model: ModelConfig, data: DataConfig | None) -> None:
+    """Both paths set and there (``data`` None: a learner node, which reads no prompts).
 
-
-def prepare(
-    model: ModelConfig,
-    data: DataConfig | None,
-    seed: int,
-    announce: Callable[[str], None] = log.info,
-) -> None:
-    """Check both paths are set, and build the missing ones that have a hook (once; safe to race).
-
-    The launcher calls it before any child starts; a lone actor (``make actors``) calls it
-    too, so it runs without a launcher, and so does a learner node (``streamrl learner``), which
-    reads no prompts (``data`` None). The hooks write atomically, and a later run finds what the
-    first one built.
+    The launcher calls it before any child starts; a lone actor (``make actors``) and a learner
+    node (``streamrl learner``) call it too, as each may run without a launcher.
     """
     if not model.path:
         raise ConfigError("model.path is not set: name a Hugging Face model folder or hub id")
-    if data is not None and not data.path:
-        raise ConfigError("data.path is not set: name a prompt dataset (file, folder or hub id)")
-    # what no hook fills must be there before a hook builds anything: a start that fails on a
-    # user's path (a typo, a hub id not in the cache) leaves nothing behind
-    if not model.build:
-        # here, not at the top: policy.load imports torch, which the launcher does without
-        from streamrl.policy.load import model_folder
+    check_example_path("model.path", model.path, (data.path,) if data is not None else ())
+    # here, not at the top: policy.load imports torch, which the launcher does without
+    from streamrl.policy.load import model_folder
 
-        model_folder(model.path)
-    if data is not None and not data.build:
+    model_folder(model.path)
+    if data is not None:
+        if not data.path:
+            raise ConfigError(
+                "data.path is not set: name a prompt dataset (file, folder or hub id)"
+            )
+        check_example_path("data.path", data.path, (model.path,))
         check_dataset_path(data.path)
-    if model.build and not os.path.exists(model.path):
-        announce(f"building the policy at {model.path} with model.build {model.build} (once)")
-        _build("model.build", model.build, model.path, seed)
-    if data is not None and data.build and not os.path.exists(data.path):
-        announce(f"writing the dataset at {data.path} with data.build {data.build} (once)")
-        _build("data.build", data.build, data.path, seed)

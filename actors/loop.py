@@ -147,7 +147,7 @@ def build_actor(cfg: Config, actor_id: str, stop: threading.Event) -> Actor:
     the engine with its weights, and the source the config chose."""
     phases = Phases()
     torch.set_num_threads(cfg.run.torch_threads)
-    inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
+    inputs.check(cfg.model, cfg.data)
     tokenizer = load_tokenizer(cfg.model.path)
     template_kwargs = cfg.rollout.chat_template_kwargs
     dataset = PromptDataset.from_config(cfg.data, tokenizer, template_kwargs=template_kwargs)

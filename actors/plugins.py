@@ -1,7 +1,7 @@
 """Functions a config names by reference: ``module:function`` or ``path/to/file.py:function``.
 
-Rewards (``reward.functions``) and the input builders (``model.build``, ``data.build``)
-are named this way; an error says which key named the function and why it cannot be loaded.
+Rewards (``reward.functions``) and environments (``env.name``) are named this way; an error
+says which key named the function and why it cannot be loaded.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _why(exc: Exception) -> str:
 
 
 def load(ref: str, what: str) -> Callable:
-    """The function ``ref`` names; ValueError starting with ``what`` (e.g. ``model.build``) if none."""
+    """The function ``ref`` names; ValueError starting with ``what`` (e.g. ``reward.functions``) if none."""
     if not is_reference(ref):
         raise ValueError(f"{what}: {ref!r} is not {FORMS}")
     module_name, _, attr = ref.rpartition(":")

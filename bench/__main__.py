@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     PART_DIR.mkdir(parents=True, exist_ok=True)
+    # the presets the parts launch load what is at their paths (streamrl example makes them)
+    from streamrl.examples.assets_cli import example_targets, make
+
+    for name in ("demo", "longtail"):
+        make(example_targets(name, None, None))
     for part in args.only.split(","):
         module = importlib.import_module(f"bench.{part}")
         started = time.monotonic()

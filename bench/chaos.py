@@ -621,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    from bench.startup import prepare_demo
+
+    prepare_demo()
     results = soak(args.rounds, args.seed, args.quick)
     text = report(
         results, args.seed, f"python -m bench.chaos --rounds {args.rounds} --seed {args.seed}"

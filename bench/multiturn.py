@@ -45,10 +45,10 @@ def run_seed(seed: int, cap_s: float) -> dict:
     # a fresh run: launch would resume from a checkpoint left there
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config(CONFIG, [f"run.seed={seed}"])
-    # the warm start is built before the clock starts (make run builds it once, then reuses it)
-    from streamrl.actors import inputs
+    # the warm start is made before the clock starts (make run makes it once, then reuses it)
+    from streamrl.examples.assets_cli import example_targets, make
 
-    inputs.prepare(cfg.model, cfg.data, seed)
+    make(example_targets("multiturn", cfg.model.path, cfg.data.path), seed)
     load_before = os.getloadavg()
     started = time.time()
     subprocess.run(

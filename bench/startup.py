@@ -60,12 +60,10 @@ def _first_published(log: Path) -> float | None:
 
 
 def prepare_demo() -> None:
-    """Build the demo policy and data if missing, outside the timing."""
-    from streamrl.actors import inputs
-    from streamrl.configs import load_config
+    """Make the demo policy and data if missing (``streamrl example demo``), outside the timing."""
+    from streamrl.examples.assets_cli import example_targets, make
 
-    cfg = load_config(CONFIG, [])
-    inputs.prepare(cfg.model, cfg.data, cfg.run.seed)
+    make(example_targets("demo", None, None))
 
 
 def demo_launch(

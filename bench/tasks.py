@@ -1,6 +1,6 @@
 """The tasks the system benchmarks run: the CPU demo and the long-tail copy task.
 
-Each names its preset, the hooks that build its warmed policy and prompts, the
+Each names its preset, the functions that make its warmed policy and prompts, the
 warm start itself (for a loop that keeps the warm start's optimizer) and the reward
 part its target asks for. Both score completions with the demo's position-by-position
 reward (``reverse_digits_reward``), which compares with whatever the answer is.

@@ -8,8 +8,8 @@ ambiguous (``actor_rollout_ref.rollout.n``), then a streamrl key of the same uni
 (``temperature``, ``seed``). Each value is checked against the schema on its own: one the
 schema rejects is refused with the loader's reason, so the written YAML always loads.
 
-A setting that names code a run would import (``convert_rules.CODE_KEYS``: a plug-in reward,
-a ``build`` hook, an environment, ``trust_remote_code``) is a *code reference*: listed first
+A setting that names code a run would import (``convert_rules.CODE_KEYS``: a plug-in reward, an
+environment, ``trust_remote_code``) is a *code reference*: listed first
 in the table and written commented out, never live, so a converted config runs nothing the
 foreign file named until the user has looked; converting imports nothing either.
 May import ``streamrl.configs`` only.

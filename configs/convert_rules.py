@@ -16,9 +16,6 @@ Status = Literal["code reference", "mapped", "approximated", "refused", "unset"]
 # (a model repository's own code): a converted config never sets them without the user's review
 CODE_KEYS = (
     "reward.functions",
-    "model.build",
-    "data.build",
-    "supervised.build",
     "env.name",
     "model.init_kwargs.trust_remote_code",
 )

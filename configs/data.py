@@ -36,10 +36,6 @@ class DataConfig(Section):
         None,
         description="Render prompts through the tokenizer's chat template: true = always (a string prompt becomes one user turn), false = never (turns' texts joined by newlines), None = for messages rows only.",
     )
-    build: str | None = Field(
-        None,
-        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to write the dataset there before anything loads it; it fills only the path declared with it (in the same file, or the same overrides), so an override that moves `path` drops it and the new path must exist; e.g. the CPU demo's `streamrl.examples.reverse_digits:write_dataset`. None = a missing `path` is an error.",
-    )
     eval_path: str | None = Field(
         None,
         description="Held-out prompt dataset (same forms and columns as `path`); None = no evaluation.",

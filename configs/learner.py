@@ -294,10 +294,6 @@ class SupervisedConfig(Section):
         None,
         description="JSONL dataset, one example a line. sft: `messages` (a chat, the loss on the assistant turns only), `prompt` + `completion` (the loss on the completion and an end-of-sequence token), or `text` (TRL's language-modelling rows: the loss on every token and an end-of-sequence token). dpo: `chosen` + `rejected`, either strings after a `prompt` (string or messages) or whole chats whose last assistant turn is the response (TRL's and RL2's formats). Required by both commands.",
     )
-    build: str | None = Field(
-        None,
-        description="`module:function` that writes the dataset at `path` when it is missing, called as fn(path, seed=run.seed) (the demo presets generate theirs); it fills only the path it was declared with.",
-    )
     epochs: int = Field(
         1, ge=1, description="Passes over the dataset (`run.max_steps` may end the run sooner)."
     )

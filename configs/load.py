@@ -163,39 +163,6 @@ def _listify(value: Any, where: str) -> Any:
     return {k: _listify(v, f"{where}.{k}") for k, v in value.items()}
 
 
-# the sections whose `build` hook fills their `path` (actors.inputs; supervised: launch.supervised)
-HOOKED = ("model", "data", "supervised")
-
-
-def _unbind_moved_hooks(
-    base: dict[str, Any], merged: dict[str, Any], overrides: dict[str, Any]
-) -> dict[str, Any]:
-    """``merged`` less the ``build`` hooks of ``base`` whose ``path`` an override moved.
-
-    A hook fills only the path it was declared with: the demo preset's builders make the toy
-    policy at ``runs/demo-policy``, never at a hub id or a typo the user wrote over it (which then
-    fails at start naming its key, as any missing input). A hook set by the same overrides that
-    move its path is declared with that path and stays.
-    """
-    out = dict(merged)
-    for name in HOOKED:
-        was, now, given = base.get(name), merged.get(name), overrides.get(name)
-        if not (isinstance(was, dict) and isinstance(now, dict) and isinstance(given, dict)):
-            continue
-        if "build" in given or not was.get("build") or now.get("build") != was["build"]:
-            continue
-        if _same_path(now.get("path"), was.get("path")):
-            continue
-        out[name] = {**now, "build": None}
-    return out
-
-
-def _same_path(a: Any, b: Any) -> bool:
-    if isinstance(a, str) and isinstance(b, str) and a and b:
-        return os.path.normpath(a) == os.path.normpath(b)
-    return a == b
-
-
 def _model_at(loc: tuple) -> type | None:
     """The config section (pydantic model) that holds the last key of ``loc``."""
     node: Any = Config
@@ -307,8 +274,9 @@ def load_config(
     else:
         tree = _override_tree(overrides or ())
     if tree:
-        data = _unbind_moved_hooks(data, _merge(data, tree), _plain(tree))
+        data = _merge(data, tree)
         source += " + overrides"
+    renamed.refuse_removed(data, source)
     if env.get("REDIS_URL"):
         data = _merge(data, {"broker": {"redis_url": env["REDIS_URL"]}})
     data = restore(data, env)

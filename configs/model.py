@@ -61,10 +61,6 @@ class ModelConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
     )
-    build: str | None = Field(
-        None,
-        description="Optional `module:function` (or `path/to/file.py:function`) called as fn(path, seed=run.seed) when nothing exists at `path`, to create the policy folder there before anything loads it; it fills only the path declared with it (in the same file, or the same overrides), so an override that moves `path` drops it and the new path must exist; e.g. the CPU demo's `streamrl.examples.reverse_digits:build_policy`. None = a missing `path` is an error.",
-    )
     lora: LoraConfig = Field(
         default_factory=LoraConfig, description="LoRA adapters instead of full training."
     )

@@ -2,10 +2,16 @@
 older streamrl fails naming where each of its keys went.
 
 Each engine's and transport's own settings became a section of its name (``actor.<engine>``,
-``weightsync.<transport>``) when the schema started composing them from the registries.
+``weightsync.<transport>``) when the schema started composing them from the registries. The
+``build`` hooks that made a missing model or dataset went: no config key builds or fills in an
+input, ``streamrl example`` makes the examples' (``refuse_removed``).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from streamrl.configs.errors import ConfigError
 
 # the old dotted key -> the key(s) it became
 RENAMED: dict[str, tuple[str, ...]] = {
@@ -24,6 +30,24 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "weightsync.dist_ports": ("weightsync.dist.ports",),
     "weightsync.relay": ("weightsync.dist.relay",),
 }
+
+
+# the sections whose `build` hook made a missing `path`: the hook would run code in place of an
+# input the user named, so a config naming one stops rather than train on something else
+REMOVED_HOOKS = ("model", "data", "supervised")
+
+
+def refuse_removed(tree: dict[str, Any], source: str) -> None:
+    """ConfigError, in one line naming the key and what replaced it, when ``tree`` (a config
+    before validation) still names a removed ``build`` hook."""
+    for section in REMOVED_HOOKS:
+        node = tree.get(section)
+        if isinstance(node, dict) and "build" in node:
+            raise ConfigError(
+                f"{section}.build ({source}) was removed: no config key builds a model or data. "
+                f"Make the path first (the examples': `streamrl example <name>`) and delete "
+                f"{section}.build"
+            )
 
 
 def hint(key: str) -> str:

@@ -72,9 +72,17 @@ def write_new(path: str | os.PathLike, text: str | bytes, *, shared_read: bool =
         raise
 
 
-def check_trusted(run_dir: str | os.PathLike, key: str = "run.dir") -> None:
-    """Raise ConfigError, saying why, unless only this user can change ``run_dir`` and the
-    directories above it; ``key`` names it in the message.
+RUN_DIR_ADVICE = (
+    "another user could swap the config or the checkpoint a run loads there. Set a run.dir of "
+    "your own (under your home directory), or make it yours and not writable by others"
+)
+
+
+def check_trusted(
+    run_dir: str | os.PathLike, key: str = "run.dir", advice: str = RUN_DIR_ADVICE
+) -> None:
+    """Raise ConfigError, saying why, then ``advice``, unless only this user can change
+    ``run_dir`` and the directories above it; ``key`` names it in the message.
 
     The directory (the path as given and the one it resolves to) must be this user's and
     writable by nobody else; each directory above must be this user's or root's and writable
@@ -91,11 +99,7 @@ def check_trusted(run_dir: str | os.PathLike, key: str = "run.dir") -> None:
             why = _fault(st, own=node == path and not stat.S_ISLNK(st.st_mode), above=node != path)
             if why:
                 what = key if node == path else f"{node}, a directory above {key},"
-                raise ConfigError(
-                    f"{key} {str(run_dir)!r}: {what} {why}; another user could swap the config "
-                    "or the checkpoint a run loads there. Set a run.dir of your own (under your "
-                    "home directory), or make it yours and not writable by others"
-                )
+                raise ConfigError(f"{key} {str(run_dir)!r}: {what} {why}; {advice}")
 
 
 def _fault(st: os.stat_result, own: bool, above: bool = False) -> str | None:

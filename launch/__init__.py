@@ -4,7 +4,7 @@ Owns starting and stopping a whole run (``supervisor``; ``run``, which is ``stre
 and ``streamrl run``), what a run does with an existing run directory (``rundir``: resume,
 start, refuse; never delete what it did not write), the actors of one host of a run on several
 (``host``: ``streamrl actors``), the learner as a command of its own (``learner``: ``streamrl
-learner``, which builds the policy a config's hook names first), which GPUs and CPU cores each of
+learner``, which checks the policy is there first), which GPUs and CPU cores each of
 its processes gets (``placement``), the terminal view and end-of-run summary (``view``,
 ``status``), a run's plots (``plot``), live scaling (``scale``, whose signed commands are
 ``control``'s) and the

@@ -38,6 +38,10 @@ COMMANDS = {
     "dpo": Command(
         "streamrl.launch.dpo", "DPO (sigmoid or IPO) on the learner from preference pairs"
     ),
+    "example": Command(
+        "streamrl.examples.assets_cli",
+        "make an example's policy and data (demo, sft, dpo, ...) at the paths its preset names",
+    ),
     "actors": Command(
         "streamrl.launch.host",
         "N supervised actors on this host, joining a run (--join: a broker on another host)",

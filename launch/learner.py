@@ -1,11 +1,12 @@
 """``streamrl learner``: the learner as a command on a host of its own (one node of several, or
 beside a ``streamrl broker``).
 
-``streamrl run`` and ``streamrl actors`` build a config's missing inputs before they start
-anything (``model.build``, the demo preset's policy); a learner node started by hand or by Slurm
-has no launcher that did, and ``learner`` may not import ``actors``, whose ``inputs`` builds them.
-So this command builds the policy on this node (the learner reads no prompts), then starts the
-learner as ``python -m streamrl.learner`` would. The ranks torchrun starts skip it (``RANK`` set).
+``streamrl run`` and ``streamrl actors`` check a config's inputs before they start anything; a
+learner node started by hand or by Slurm has no launcher that did, and ``learner`` may not import
+``actors``, whose ``inputs`` checks them. So this command checks the policy on this node (the
+learner reads no prompts: a missing one stops it in one line naming ``model.path``, before its
+run directory is made), then starts the learner as ``python -m streamrl.learner`` would. The
+ranks torchrun starts skip it (``RANK`` set).
 """
 
 from __future__ import annotations
@@ -24,18 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     args, cfg = parse(argv)
     if "RANK" not in os.environ:
         try:
-            # the run-directory policy before an input is built (``start`` applies it whole)
+            # the run-directory policy before an input is read (``start`` applies it whole)
             check_run_dir(cfg.run.dir, dirs=RUN_DIRS)
             tracking.check_installed(cfg.run)
-            inputs.prepare(cfg.model, None, cfg.run.seed, announce=_say)
-        except ConfigError as exc:
+            inputs.check(cfg.model, None)
+        except (ConfigError, FileNotFoundError) as exc:
             print(f"streamrl learner: {exc}", file=sys.stderr)
             return 2
     return start(args, cfg)
-
-
-def _say(line: str) -> None:
-    print(f"streamrl learner: {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
-"""``streamrl sft`` and ``streamrl dpo``: build the missing inputs, then train on the learner.
+"""``streamrl sft`` and ``streamrl dpo``: check the inputs, then train on the learner.
 
-The policy at ``model.path`` and the dataset at ``supervised.path`` are filled by their hooks
-(``model.build``, ``supervised.build``: ``fn(path, seed=run.seed)``) where missing, as ``make
-run`` fills its inputs; then the objective (``learner.sft``, ``learner.dpo``) trains in this
-process (``learner.supervised.train``). Several ranks:
-``torchrun --nproc_per_node N -m streamrl.launch.sft --config ...``.
+The policy at ``model.path`` and the dataset at ``supervised.path`` must be there (nothing fills
+in a missing one: ``streamrl example sft`` / ``dpo`` make the presets'); then the objective
+(``learner.sft``, ``learner.dpo``) trains in this process (``learner.supervised.train``).
+Several ranks: ``torchrun --nproc_per_node N -m streamrl.launch.sft --config ...``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from streamrl.actors import plugins
+from streamrl.actors import inputs
 from streamrl.configs import config_from_cli
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.runfiles import check_run_dir, enter_run_dir
@@ -31,35 +30,30 @@ if TYPE_CHECKING:
     from streamrl.learner.supervised import Supervised
 
 
-def build_inputs(model: ModelConfig, supervised: SupervisedConfig, seed: int) -> None:
-    """Run the hooks of the missing inputs (each writes atomically, so ranks may race)."""
+def check_inputs(model: ModelConfig, supervised: SupervisedConfig) -> None:
+    """ConfigError in one line naming the key when the policy or the dataset is not there."""
     if not supervised.path:
         raise ConfigError("supervised.path is not set: name the dataset file (JSONL)")
-    for key, ref, path in (
-        ("model.build", model.build, model.path),
-        ("supervised.build", supervised.build, supervised.path),
-    ):
-        if ref and not os.path.exists(path):
-            logging.info("building %s with %s %s (once)", path, key, ref)
-            try:
-                build = plugins.load(ref, key)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            build(path, seed=seed)
+    inputs.check_example_path("model.path", model.path, (supervised.path,))
+    try:
+        inputs.check(model, None)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    inputs.check_example_path("supervised.path", supervised.path, (model.path,))
     if not os.path.exists(supervised.path):
         raise ConfigError(f"supervised.path={supervised.path}: no such file")
 
 
 def prepare(cfg: Config, kind: type[Supervised]) -> list:
     """Everything before training, each refusal a ConfigError in one line before anything past it
-    is built or made: the run directory, a missing tracker, a missing input (its hook builds it),
+    is built or made: the run directory, a missing tracker, a missing input,
     a row that cannot train; then ``run.dir`` is entered. Returns the dataset's examples."""
     check_run_dir(cfg.run.dir, dirs=RUN_DIRS)
     tracking.check_installed(cfg.run)
     import torch
 
     torch.set_num_threads(cfg.run.torch_threads)
-    build_inputs(cfg.model, cfg.supervised, cfg.run.seed)
+    check_inputs(cfg.model, cfg.supervised)
     from streamrl.learner.supervised_data import SupervisedDataError
 
     try:
@@ -91,7 +85,7 @@ def run_supervised(
 def main(
     name: str, objective: Callable[[], type[Supervised]], argv: list[str] | None = None
 ) -> int:
-    """``streamrl <name>``: enter ``run.dir``, build the missing inputs, then train
+    """``streamrl <name>``: check the inputs, enter ``run.dir``, then train
     ``objective()`` (imported only then: a refusal costs no torch import)."""
     parser = argparse.ArgumentParser(
         prog=f"streamrl {name}",

@@ -222,7 +222,7 @@ class Supervisor:
         return self
 
     def _prepare_inputs(self) -> None:
-        """Build what the config's hooks build, and check the inputs, before any child starts."""
+        """Check the inputs before any child starts."""
         from streamrl.actors import engines, environment, inputs, rewards
         from streamrl.launch.dataset_check import check_dataset
         from streamrl.learner import tracking
@@ -233,7 +233,7 @@ class Supervisor:
             for name in sorted(self.cfg.actor.engines_in_use):
                 engines.get(name).check_installed()
         tracking.check_installed(self.cfg.run)
-        inputs.prepare(self.cfg.model, self.cfg.data, self.cfg.run.seed, announce=self.event)
+        inputs.check(self.cfg.model, self.cfg.data)
         rewards.check(self.cfg.reward)
         environment.check(self.cfg.env)
         # the dataset loaded as an actor loads it, unless these inputs passed before

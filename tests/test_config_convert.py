@@ -7,8 +7,12 @@ loads; a 5-step demo run of each is in docs/migrating.md ("Converting a config")
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from streamrl.configs import load_config
@@ -106,3 +110,28 @@ def test_a_value_the_schema_rejects_or_a_second_value_for_one_key_is_refused_wit
     settings, rows = convert({"beta": 0.1, "kl_loss_coef": 0.2}, "verl")
     assert settings == {"algo.kl_coef": 0.1}
     assert "algo.kl_coef already 0.1 from beta" in rows[1].note
+
+
+@pytest.mark.parametrize("base", [["--base", "demo_cpu"], []], ids=["onto-the-demo", "alone"])
+def test_a_converted_trl_config_stops_the_run_naming_model_path_and_makes_nothing(tmp_path, base):
+    """The documented recipe on a model that is not cached: the run stops at start in one line
+    naming model.path; no run directory, no model folder, nothing trained (the demo preset's
+    policy is never built in its place)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    grpo = work / "grpo.yaml"
+    grpo.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\nlearning_rate: 1.0e-6\n")
+    out = work / "converted.yaml"
+    assert main(["convert", "--from", "trl", str(grpo), *base, "--out", str(out)]) == 0
+    # an empty hub cache, kept to: the model is not there and nothing is downloaded
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    env.pop("REDIS_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "streamrl", "run", "--config", str(out), "--actors", "1"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "model.path 'Qwen/Qwen2.5-0.5B-Instruct'" in lines[0]
+    assert sorted(p.name for p in work.rglob("*")) == ["converted.yaml", "grpo.yaml"]
+    assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("*.safetensors"))

@@ -123,5 +123,5 @@ def _described_as_code(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def test_every_schema_key_that_names_code_is_a_code_reference_to_the_converter():
     keys = _described_as_code(Config)
-    assert {"model.build", "data.build", "env.name", "reward.functions.fn"} <= set(keys)
+    assert {"env.name", "reward.functions.fn"} <= set(keys)
     assert [k for k in keys if not code_in(k, "some.module:function")] == []

@@ -93,9 +93,9 @@ def test_the_schema_defaults_are_for_a_real_model_not_the_demo():
         1e-6,
         (0.9, 0.999),
     )
-    # a run names its model, data and rewards; nothing is built unless a hook is named
+    # a run names its model, data and rewards; no key builds them
     assert (cfg.model.path, cfg.data.path, cfg.reward.functions) == ("", "", [])
-    assert cfg.model.build is None and cfg.data.build is None
+    assert not {"build"} & (set(cfg.model.model_fields) | set(cfg.data.model_fields))
     assert "demo" not in cfg.run.name and "demo" not in cfg.run.dir
 
 
@@ -106,12 +106,33 @@ def test_the_run_directory_follows_the_run_name_unless_set():
 
 
 @pytest.mark.parametrize(
-    "preset",
-    ["configs/gpu.yaml", "configs/gpu_gsm8k_qwen05b.yaml", "configs/gpu_gsm8k_qwen05b_lora.yaml"],
+    ("example", "config"),
+    [
+        ("demo", "configs/demo_cpu.yaml"),
+        ("sft", "configs/sft_cpu.yaml"),
+        ("dpo", "configs/dpo_cpu.yaml"),
+        ("longtail", "configs/longtail_cpu.yaml"),
+        ("multiturn", "examples/multiturn/config.yaml"),
+    ],
 )
-def test_the_gpu_presets_build_nothing_in_place_of_their_model_or_data(preset):
-    cfg = load_config(preset, env={})
-    assert cfg.model.build is None and cfg.data.build is None
+def test_each_example_makes_the_paths_its_config_names(example, config):
+    from operator import attrgetter
+
+    from streamrl.configs.example_inputs import EXAMPLES
+    from streamrl.examples.assets_cli import config_targets, makers
+
+    cfg = load_config(config, env={})
+    named = EXAMPLES[example]
+    assert {key: attrgetter(key)(cfg) for key in named} == named
+    assert set(makers()[example]) == set(named)
+    assert {(key, path) for _, key, path in config_targets(config, [])} == set(named.items())
+
+
+def test_a_config_of_ones_own_names_no_example_input():
+    from streamrl.examples.assets_cli import config_targets
+
+    assert config_targets("configs/gpu_gsm8k_qwen05b.yaml", []) == []
+    assert config_targets("demo_cpu", ["model.path=mine", "data.path=mine.jsonl"]) == []
 
 
 def test_redis_url_from_the_environment_wins():

@@ -1,19 +1,17 @@
 """The demo task (streamrl.examples.reverse_digits): its preset, data and rewards.
 
-The preset opts into the demo through the generic hooks (``model.build``, ``data.build``,
-rewards as ``module:function``) and trains with the values it trained with when they were
-the schema's defaults.
+The preset names the demo's rewards as ``module:function`` and the paths ``streamrl example
+demo`` makes, and trains with the values it trained with when they were the schema's defaults.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import numpy as np
 import pytest
 
-from streamrl.actors import inputs
 from streamrl.actors.engines.base import Output
 from streamrl.actors.rewards import resolve, score_sample
 from streamrl.actors.trajectory import assistant_turn
@@ -99,24 +97,38 @@ def test_the_demo_preset_trains_with_the_values_it_had_when_they_were_the_defaul
     ]
 
 
-def test_the_demo_preset_builds_its_policy_and_dataset_where_they_are_missing(tmp_path):
+def test_streamrl_example_makes_the_demo_policy_and_data_once_and_keeps_them_after(
+    tmp_path, capsys
+):
+    import stat
+
+    from streamrl.examples.assets_cli import main
     from streamrl.policy.load import load_policy, load_tokenizer
 
     policy, data = tmp_path / "policy", tmp_path / "data" / "train.jsonl"
-    # a hook fills only the path it is set with (an overridden path alone drops the preset's)
-    overrides = [
-        f"model.path={policy}",
-        "model.build=streamrl.examples.reverse_digits:build_policy",
-        f"data.path={data}",
-        "data.build=streamrl.examples.reverse_digits:write_dataset",
+    before = os.umask(0o022)
+    try:
+        assert main(["demo", "--policy", str(policy), "--data", str(data)]) == 0
+    finally:
+        os.umask(before)
+    said = capsys.readouterr().out.splitlines()
+    assert said == [
+        f"streamrl example: model.path {policy}: making demo's (seed 0)",
+        f"streamrl example: data.path {data}: making demo's (seed 0)",
     ]
-    cfg = load_config(DEMO, overrides, env={})
-    said: list[str] = []
-    inputs.prepare(cfg.model, cfg.data, cfg.run.seed, announce=said.append)
     assert load_policy(policy).config.num_hidden_layers == 2
     assert load_tokenizer(policy).convert_tokens_to_ids(EOS) is not None
     assert len(data.read_text().splitlines()) == 1000
-    assert len(said) == 2 and str(policy) in said[0] and str(data) in said[1]
-    # a later run reuses them
-    inputs.prepare(cfg.model, cfg.data, cfg.run.seed, announce=said.append)
-    assert len(said) == 2 and Path(policy, "config.json").is_file()
+    # whatever the umask: the user's only, as a run's files; no temporary name left beside them
+    for path in (policy, policy / "config.json", data.parent, data):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "policy"]
+    assert sorted(p.name for p in data.parent.iterdir()) == ["train.jsonl"]
+    # a second call keeps what is there
+    (data).write_text('{"prompt": "1>", "answer": "1"}\n')
+    assert main(["demo", "--policy", str(policy), "--data", str(data), "--seed", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"streamrl example: model.path {policy}: there already, kept",
+        f"streamrl example: data.path {data}: there already, kept",
+    ]
+    assert data.read_text() == '{"prompt": "1>", "answer": "1"}\n'

@@ -6,8 +6,9 @@ the learner nodes' run.dir (tests/netns_hosts.py):
   path on A and B (C's run.dir is its own), the password line runs once and its value is in
   every host's environment; nothing is added to any command;
 - A resolves its own name to 127.0.1.1 (Debian's /etc/hosts); B and C resolve A to 10.77.0.1;
-- every host has its own /dev/shm, /tmp and working directory (where ``--config demo_cpu``
-  builds the demo's policy and prompts on each host: the build is deterministic).
+- every host has its own /dev/shm, /tmp and working directory, where the block's first line
+  (``ABC$ streamrl example $SET``: a line for several hosts runs on each, to its end, before the
+  next line) makes the demo's policy and prompts (deterministic: the same on every host).
 
 The run ends at the demo's target or when the test stops it (SIGTERM to every command, as a
 user would), so the checks that need it alive come first and wait on events: C's actors apply
@@ -83,8 +84,9 @@ class Commands:
                 self.password_cmd = re.fullmatch(r"[^$]*\$\((.*)\)\s*", line.split("#")[0])[1]
             elif line.startswith("SET="):
                 self.set_line = line.replace(SHARED_RUN, str(run_dir))
-            elif re.match(r"^[A-Z]\$ ", line):
-                self.steps.append((line[0], line[3:]))
+            elif re.match(r"^[A-Z]+\$ ", line):
+                names, _, command = line.partition("$ ")
+                self.steps.append((names, command))
         assert self.password_cmd and self.set_line and self.steps, lines
 
     def script(self, command: str) -> list[str]:
@@ -269,7 +271,18 @@ def test_the_documented_commands_train_on_three_hosts_with_c_fed_by_its_own_rela
         def env(name: str) -> dict:
             return {**projects[name][1], "PATH": path, "STREAMRL_REDIS_PASSWORD": password}
 
-        broker, rest = cmds.steps[0], cmds.steps[1:]
+        # a line for several hosts runs on each, side by side, to its end
+        prepare = [(names, command) for names, command in cmds.steps if len(names) > 1]
+        for names, command in prepare:
+            done = [
+                (n, h[n].popen(cmds.script(command), cwd=projects[n][0], env=env(n),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                for n in names
+            ]  # fmt: skip
+            for n, proc in done:
+                out = proc.communicate(timeout=300)[0]
+                assert proc.returncode == 0, f"{n}$ {command}:\n{out[-3000:]}"
+        broker, rest = cmds.steps[len(prepare)], cmds.steps[len(prepare) + 1 :]
         assert "streamrl broker" in broker[1]
         join = re.search(r"--join (redis://\S+)", rest[0][1])[1]
         url = join.replace("redis://", f"redis://:{password}@")

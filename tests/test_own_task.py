@@ -36,7 +36,7 @@ def test_the_copy_task_config_loads_its_data_and_scores_with_both_reward_forms()
 
 def test_the_gpu_gsm8k_recipe_validates_and_its_reward_reads_gsm8k_solutions():
     cfg = load_config("configs/gpu_gsm8k_qwen05b.yaml")
-    assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.model.build is None
+    assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (cfg.data.path, cfg.data.config, cfg.data.prompt_key) == (
         "openai/gsm8k",
         "main",

@@ -32,11 +32,13 @@ import streamrl.launch.panels as panels
 assert Path(panels.__file__).is_relative_to(Path(sys.argv[1])), panels.__file__
 assert panels.queries(), "the dashboard has no queries"
 assert (panels.DASHBOARD.parent / "live.html").is_file(), "the live view is missing"
-# the demo preset's hooks and rewards resolve inside the installed package
+# the demo preset's rewards and `streamrl example`'s makers resolve inside the installed package
 from streamrl.actors import plugins
 from streamrl.configs import load_config
+from streamrl.examples.assets_cli import makers
 cfg = load_config(Path(sys.argv[1], "streamrl", "configs", "demo_cpu.yaml"), env={})
-for ref in [cfg.model.build, cfg.data.build, *(spec.fn for spec in cfg.reward.functions)]:
+made = [f"{f.__module__}:{f.__name__}" for f in makers()["demo"].values()]
+for ref in [*made, *(spec.fn for spec in cfg.reward.functions)]:
     fn = plugins.load(ref, "demo")
     assert Path(sys.modules[fn.__module__].__file__).is_relative_to(Path(sys.argv[1])), ref
 print(panels.DASHBOARD)

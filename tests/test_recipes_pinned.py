@@ -90,7 +90,6 @@ OTHER_DEFAULT: dict[str, Any] = {
 # The fields of the training sections that do not change what is trained, and why.
 NOT_TRAINING = {
     "supervised.path": "the dataset: each test names its own",
-    "supervised.build": "fills a missing dataset",
     "supervised.save_optimizer": "what the export holds",
     "model.lora.sync": "what travels to the actors; the policy they sample is the same",
     **dict.fromkeys(

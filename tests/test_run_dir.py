@@ -104,8 +104,7 @@ def test_two_runs_resume_and_a_failing_start_keeps_the_checkpoints_and_the_polic
 
     # a start that fails (a model path that is nowhere) changes nothing there
     before = fingerprint(run_dir)
-    # (the demo preset builds its policy where it is missing; a user's config has no such hook)
-    bad = [*small_run(str(tmp_path / "no-such-model"), demo_dataset, 4), "model.build=null"]
+    bad = small_run(str(tmp_path / "no-such-model"), demo_dataset, 4)
     done = streamrl_run(run_dir, *bad, cwd=tmp_path)
     assert done.returncode == 2 and "model.path" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr

@@ -6,7 +6,9 @@ Every ``streamrl`` command is listed in ``POLICY``: a writer (it enters its run 
 ``enter_run_dir``, or ``launch.rundir.prepare`` for ``run``), a reader of its own run (it
 checks the directory with ``check_run_dir`` and reads its files with ``read_run_file``), a reader
 of a foreign run (its outputs go only where the user says; tested where it lives), or a
-command that touches no run directory; a new command fails the first test until it is placed.
+command that touches no run directory, or ``example``, which makes an example's inputs at paths
+its user names and is held to the same rules there; a new command fails the first test until it
+is placed.
 Each writer and reader runs as a user types it (``python -m streamrl ...``), against a run
 directory of another uid (root: chowned to 65534; any other user: below a directory others may
 write, which is the same refusal to ``check_trusted``) and against one holding a planted link;
@@ -59,6 +61,15 @@ class NoRunDir(NamedTuple):
     why: str
 
 
+class InputMaker(NamedTuple):
+    """Makes an example's inputs at paths its user names (``streamrl example``), as a writer
+    makes a run's files: the folder of each path is checked as ``run.dir`` is, a link at a path
+    is refused, and what it makes is its user's only (0700/0600 whatever the umask:
+    tests/test_demo_task.py)."""
+
+    args: tuple[str, ...]
+
+
 CONFIG = ("--config", "demo_cpu")
 POLICY = {
     "run": Writer((*CONFIG, "--actors", "1"), "logs"),
@@ -77,6 +88,7 @@ POLICY = {
     # names from Redis are names (tests/test_shm_segment_names.py); it finds the run's Redis as
     # every command does (a planted redis.url: below)
     "inspect": ForeignReader("tests/test_cli_inspect.py"),
+    "example": InputMaker(("demo",)),
     "config": NoRunDir(
         "reads only the file --config names (a run directory's saved config.yaml, parsed, "
         "nothing imported) and writes only where --out says"
@@ -110,10 +122,15 @@ def streamrl(name: str, run_dir: Path, *args: str, cwd: Path) -> subprocess.Comp
 
 def refused(done: subprocess.CompletedProcess, *said: str) -> str:
     """The one line a refusal prints; it names run.dir and each of ``said``."""
+    return refused_line(done, "run.dir", *said)
+
+
+def refused_line(done: subprocess.CompletedProcess, *said: str) -> str:
+    """The one line a refusal prints; it names each of ``said``."""
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    for word in ("run.dir", *said):
+    for word in said:
         assert word in lines[0], lines[0]
     return lines[0]
 
@@ -146,6 +163,36 @@ def test_a_run_dir_another_user_could_change_is_refused_at_start_and_nothing_is_
     done = streamrl(name, run_dir, *POLICY[name].args, cwd=tmp_path)
     refused(done, why)
     assert fingerprint(tmp_path) == before
+
+
+def make_example(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl", "example", *POLICY["example"].args, *args],
+        cwd=cwd, env=dict(os.environ, PYTHONPATH=os.getcwd()), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_streamrl_example_refuses_a_folder_another_user_could_change_and_writes_nothing(tmp_path):
+    folder, why = another_users(tmp_path)
+    before = fingerprint(tmp_path)
+    done = make_example(
+        "--policy", str(folder / "policy"), "--data", str(folder / "d.jsonl"), cwd=tmp_path
+    )
+    refused_line(done, "the folder of model.path (--policy)", why)
+    assert fingerprint(tmp_path) == before
+
+
+def test_streamrl_example_refuses_a_link_planted_at_a_path_and_writes_nothing(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "data.jsonl").symlink_to(victim / "notes.txt")
+    before = fingerprint(tmp_path)
+    done = make_example(
+        "--policy", str(tmp_path / "policy"), "--data", str(tmp_path / "data.jsonl"), cwd=tmp_path
+    )
+    refused_line(done, "data.path", "symlink")
+    assert fingerprint(tmp_path) == before and not (tmp_path / "policy").exists()
 
 
 def planted(tmp_path: Path, link: str) -> tuple[Path, Path]:

@@ -158,21 +158,32 @@ def test_dpo_on_lora_starts_at_log_2_against_its_adapters_off_and_learns_the_pre
     assert (run_dir / "policy" / "adapter").is_dir()
 
 
-def test_the_sft_preset_builds_its_policy_and_dataset_where_missing(tmp_path):
+def test_streamrl_example_sft_makes_the_sft_presets_inputs_and_a_missing_one_is_named(
+    tmp_path, monkeypatch
+):
     from streamrl.configs.errors import ConfigError
-    from streamrl.launch.supervised import build_inputs
+    from streamrl.examples.assets_cli import example_targets, make
+    from streamrl.launch.supervised import check_inputs
     from streamrl.policy.load import load_policy
 
+    monkeypatch.chdir(tmp_path)
     preset = load_config("sft_cpu", [], env={})
-    model = preset.model.model_copy(update={"path": str(tmp_path / "init")})
-    data = preset.supervised.model_copy(update={"path": str(tmp_path / "sft" / "train.jsonl")})
-    build_inputs(model, data, seed=0)
-    assert load_policy(model.path).config.num_hidden_layers == 2
-    rows = (tmp_path / "sft" / "train.jsonl").read_text().splitlines()
+    with pytest.raises(ConfigError) as err:
+        check_inputs(preset.model, preset.supervised)
+    assert str(err.value) == (
+        "model.path 'runs/demo-init' does not exist: make it with `streamrl example sft`"
+    )
+    assert make(example_targets("sft", None, None), say=lambda _: None) == [
+        preset.model.path,
+        preset.supervised.path,
+    ]
+    check_inputs(preset.model, preset.supervised)
+    assert load_policy(preset.model.path).config.num_hidden_layers == 2
+    rows = Path(preset.supervised.path).read_text().splitlines()
     assert len(rows) == 60 * preset.supervised.batch_size
     assert set(json.loads(rows[0])) == {"prompt", "completion"}
     with pytest.raises(ConfigError, match="supervised.path"):
-        build_inputs(model, data.model_copy(update={"build": None, "path": "nothere"}), 0)
+        check_inputs(preset.model, preset.supervised.model_copy(update={"path": "nothere"}))
 
 
 def _scraped(port: int, name: str) -> float:

@@ -6,8 +6,8 @@ median, as with reasoning traces. A synchronous loop waits for that longest comp
 every batch; streamrl's actors refill a finished slot with the next request. Used by
 ``configs/longtail_cpu.yaml`` and by ``bench.longtail``. It runs on the demo's char
 tokenizer and tiny Qwen2 (``streamrl.examples.reverse_digits``), whose 64 positions hold
-the longest prompt and completion. ``python -m streamrl.examples.longtail_copy`` builds
-the policy and dataset folders if they are missing.
+the longest prompt and completion. ``streamrl example longtail`` makes the policy and
+dataset.
 """
 
 from streamrl.examples.longtail_copy.assets import build_policy, write_dataset

@@ -1,4 +1,4 @@
-"""The long-tail task's inputs: the warmed policy folder (``model.build``) and the prompts (``data.build``)."""
+"""The long-tail task's inputs (``streamrl example longtail``): the warmed policy folder and the prompts."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def build_policy(
     warm_start_steps: int = WARM_START_STEPS,
     warm_start_lr: float = WARM_START_LR,
 ) -> Path:
-    """The ``model.build`` hook: the demo's tiny Qwen2, warmed on random digits of every length + EOS.
+    """The task's policy: the demo's tiny Qwen2, warmed on random digits of every length + EOS.
 
     Like the demo's warm start it teaches the format (as many digits as the prompt, then
     stop), not the answer: RL has to learn to copy.
@@ -38,7 +38,7 @@ def build_policy(
 
 
 def write_dataset(path: str | os.PathLike, size: int = 2000, seed: int = 0) -> Path:
-    """The ``data.build`` hook: ``size`` heavy-tailed prompts as JSONL (``prompt`` + ``answer``)."""
+    """The task's prompts: ``size`` heavy-tailed prompts as JSONL (``prompt`` + ``answer``)."""
     if Path(path).exists():
         return Path(path)
     return assets.write_rows(path, examples(size, seed))

@@ -91,18 +91,19 @@ def make_two_turn_example(rng: random.Random) -> dict[str, str]:
 def build_policy(
     path: str | os.PathLike, seed: int = 0, warm_start_steps: int = WARM_START_STEPS
 ) -> Path:
-    """The ``model.build`` hook: the reverse-digits demo's tiny policy, its format warm start
-    taught on both turns' contexts, with ``CHAT_TEMPLATE``."""
+    """The task's policy (``streamrl example multiturn``): the reverse-digits demo's tiny policy,
+    its format warm start taught on both turns' contexts, with ``CHAT_TEMPLATE``."""
     from transformers import AutoTokenizer
 
     path = Path(path)
     if (path / "config.json").exists():
         return path
-    tmp = path.with_name(path.name + ".build")
-    assets.build_policy(tmp, seed, warm_start_steps, make=make_two_turn_example)
-    tokenizer = AutoTokenizer.from_pretrained(tmp)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(tmp)
-    # atomic: concurrent builders never see half a folder
-    os.replace(tmp, path)
+    with assets.staging(path) as work:
+        tmp = assets.build_policy(
+            work / "policy", seed, warm_start_steps, make=make_two_turn_example
+        )
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+        tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.save_pretrained(tmp)
+        assets.replace_into(tmp, path)
     return path

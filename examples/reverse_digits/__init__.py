@@ -1,13 +1,12 @@
 """The CPU demo task, "reverse 3 digits": prompt ``"314>"``, answer ``"413"`` then end-of-sequence.
 
-Everything the demo needs that no model hub can give us here, opted into by
-``configs/demo_cpu.yaml``: ``build_policy`` (``model.build``: a char tokenizer and a
-random-init tiny Qwen2 with a format warm start), ``write_dataset`` (``data.build``:
-the generated prompts), the inputs of ``configs/sft_cpu.yaml`` (``build_initial_policy``, the
-random init; ``write_warm_start_dataset``, the warm start's rows), of ``configs/dpo_cpu.yaml``
-(``write_preference_dataset``) and the rewards ``reverse_digits`` (shaped, what is trained) and
-``reverse_digits_exact`` (the exact-match rate, a target bar). ``python -m
-streamrl.examples.reverse_digits`` builds the policy and dataset folders if they are missing.
+Everything the demo needs that no model hub can give us here: ``build_policy`` (a char
+tokenizer and a random-init tiny Qwen2 with a format warm start) and ``write_dataset`` (the
+generated prompts), the inputs of ``configs/demo_cpu.yaml``; those of ``configs/sft_cpu.yaml``
+(``build_initial_policy``, the random init; ``write_warm_start_dataset``, the warm start's
+rows) and of ``configs/dpo_cpu.yaml`` (``write_preference_dataset``); and the rewards
+``reverse_digits`` (shaped, what is trained) and ``reverse_digits_exact`` (the exact-match
+rate, a target bar). ``streamrl example demo`` (``sft``, ``dpo``) makes a preset's inputs.
 """
 
 from streamrl.examples.reverse_digits.assets import (

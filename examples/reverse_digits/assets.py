@@ -1,19 +1,23 @@
-"""The demo's inputs: the policy folder (``model.build``) and the prompt file (``data.build``).
+"""The demo's inputs: the policy folder and the prompt file, and those of the SFT and DPO presets.
 
-streamrl calls a hook as ``fn(path, seed=run.seed)`` when the path is missing; both
-write atomically, so the launcher and a lone actor may race to build them.
+``streamrl example`` (``streamrl.examples.assets_cli``) calls them as ``fn(path, seed=seed)``.
+Each writes once and atomically (under a temporary name in the same folder, renamed into place),
+so two makers may race and a reader never sees half a folder or file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+from streamrl.configs.runfiles import write_new
 from streamrl.examples.reverse_digits.task import (
     build_model,
     build_tokenizer,
@@ -33,17 +37,17 @@ WARM_START_BATCH = 256
 
 
 def build_initial_policy(path: str | os.PathLike, seed: int = 0) -> Path:
-    """The ``model.build`` hook of ``configs/sft_cpu.yaml``: the demo's char tokenizer and its tiny
-    Qwen2, randomly initialised from ``seed``, as a Hugging Face folder (written once, atomically)."""
+    """``configs/sft_cpu.yaml``'s policy: the demo's char tokenizer and its tiny Qwen2, randomly
+    initialised from ``seed``, as a Hugging Face folder (written once, atomically)."""
     path = Path(path)
     if (path / "config.json").exists():
         return path
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    _replace(tmp, path)
+    with staging(path) as work:
+        model.save_pretrained(work / "policy")
+        tokenizer.save_pretrained(work / "policy")
+        replace_into(work / "policy", path)
     return path
 
 
@@ -54,13 +58,13 @@ def write_warm_start_dataset(
     batch: int = WARM_START_BATCH,
     make=make_example,
 ) -> Path:
-    """The ``supervised.build`` hook of ``configs/sft_cpu.yaml``: the format warm start's
+    """``configs/sft_cpu.yaml``'s dataset: the format warm start's
     ``steps`` x ``batch`` prompt/completion rows (``task.warm_start_rows``) as JSONL, once."""
     return write_rows(path, warm_start_rows(steps, batch, seed, make))
 
 
 def write_preference_dataset(path: str | os.PathLike, seed: int = 0, size: int = 1000) -> Path:
-    """The ``supervised.build`` hook of ``configs/dpo_cpu.yaml``: ``size`` distinct prompts, each
+    """``configs/dpo_cpu.yaml``'s dataset: ``size`` distinct prompts, each
     with its reversed digits as ``chosen`` and its digits as they stand as ``rejected``."""
     rows = [
         {"prompt": ex["prompt"], "chosen": ex["answer"], "rejected": ex["answer"][::-1]}
@@ -78,7 +82,7 @@ def build_policy(
     warm_start_batch: int = WARM_START_BATCH,
     keep_optimizer: bool = True,
 ) -> Path:
-    """The ``model.build`` hook: build (once) the warmed demo policy as a Hugging Face folder
+    """The demo's policy: build (once) the warmed demo policy as a Hugging Face folder
     (``make``: the task whose answer format the warm start teaches).
 
     The warm start is a ``streamrl sft`` run (``configs/sft_cpu.yaml``, in a process of its own:
@@ -90,12 +94,10 @@ def build_policy(
     path = Path(path)
     if (path / "config.json").exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staging(path) as work:
         initial = build_initial_policy(work / "initial", seed)
         if not warm_start_steps:
-            _replace(initial, path)
+            replace_into(initial, path)
             return path
         data = write_warm_start_dataset(
             work / "warm_start.jsonl", seed, warm_start_steps, warm_start_batch, make
@@ -113,10 +115,7 @@ def build_policy(
                 "run.report_to=[]",
             ]
         )
-        # atomic: concurrent builders never see half a folder
-        _replace(work / "run" / "policy", path)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        replace_into(work / "run" / "policy", path)
     return path
 
 
@@ -134,8 +133,21 @@ def run_sft(overrides: list[str]) -> None:
         raise RuntimeError(f"streamrl sft failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 
 
-def _replace(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst`` unless a concurrent builder got there first."""
+@contextlib.contextmanager
+def staging(path: Path) -> Iterator[Path]:
+    """A fresh folder beside ``path`` (same file system, so a rename moves it into place) where
+    it is built, removed afterwards with whatever was left in it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def replace_into(src: Path, dst: Path) -> None:
+    """Move the folder ``src`` to ``dst`` (atomic: a reader never sees half a folder) unless a
+    concurrent maker got there first."""
     try:
         os.replace(src, dst)
     except OSError:
@@ -144,21 +156,18 @@ def _replace(src: Path, dst: Path) -> None:
 
 
 def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Write ``rows`` as JSONL at ``path`` once, atomically."""
+    """Write ``rows`` as JSONL at ``path`` once, atomically (``configs.runfiles.write_new``: an
+    exclusive temporary name, renamed into place)."""
     path = Path(path)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
+    write_new(path, "".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 
 def write_dataset(path: str | os.PathLike, size: int = 1000, seed: int = 0) -> Path:
-    """The ``data.build`` hook: write the demo prompts as JSONL (``prompt`` + ``answer``) once.
+    """The demo's prompts: write them as JSONL (``prompt`` + ``answer``) once.
 
     Every prompt is distinct (the default 1,000 rows are all 3-digit numbers,
     shuffled by ``seed``): rows drawn with replacement held only ~630 distinct prompts.
