@@ -52,7 +52,7 @@ TRAINING_ARGUMENTS: dict[str, Entry] = {
     "learning_rate": Entry("mapped", "learner.lr"),
     "lr_scheduler_type": Entry(
         "mapped",
-        "learner.lr_scheduler (+ run.max_steps)",
+        "learner.lr_scheduler, run.max_steps",
         "linear, cosine, constant, constant_with_warmup; linear and cosine with the file's "
         "max_steps (or the base's run.max_steps); other schedules are refused",
     ),
@@ -62,8 +62,9 @@ TRAINING_ARGUMENTS: dict[str, Entry] = {
     "warmup_steps": Entry(
         "approximated",
         "learner.warmup_steps",
-        "an int: the same optimizer steps; a float < 1 (a ratio): "
-        "ceil(ratio x run.max_steps x learner.minibatches x learner.updates_per_batch)",
+        "an int: x learner.minibatches x learner.updates_per_batch (the optimizer steps of a "
+        "learner step); a float < 1, a ratio: ceil(ratio x run.max_steps x learner.minibatches "
+        "x learner.updates_per_batch)",
     ),
     "weight_decay": Entry("mapped", "learner.weight_decay"),
     "adam_beta1": Entry("mapped", "learner.betas", "with adam_beta2"),
@@ -405,11 +406,11 @@ VERL: dict[str, Entry] = {
     _A + "optim.clip_grad": Entry("mapped", "learner.grad_clip"),
     _A + "optim.lr_scheduler_type": Entry(
         "mapped",
-        "learner.lr_scheduler (+ run.max_steps)",
+        "learner.lr_scheduler, run.max_steps",
         "constant, cosine (with trainer.total_training_steps or the base's run.max_steps)",
     ),
     _A + "optim.warmup_style": Entry(
-        "mapped", "learner.lr_scheduler (+ run.max_steps)", "older verl's lr_scheduler_type"
+        "mapped", "learner.lr_scheduler, run.max_steps", "older verl's lr_scheduler_type"
     ),
     _A + "optim.lr_warmup_steps": Entry(
         "approximated",
