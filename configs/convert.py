@@ -1,17 +1,21 @@
-"""Translate a TRL ``GRPOConfig`` or a verl config into a streamrl config, field by field.
+"""Translate a TRL ``GRPOConfig``, ``SFTConfig`` or ``DPOConfig`` or a verl config into a
+streamrl ``run``, ``sft`` or ``dpo`` config, field by field.
 
 Every field of the foreign file gets a row: *mapped* (same meaning), *approximated* (the
-nearest streamrl setting, and how it differs), *refused* (no counterpart, and why) or *unset*
-(null there, so streamrl's default stands). Names resolve through ``foreign.FOREIGN`` (the
-map the loader's unknown-key hint uses), then the verl paths whose last part alone is
-ambiguous (``actor_rollout_ref.rollout.n``), then a streamrl key of the same unique name
-(``temperature``, ``seed``). Each value is checked against the schema on its own: one the
-schema rejects is refused with the loader's reason, so the written YAML always loads.
+nearest streamrl setting, and how it differs), *refused* (why) or *unset* (null there, so
+streamrl's default stands). A field's rule (``convert_rules.RULES``: a value that changes on the
+way, or fields read together) decides first, else its entry in the catalogue of every field of
+the pinned releases (``convert_fields``, which ``docs/migrating.md``'s tables are written
+from); a field of another release maps by its name in ``foreign.FOREIGN`` or a streamrl key of
+the same unique name, approximated. A field's settings are checked against the schema
+together: one the schema rejects is refused with the loader's reason, so the written YAML
+always loads.
 
 A setting that names code a run would import (``convert_rules.CODE_KEYS``: a plug-in reward,
-a ``build`` hook, an environment, ``trust_remote_code``) is a *code reference*: listed first
-in the table and written commented out, never live, so a converted config runs nothing the
-foreign file named until the user has looked; converting imports nothing either.
+a ``build`` hook, an environment, ``trust_remote_code``) and that the base does not run already
+is a *code reference*: listed first in the table and written commented out, never live, so a
+converted config runs nothing the foreign file named until the user has looked; converting
+imports nothing either.
 May import ``streamrl.configs`` only.
 """
 
@@ -26,15 +30,8 @@ from pydantic import BaseModel
 
 from streamrl.configs import foreign
 from streamrl.configs.convert_fields import CATALOGUES, entry
-from streamrl.configs.convert_rules import (
-    NO_COUNTERPART,
-    RULES,
-    Dialect,
-    Refused,
-    Setting,
-    Status,
-    code_in,
-)
+from streamrl.configs.convert_rules import NO_COUNTERPART, RULES, code_in
+from streamrl.configs.convert_types import Dialect, Refused, Setting, Status
 from streamrl.configs.errors import ConfigError
 from streamrl.configs.load import load_config, read_tree
 from streamrl.configs.schema import Config

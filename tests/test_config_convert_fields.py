@@ -19,8 +19,9 @@ from streamrl.configs import ConfigError, load_config
 from streamrl.configs.__main__ import main
 from streamrl.configs.convert import _schema_leaves, convert
 from streamrl.configs.convert_doc import tables
-from streamrl.configs.convert_fields import CATALOGUES, VERL, entry
+from streamrl.configs.convert_fields import CATALOGUES, entry
 from streamrl.configs.convert_rules import RULES
+from streamrl.configs.convert_verl_fields import VERL
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_KEYS = ROOT / "tests" / "data" / "verl_v0.7.0_ppo_trainer_keys.txt"
@@ -132,7 +133,10 @@ def test_a_warm_up_ratio_becomes_the_same_share_of_the_runs_optimizer_steps():
 
 def test_reward_weights_weigh_the_files_functions_or_the_bases_and_a_count_mismatch_is_one_line():
     settings, _rows = convert({"reward_funcs": ["math", "gsm8k"], "reward_weights": [1, 2]}, "trl")
-    assert settings["reward.functions"] == [{"fn": "math", "weight": 1}, {"fn": "gsm8k", "weight": 2}]
+    assert settings["reward.functions"] == [
+        {"fn": "math", "weight": 1},
+        {"fn": "gsm8k", "weight": 2},
+    ]
     functions = load_config("demo_cpu", env={}).reward.functions
     weights = [0.5 + i for i in range(len(functions))]
     settings, rows = convert({"reward_weights": weights}, "trl", "demo_cpu")
@@ -175,7 +179,10 @@ def test_an_accepted_value_maps_to_streamrls_behaviour_and_another_is_refused_wi
     assert by["adam_epsilon"].status == "refused" and "1e-8" in by["adam_epsilon"].note
     settings, rows = convert({"model_init_kwargs": {"torch_dtype": "bfloat16",
                                                     "attn_implementation": "sdpa"}}, "trl")  # fmt: skip
-    assert settings == {"model.dtype": "bfloat16", "model.init_kwargs": {"attn_implementation": "sdpa"}}
+    assert settings == {
+        "model.dtype": "bfloat16",
+        "model.init_kwargs": {"attn_implementation": "sdpa"},
+    }
 
 
 def test_trls_sft_and_dpo_configs_convert_into_streamrl_sft_and_dpo_configs(tmp_path):
