@@ -33,7 +33,8 @@ def _convert(argv: list[str]) -> int:
         choices=list(convert.RULES),
         required=True,
         help="trl: a GRPOConfig, for streamrl run; trl-sft: an SFTConfig, for streamrl sft; "
-        "trl-dpo: a DPOConfig, for streamrl dpo; verl: a ppo_trainer.yaml, for streamrl run",
+        "trl-dpo: a DPOConfig, for streamrl dpo; verl: a ppo_trainer.yaml, for streamrl run. A "
+        "TRL file with a field of another class stops, naming the --from to use",
     )
     parser.add_argument("file", help="the TRL or verl config, as YAML")
     parser.add_argument("--base", help="a preset or YAML file the converted settings go on top of")

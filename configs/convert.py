@@ -148,6 +148,7 @@ def convert(
     (reward weights that do not match the functions)."""
     if dialect not in RULES:
         raise ConfigError(f"--from {dialect}: one of {', '.join(RULES)}")
+    _check_class(tree, dialect)
     base_cfg = load_config(base, env={}) if base is not None else None
     # code the base runs already is no new reference (its reward functions, reweighted)
     known = (
@@ -182,6 +183,19 @@ def convert(
     # each field passed on its own; one that only fails beside another (a cross-key rule) is named
     load_config(base, settings, env={})
     return settings, rows
+
+
+def _check_class(tree: dict, dialect: Dialect) -> None:
+    """A ConfigError naming the --from to use when a TRL file has a field only another of TRL's
+    classes has (a DPOConfig's beta is not GRPO's KL coefficient)."""
+    if dialect == "verl":
+        return
+    for name in tree:
+        others = [d for d in ("trl", "trl-sft", "trl-dpo") if name in CATALOGUES[d]]
+        if others and dialect not in others:
+            raise ConfigError(
+                f"{name} is not a field of --from {dialect}: --from {' or --from '.join(others)}"
+            )
 
 
 def _clashes(

@@ -199,3 +199,10 @@ def test_trls_sft_and_dpo_configs_convert_into_streamrl_sft_and_dpo_configs(tmp_
     assert (cfg.supervised.beta, cfg.supervised.loss, cfg.run.max_steps) == (0.2, "ipo", 40)
     # DPO's beta is the preference loss's, not GRPO's KL coefficient
     assert cfg.algo.kl_coef == load_config("dpo_cpu", env={}).algo.kl_coef
+
+
+def test_a_trl_file_of_another_class_stops_naming_the_from_to_use():
+    with pytest.raises(ConfigError, match="packing is not a field of --from trl: --from trl-sft"):
+        convert({"beta": 0.1, "packing": True}, "trl")
+    with pytest.raises(ConfigError, match="--from trl-dpo"):
+        convert({"beta": 0.1, "precompute_ref_log_probs": True}, "trl-sft")
