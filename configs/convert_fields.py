@@ -261,6 +261,15 @@ _SUPERVISED: dict[str, Entry] = {
         "approximated", "supervised.batch_size", "with per_device_train_batch_size"
     ),
     "eval_steps": Entry("refused", "", "streamrl sft/dpo do not evaluate"),
+    "warmup_steps": Entry(
+        "approximated",
+        "learner.warmup_steps",
+        "an int: the same steps (an SFT/DPO step is one optimizer step); a float < 1, a ratio: "
+        "ceil(ratio x run.max_steps)",
+    ),
+    "warmup_ratio": Entry(
+        "approximated", "learner.warmup_steps", "ceil(warmup_ratio x run.max_steps)"
+    ),
     "max_length": Entry("mapped", "supervised.max_length", "longer rows are cut from the right"),
     "shuffle_dataset": Entry("mapped", "supervised.shuffle"),
     "truncation_mode": Entry(

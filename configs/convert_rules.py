@@ -5,6 +5,7 @@ would import."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -311,6 +312,8 @@ _TRAINING_ARGUMENTS: dict[str, Rule] = {
 }
 _SUPERVISED: dict[str, Rule] = {
     **_TRAINING_ARGUMENTS,
+    "warmup_steps": functools.partial(schedule.trl_warmup_steps, supervised=True),
+    "warmup_ratio": functools.partial(schedule.trl_warmup_ratio, supervised=True),
     "per_device_train_batch_size": _supervised_batch,
     "gradient_accumulation_steps": _supervised_batch,
     "num_train_epochs": _supervised_epochs,

@@ -54,8 +54,11 @@ def lr_scheduler(value, tree, base) -> list[Setting]:
     return out
 
 
-def _optimizer_steps(tree: dict, base: Config | None) -> tuple[int, int]:
-    """(learner.minibatches, learner.updates_per_batch) of the converted run."""
+def _optimizer_steps(tree: dict, base: Config | None, supervised: bool) -> tuple[int, int]:
+    """(learner.minibatches, learner.updates_per_batch) of the converted run; an SFT or DPO
+    step is one optimizer step."""
+    if supervised:
+        return (1, 1)
     learner = (base.learner if base is not None else None) or _LEARNER_DEFAULTS
     updates = tree.get("num_iterations") or value_at(tree, _A + "ppo_epochs")
     groups = value_at(tree, "data.train_batch_size")
@@ -64,10 +67,12 @@ def _optimizer_steps(tree: dict, base: Config | None) -> tuple[int, int]:
     return (minibatches or learner.minibatches, updates or learner.updates_per_batch)
 
 
-def _warmup(steps: int | float, tree: dict, base: Config | None, ratio: bool) -> list[Setting]:
+def _warmup(
+    steps: int | float, tree: dict, base: Config | None, ratio: bool, supervised: bool = False
+) -> list[Setting]:
     """learner.warmup_steps for a warm-up of ``steps`` foreign steps, or of a ``ratio`` of the
     run: the same share of the schedule, in optimizer steps."""
-    minibatches, updates = _optimizer_steps(tree, base)
+    minibatches, updates = _optimizer_steps(tree, base, supervised)
     per = minibatches * updates
     if not ratio:
         status: Status = "mapped" if per == 1 else "approximated"
@@ -84,19 +89,19 @@ def _warmup(steps: int | float, tree: dict, base: Config | None, ratio: bool) ->
     return [Setting("learner.warmup_steps", warm, "approximated", formula)]
 
 
-def trl_warmup_steps(value, tree, base) -> list[Setting]:
+def trl_warmup_steps(value, tree, base, supervised: bool = False) -> list[Setting]:
     if isinstance(value, float) and 0 < value < 1:
         # transformers 5: a float under 1 is a ratio of the run
-        return _warmup(value, tree, base, ratio=True)
+        return _warmup(value, tree, base, True, supervised)
     if value == 0 and (tree.get("warmup_ratio") or 0) > 0:
         return [Setting(None, value, note="0: warmup_ratio sets the warm-up")]
-    return _warmup(value, tree, base, ratio=False)
+    return _warmup(value, tree, base, False, supervised)
 
 
-def trl_warmup_ratio(value, tree, base) -> list[Setting]:
+def trl_warmup_ratio(value, tree, base, supervised: bool = False) -> list[Setting]:
     if (tree.get("warmup_steps") or 0) >= 1:
         return [Setting(None, value, note="warmup_steps > 0 overrides it, as in transformers")]
-    return _warmup(value, tree, base, ratio=True)
+    return _warmup(value, tree, base, True, supervised)
 
 
 def verl_warmup_steps(value, tree, base) -> list[Setting]:

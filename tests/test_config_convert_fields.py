@@ -188,7 +188,9 @@ def test_an_accepted_value_maps_to_streamrls_behaviour_and_another_is_refused_wi
 def test_trls_sft_and_dpo_configs_convert_into_streamrl_sft_and_dpo_configs(tmp_path):
     sft = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
            "num_train_epochs": 2.5, "max_length": 512, "packing": True, "learning_rate": 2e-5}  # fmt: skip
-    settings, _rows = convert(sft, "trl-sft", "sft_cpu")
+    settings, _rows = convert({**sft, "max_steps": 100, "warmup_ratio": 0.1}, "trl-sft", "sft_cpu")
+    # an SFT step is one optimizer step, whatever the base's RL minibatches
+    assert settings["learner.warmup_steps"] == 10
     assert settings["supervised.batch_size"] == 32 and settings["supervised.epochs"] == 3
     assert settings["supervised.max_length"] == 512 and settings["learner.lr"] == 2e-5
     (tmp_path / "dpo.yaml").write_text("beta: 0.2\nloss_type: [ipo]\nmax_steps: 40\n")
