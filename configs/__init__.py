@@ -6,8 +6,10 @@ Owns the config schema: ``schema`` composes the whole ``Config`` from one module
 (``load``), the one bounded reader of every YAML document a command loads (``yamlfile``), the
 one redaction of secrets from a config (``redact``), how a run's files are created and which
 directories a run trusts (``runfiles``), TRL's and verl's names for its keys
-(``foreign``) and the translation of their config files (``convert``, its per-field rules in
-``convert_rules``), where the keys of an older streamrl went (``renamed``), the configuration
+(``foreign``) and the translation of their config files (``convert``; its vocabulary
+``convert_types``; its per-field rules in ``convert_rules``, ``convert_schedule`` and
+``convert_rewards``; the catalogue of every field it reads in ``convert_fields`` and
+``convert_verl_fields``; the doc's tables written from it by ``convert_doc``), where the keys of an older streamrl went (``renamed``), the configuration
 reference (``reference``), ``streamrl config show|convert``
 (``__main__``) and the YAML presets beside them.
 

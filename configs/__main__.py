@@ -4,9 +4,9 @@
 a preset, a YAML file or a run directory (its saved ``config.yaml``: what that run ran
 with). Every default is spelled out, so the output is a complete config file.
 
-``convert --from trl|verl FILE [--base C] [--out OUT]``: FILE (a TRL ``GRPOConfig`` or a
-verl config as YAML) as a streamrl config, on top of ``C``'s file when given, plus a table
-of each field: a code reference (code a run would import: written commented out, for the
+``convert --from trl|trl-sft|trl-dpo|verl FILE [--base C] [--out OUT]``: FILE (a TRL
+``GRPOConfig``, ``SFTConfig`` or ``DPOConfig``, or a verl config, as YAML) as a streamrl
+``run``, ``sft`` or ``dpo`` config, on top of ``C``'s file when given, plus a table of each field: a code reference (code a run would import: written commented out, for the
 user to review), mapped, approximated (and how), refused (and why) or unset. Every YAML file
 is read through ``yamlfile``'s bounds.
 """
@@ -27,8 +27,16 @@ def _convert(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="streamrl config convert", description="a TRL or verl config as a streamrl config"
     )
-    parser.add_argument("--from", dest="dialect", choices=["trl", "verl"], required=True)
-    parser.add_argument("file", help="the TRL GRPOConfig or verl config, as YAML")
+    parser.add_argument(
+        "--from",
+        dest="dialect",
+        choices=list(convert.RULES),
+        required=True,
+        help="trl: a GRPOConfig, for streamrl run; trl-sft: an SFTConfig, for streamrl sft; "
+        "trl-dpo: a DPOConfig, for streamrl dpo; verl: a ppo_trainer.yaml, for streamrl run. A "
+        "TRL file with a field of another class stops, naming the --from to use",
+    )
+    parser.add_argument("file", help="the TRL or verl config, as YAML")
     parser.add_argument("--base", help="a preset or YAML file the converted settings go on top of")
     parser.add_argument("--out", help="write the YAML here (default: stdout; the table to stderr)")
     args = parser.parse_args(argv)
