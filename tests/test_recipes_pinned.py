@@ -90,6 +90,7 @@ OTHER_DEFAULT: dict[str, Any] = {
 # The fields of the training sections that do not change what is trained, and why.
 NOT_TRAINING = {
     "supervised.path": "the dataset: each test names its own",
+    "algo.staleness_auto": "read only under algo.max_staleness: auto, which a pinned integer bound rules out",
     "supervised.save_optimizer": "what the export holds",
     "model.lora.sync": "what travels to the actors; the policy they sample is the same",
     **dict.fromkeys(
@@ -137,7 +138,8 @@ def _import(name: str, monkeypatch):
 @contextmanager
 def _defaults(values: dict[str, Any]):
     """The schema with other defaults for ``values``' knobs (restored on exit)."""
-    saved, classes = [], {Config}
+    # each section class and its depth under Config (0)
+    saved, depth = [], {Config: 0}
     for knob, value in values.items():
         *section, name = knob.split(".")
         cls = _section_class(section)
@@ -147,11 +149,15 @@ def _defaults(values: dict[str, Any]):
             field.default_factory = lambda value=value: value
         else:
             field.default = value
-        classes |= {_section_class(section[:i]) for i in range(1, len(section) + 1)}
+        for i in range(1, len(section) + 1):
+            outer = _section_class(section[:i])
+            depth[outer] = max(depth.get(outer, 0), i)
 
     def rebuild() -> None:
-        # the innermost sections first: each embeds the schemas of those below it
-        for cls in sorted(classes, key=lambda c: c is Config):
+        # the deepest sections first: each embeds the schemas of those below it as they were
+        # when it was built, so model.lora rebuilt after model left model with the other
+        # defaults for good (another test in the process then exported with lora alpha 4)
+        for cls in sorted(depth, key=depth.__getitem__, reverse=True):
             cls.model_rebuild(force=True)
 
     rebuild()
@@ -223,6 +229,19 @@ def _moved(tmp_path: Path, monkeypatch, defaults: dict[str, Any]) -> dict[str, d
         if changes:
             moved[name] = changes
     return moved
+
+
+def test_the_other_defaults_leave_no_trace_in_the_schema():
+    """Every other test in the process loads configs after these checks: a section rebuilt in the
+    wrong order kept the other defaults (an export there built LoRA with alpha 4)."""
+    # a value in each section, so that each is validated by the schema its parent embeds (an
+    # absent section is its own class's default, which a stale parent schema does not show)
+    given = {section: {} for section in ("algo", "learner", "rollout", "supervised")}
+    given["model"] = {"lora": {"rank": 8}}
+    before = Config.model_validate(given).model_dump()
+    with _defaults(OTHER_DEFAULT):
+        assert Config.model_validate(given).model_dump() != before
+    assert Config.model_validate(given).model_dump() == before
 
 
 def test_the_learning_tests_are_found_by_what_they_define():
