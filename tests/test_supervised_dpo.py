@@ -1,4 +1,5 @@
-"""DPO on the learner: hand-worked sigmoid and IPO cases, and TRL's own ``DPOTrainer`` loss.
+"""DPO on the learner: hand-worked sigmoid and IPO cases, TRL's own ``DPOTrainer`` loss, and a whole
+step against a slow per-pair loop.
 
 TRL's loss lives in ``DPOTrainer._compute_loss(model, inputs)``; the smallest way in is a real
 trainer on the demo policy, never trained, fed hand-built ``inputs`` with the reference
@@ -164,3 +165,58 @@ def test_loss_and_gradients_equal_trls_dpo_loss(demo_policy, tmp_path, loss):
     for name, grad in their_grads.items():
         scale = grad.abs().max().item()
         assert (our_grads[name] - grad).abs().max().item() <= 1e-4 * scale + 1e-7, name
+
+
+def _slow_sum(model, sample: Sample) -> float:
+    """log pi(response | prompt) of one unpadded sample, one forward pass of its own, in float64."""
+    ids = torch.from_numpy(sample.input_ids)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double()
+    logprobs = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+    trained = torch.from_numpy(sample.trained())
+    return float(logprobs[sample.prompt_len - 1 :][trained].sum())
+
+
+@pytest.mark.timeout(180)
+def test_a_dpo_step_row_equals_a_slow_per_pair_computation_against_the_starting_weights(
+    demo_policy, tmp_path
+):
+    """Step 2 of a run (the policy one update away from its reference), split over several
+    micro-batches: its loss, margin and accuracy are those of a plain loop that scores each
+    response alone with the policy of that moment and with the starting weights loaded afresh
+    (a reference that moved with the policy would fail here)."""
+    from streamrl.configs import load_config
+    from streamrl.examples.reverse_digits.assets import write_preference_dataset
+    from streamrl.learner.dpo import DPO
+
+    beta = 0.5
+    data = write_preference_dataset(tmp_path / "pairs.jsonl", size=24)
+    cfg = load_config(None, [
+        f"run.dir={tmp_path / 'run'}", "run.report_to=[]", f"model.path={demo_policy}",
+        f"supervised.path={data}", "supervised.batch_size=8", f"supervised.beta={beta}",
+        "learner.lr=3e-3", "learner.lr_scheduler=constant", "learner.micro_batch_tokens=64",
+        "learner.init_optimizer=fresh",
+    ], env={})  # fmt: skip
+    runner = DPO(cfg)
+    try:
+        runner.train_next()
+        policy = load_policy(demo_policy)
+        policy.load_state_dict(runner.engine.module.state_dict())
+        picked = [
+            runner.examples[i]
+            for i in sb.step_indices(len(runner.examples), 8, 1, cfg.run.seed, True)
+        ]
+        assert len(runner.micro_batches(picked, sb.pair_micro_batches)[0]) > 1
+        row = runner.train_next()
+    finally:
+        runner.close()
+    reference = load_policy(demo_policy)
+    rewards = [
+        [beta * (_slow_sum(policy, s) - _slow_sum(reference, s)) for s in pair] for pair in picked
+    ]
+    margins = [chosen - rejected for chosen, rejected in rewards]
+    assert any(abs(m) > 1e-3 for m in margins)
+    losses = [math.log1p(math.exp(-m)) for m in margins]
+    assert row["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-4)
+    assert row["reward_margin"] == pytest.approx(sum(margins) / len(margins), rel=1e-4, abs=1e-6)
+    assert row["reward_accuracy"] == sum(m > 0 for m in margins) / len(margins)
