@@ -190,7 +190,10 @@ def run(
     finally:
         # stopping the children in order is not cut short by a second Ctrl-C
         _set_handlers(signal.SIG_IGN)
-        console.print(f"stopping ({reason}) ...")
+        # a start refused before it started anyone (a missing input, a refused run.dir) is its
+        # one line of error, nothing said about stopping
+        if sup.started_anyone:
+            console.print(f"stopping ({reason}) ...")
         sup.stop()
         for sig, handler in (previous or {}).items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)

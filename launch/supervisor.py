@@ -513,6 +513,13 @@ class Supervisor:
     def _stop_child(self, child: Child) -> None:
         stop_child(child, self.event, STOP_TIMEOUT_S[child.role])
 
+    @property
+    def started_anyone(self) -> bool:
+        """Whether ``start`` got as far as a process of the run's (Redis, the learner, an actor)."""
+        return any(x is not None for x in (self.redis_server, self.learner)) or bool(
+            self.actors or self.helpers
+        )
+
     def stop(self) -> None:
         """Actors first (they abandon their group), then the learner (final checkpoint), then Redis."""
         for child in self.actors:

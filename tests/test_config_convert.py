@@ -131,7 +131,9 @@ def test_a_converted_trl_config_stops_the_run_naming_model_path_and_makes_nothin
         cwd=work, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     lines = [line for line in done.stderr.splitlines() if line.strip()]
+    # the one line is all the terminal shows: nothing on stdout about stopping what never started
     assert done.returncode == 2 and len(lines) == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert not done.stdout.strip(), done.stdout[-2000:]
     assert "model.path 'Qwen/Qwen2.5-0.5B-Instruct'" in lines[0]
     assert sorted(p.name for p in work.rglob("*")) == ["converted.yaml", "grpo.yaml"]
     assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("*.safetensors"))
