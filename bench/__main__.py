@@ -39,10 +39,13 @@ PARTS = [
 # 16-core host) pinned, `python -m bench.longtail` (hours of runs) longtail, `python -m
 # bench.multiturn` (10 min a seed) multiturn, mutation holds `make mutate`'s reading, by hand,
 # `python -m bench.cpu_placement` and `python -m bench.startup` (whole demo launches) cpu_placement
-# and startup, and `python -m bench.gpu` (a lent GPU host) gpu. Any other docs/bench/*.md goes at
-# the end: the page drops no section.
+# and startup, and `python -m bench.gpu` (a lent GPU host) gpu; learner_mfu says, by hand, what
+# the step rows' tokens/s and MFU count. Any other docs/bench/*.md goes at the end: the page
+# drops no section.
 PAGE = [
-    *PARTS[: PARTS.index("actors") + 1],
+    *PARTS[: PARTS.index("learner") + 1],
+    "learner_mfu",
+    *PARTS[PARTS.index("learner") + 1 : PARTS.index("actors") + 1],
     "engines",
     *PARTS[PARTS.index("actors") + 1 : PARTS.index("system") + 1],
     "variants",
