@@ -26,15 +26,18 @@ EXAMPLES: dict[str, dict[str, str]] = {
 }
 
 
-def example_making(path: str | os.PathLike, along: tuple[str, ...] = ()) -> str | None:
-    """The example whose command makes ``path`` (as a config names it), or None; of several, the
-    first that also makes each of ``along`` (the config's other paths: the DPO preset's policy is
-    the demo's too, but ``streamrl example dpo`` makes its pairs as well)."""
+def example_making(
+    path: str | os.PathLike, along: tuple[str, ...] = (), key: str | None = None
+) -> str | None:
+    """The example whose command makes ``path`` (as a config names it; with ``key``, as that key's
+    path), or None; of several, the first that also makes each of ``along`` (the config's other
+    paths: the DPO preset's policy is the demo's too, but ``streamrl example dpo`` makes its pairs
+    as well)."""
     wanted = os.path.normpath(path)
     found = [
         name
         for name, paths in EXAMPLES.items()
-        if wanted in {os.path.normpath(p) for p in paths.values()}
+        if wanted in {os.path.normpath(p) for k, p in paths.items() if key is None or k == key}
     ]
     for name in found:
         if {os.path.normpath(p) for p in along} <= {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from streamrl.configs import load_config
 from streamrl.configs.errors import ConfigError
-from streamrl.configs.example_inputs import EXAMPLES
+from streamrl.configs.example_inputs import EXAMPLES, example_making
 from streamrl.configs.load import refuse_secrets
 from streamrl.configs.runfiles import check_trusted, restrict_umask
 
@@ -112,10 +112,9 @@ def config_targets(config: str, overrides: list[str]) -> list[tuple[str, str, st
     }
     out = []
     for key, path in named.items():
-        for name, paths in EXAMPLES.items():
-            if path and key in paths and os.path.normpath(paths[key]) == os.path.normpath(path):
-                out.append((name, key, path))
-                break
+        along = tuple(p for k, p in named.items() if p and k != key)
+        if path and (name := example_making(path, along, key)):
+            out.append((name, key, path))
     return out
 
 
